@@ -1,0 +1,97 @@
+"""The Python API: `load` a target (and drafter), then `generate` or `stream`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from foretell.drafters.base import Drafter
+from foretell.drafters.draft_model import DraftModelDrafter
+from foretell.drafters.length_policy import make_length_policy
+from foretell.drafters.prompt_lookup import PromptLookupDrafter
+from foretell.engine import Chunk, Engine, GenerationResult
+from foretell.errors import ForetellError
+from foretell.models.loading import LoadedModel, load_model
+from foretell.text import encode_prompt, stop_token_ids
+from foretell.types import SamplingParams
+
+DRAFTERS = ("none", "draft-model", "prompt-lookup")
+
+
+def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """Speculation compares token ids, so the two vocabularies must be identical."""
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv != dv or target_tok.eos_token_id != draft_tok.eos_token_id:
+        differing = len(set(tv.items()) ^ set(dv.items()))
+        raise ForetellError(
+            f"draft {draft_name!r} and target {target_name!r} use different tokenizers "
+            f"({len(dv)} vs {len(tv)} tokens, {differing} entries differ); pick a draft from the target's family"
+        )
+
+
+@dataclass
+class Pipeline:
+    target: LoadedModel
+    engine: Engine
+    draft: LoadedModel | None = None
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def encode(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, chat)
+
+    def stream(self, prompt: str | list[dict], chat: bool = True, **sampling) -> Iterator[Chunk]:
+        """Yield text as it is produced; the last chunk carries the full result and statistics."""
+        return self.engine.stream(self.encode(prompt, chat), SamplingParams(**sampling))
+
+    def generate(self, prompt: str | list[dict], chat: bool = True, **sampling) -> GenerationResult:
+        return self.engine.generate(self.encode(prompt, chat), SamplingParams(**sampling))
+
+    def with_drafter(self, drafter: Drafter | None, length_policy: str = "fixed", gamma: int = 4) -> "Pipeline":
+        """The same models with another drafter (shares weights; handy for comparisons)."""
+        return replace(self, engine=replace(self.engine, drafter=drafter, length_policy=make_length_policy(length_policy, gamma)))
+
+
+def load(
+    target: str | Path = "smollm2-135m",
+    draft: str | Path | None = None,
+    drafter: str | None = None,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    gamma: int = 4,
+    length_policy: str = "fixed",
+    cache_dir: Path | None = None,
+) -> Pipeline:
+    """Load a target and a drafter. drafter: none | draft-model (needs `draft`) | prompt-lookup.
+
+    Without `drafter`, a given `draft` means draft-model, otherwise prompt-lookup.
+    """
+    drafter = drafter or ("draft-model" if draft else "prompt-lookup")
+    if drafter not in DRAFTERS:
+        raise ForetellError(f"unknown drafter {drafter!r}; use one of {', '.join(DRAFTERS)}")
+    if drafter == "draft-model" and not draft:
+        raise ForetellError("the draft-model drafter needs a draft model: pass draft=... (CLI: --draft)")
+    if not 1 <= gamma <= 16:
+        raise ForetellError(f"gamma (draft length) must be between 1 and 16, got {gamma}")
+    tgt = load_model(target, dtype, device, cache_dir)
+    drf = None
+    the_drafter: Drafter | None = None
+    if drafter == "draft-model":
+        drf = load_model(draft, dtype, device, cache_dir)
+        check_same_tokenizer(tgt.tokenizer, drf.tokenizer, str(target), str(draft))
+        the_drafter = DraftModelDrafter(drf.model, tgt.config.vocab_size)
+    elif drafter == "prompt-lookup":
+        the_drafter = PromptLookupDrafter()
+    engine = Engine(
+        target=tgt.model,
+        tokenizer=tgt.tokenizer,
+        stop_ids=stop_token_ids(tgt.tokenizer, tgt.config.eos_token_ids),
+        drafter=the_drafter,
+        length_policy=make_length_policy(length_policy, gamma),
+    )
+    return Pipeline(tgt, engine, drf)

@@ -1,0 +1,79 @@
+"""An independent, smaller draft model sharing the target's tokenizer.
+
+Its KV cache follows the committed sequence: before drafting it keeps the longest prefix it
+already holds and feeds only the new tail in one forward, so no explicit commit call exists.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from foretell.drafters.base import empty_proposal
+from foretell.models.transformer import Transformer
+from foretell.sampling import processed_probs, sample
+from foretell.types import Proposal, SamplingParams
+
+
+class DraftModelDrafter:
+    name = "draft-model"
+
+    def __init__(self, model: Transformer, target_vocab_size: int):
+        self.model = model
+        self.target_vocab_size = target_vocab_size
+        self.cache = None
+        self.cached_tokens: list[int] = []  # tokens whose k/v sit in self.cache
+        self.params = SamplingParams()
+        self.generator = None
+
+    def start(self, prompt_ids, capacity: int, params: SamplingParams, generator) -> None:
+        if self.cache is None or self.cache.capacity < capacity:
+            self.cache = self.model.new_cache(capacity)
+        self.cache.truncate(0)
+        self.cached_tokens = []
+        self.params = params
+        self.generator = generator
+
+    def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Pad (or cut) the draft's vocabulary to the target's so q and p index the same tokens."""
+        extra = self.target_vocab_size - logits.shape[-1]
+        if extra > 0:
+            return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
+        return logits[..., : self.target_vocab_size]
+
+    def _sync(self, tokens: list[int]) -> list[int]:
+        """Roll the cache back to the common prefix with `tokens`; return the tokens to feed."""
+        common = 0
+        limit = min(len(self.cached_tokens), len(tokens) - 1)  # always feed >= 1 token for logits
+        while common < limit and self.cached_tokens[common] == tokens[common]:
+            common += 1
+        self.cache.truncate(common)
+        self.cached_tokens = self.cached_tokens[:common]
+        return tokens[common:]
+
+    def _step(self, feed: list[int]) -> torch.Tensor:
+        start = self.cache.length
+        ids = torch.tensor(feed, dtype=torch.long, device=self.model.device)
+        positions = torch.arange(start, start + len(feed), device=self.model.device)
+        out = self.model(ids, positions, self.cache, logits_rows=slice(-1, None))
+        self.cache.commit_prefix(len(feed))
+        self.cached_tokens.extend(feed)
+        return self._to_target_vocab(out.logits[-1])
+
+    def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
+        if max_tokens <= 0:
+            return empty_proposal()
+        feed = self._sync(tokens)
+        drafted: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        for i in range(max_tokens):
+            logits = self._step(feed)
+            if self.params.greedy:
+                token = int(logits.argmax())
+            else:
+                q = processed_probs(logits, self.params)
+                token = sample(q, self.generator)
+                q_rows.append(q)
+            drafted.append(token)
+            feed = [token]
+        q = torch.stack(q_rows) if q_rows else None  # greedy drafts are deterministic: q one-hot
+        return Proposal(tokens=torch.tensor(drafted, dtype=torch.long), q=q)

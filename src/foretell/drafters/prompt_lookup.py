@@ -1,0 +1,44 @@
+"""Prompt lookup (n-gram) drafting: no model, copy what followed the last n-gram before.
+
+Effective when the output repeats its context (summaries, code edits, RAG answers).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from foretell.drafters.base import empty_proposal
+from foretell.types import Proposal, SamplingParams
+
+
+class PromptLookupDrafter:
+    name = "prompt-lookup"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def start(self, prompt_ids, capacity, params: SamplingParams, generator) -> None:
+        pass  # stateless: everything it needs is in the committed tokens
+
+    def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
+        if max_tokens <= 0:
+            return empty_proposal()
+        continuation = find_continuation(tokens, max_tokens, self.max_ngram, self.min_ngram)
+        return Proposal(tokens=torch.tensor(continuation, dtype=torch.long))  # q = one-hot
+
+
+def find_continuation(tokens: list[int], max_tokens: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """Tokens that followed the most recent earlier occurrence of the longest matching suffix n-gram."""
+    length = len(tokens)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        suffix = tokens[length - n :]
+        # Search backwards so the most recent occurrence wins; start must leave a following token.
+        for start in range(length - n - 1, -1, -1):
+            if tokens[start : start + n] == suffix:
+                follow = tokens[start + n : start + n + max_tokens]
+                if follow:
+                    return follow
+    return []

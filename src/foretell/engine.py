@@ -1,0 +1,130 @@
+"""The decode loop, and its only owner: prefill -> propose -> verify -> commit -> stream.
+
+The target's cache holds every committed token but the last one. Each step feeds
+[last, d_1 .. d_n] in one target pass: row i of its logits scores the token after d_i
+(row 0 the token after `last`), so n drafts are verified and one more token is always
+produced. Plain decoding is the same loop with n = 0.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from foretell.drafters.base import Drafter, empty_proposal
+from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength
+from foretell.errors import ForetellError
+from foretell.models.transformer import Transformer
+from foretell.sampling import make_generator
+from foretell.text import TextStream
+from foretell.types import GenerationStats, SamplingParams
+from foretell.verify import verify_chain
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # new tokens only
+    text: str
+    stats: GenerationStats
+
+
+@dataclass
+class Chunk:
+    """One streamed step: the text and tokens it added; `result` is set on the last chunk."""
+
+    text: str
+    tokens: list[int]
+    result: GenerationResult | None = None
+
+
+@dataclass
+class Engine:
+    target: Transformer
+    tokenizer: object
+    stop_ids: set[int]
+    drafter: Drafter | None = None
+    length_policy: DraftLengthPolicy = field(default_factory=FixedLength)
+    max_draft: int = 16  # upper bound on draft tokens a policy may ask for
+
+    @property
+    def context_window(self) -> int:
+        return self.target.config.max_position_embeddings
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+        for chunk in self.stream(prompt_ids, params):
+            if chunk.result is not None:
+                return chunk.result
+        raise AssertionError("stream ended without a result")
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Chunk]:
+        with torch.inference_mode():
+            yield from self._loop(list(prompt_ids), params)
+
+    def _loop(self, ids: list[int], params: SamplingParams) -> Iterator[Chunk]:
+        if len(ids) >= self.context_window:
+            raise ForetellError(
+                f"the prompt has {len(ids)} tokens but the model's context window is {self.context_window}; "
+                "shorten the prompt"
+            )
+        t0 = time.perf_counter()
+        stats = GenerationStats(prompt_tokens=len(ids))
+        limit = min(params.max_new_tokens, self.context_window - len(ids))
+        capacity = len(ids) + limit + self.max_draft + 1
+        device = self.target.device
+        generator = make_generator(params.seed, device)
+        cache = self.target.new_cache(capacity)
+        if len(ids) > 1:
+            self.target(
+                torch.tensor(ids[:-1], device=device), torch.arange(len(ids) - 1, device=device), cache,
+                logits_rows=slice(0, 0),
+            )
+            cache.commit_prefix(len(ids) - 1)
+        if self.drafter is not None:
+            self.drafter.start(ids, capacity, params, generator)
+        stats.prefill_seconds = time.perf_counter() - t0
+
+        prompt_len = len(ids)
+        text = TextStream(self.tokenizer, params.stop)
+        while True:
+            room = limit - (len(ids) - prompt_len)  # tokens we may still add
+            n = min(self.length_policy.next_length(), self.max_draft, room - 1) if self.drafter else 0
+            t1 = time.perf_counter()
+            proposal = self.drafter.propose(ids, n) if n > 0 else empty_proposal()
+            t2 = time.perf_counter()
+            inputs = torch.tensor([ids[-1], *proposal.tokens.tolist()], device=device)
+            positions = torch.arange(cache.length, cache.length + len(inputs), device=device)
+            logits = self.target(inputs, positions, cache).logits
+            verdict = verify_chain(logits, proposal, params, generator)
+            cache.commit_prefix(1 + verdict.accepted)
+            t3 = time.perf_counter()
+            stats.draft_seconds += t2 - t1
+            stats.verify_seconds += t3 - t2
+            stats.target_passes += 1
+            if proposal.size:
+                stats.record(proposal.size, verdict.accepted)
+                self.length_policy.update(proposal.size, verdict.accepted)
+
+            new = [*proposal.tokens[: verdict.accepted].tolist(), verdict.next_token]
+            finish = ""
+            for i, token in enumerate(new):
+                if token in self.stop_ids and not params.ignore_eos:
+                    new, finish = new[:i], "stop"
+                    break
+            new = new[:room]
+            ids.extend(new)
+            stats.new_tokens = len(ids) - prompt_len
+            delta = text.update(ids[prompt_len:])
+            if text.stopped:
+                finish = "stop"
+            elif not finish and stats.new_tokens >= limit:
+                finish = "length"
+            if finish:
+                stats.finish_reason = finish
+                stats.total_seconds = time.perf_counter() - t0
+                result = GenerationResult(ids[prompt_len:], text.text, stats)
+                yield Chunk(delta + text.flush(), new, result)
+                return
+            yield Chunk(delta, new)

@@ -1,0 +1,156 @@
+"""Load a model from a Hugging Face folder, a GGUF file or a named preset, fully offline.
+
+GGUF files (and presets, which are GGUF files inside packages) are dequantized once by
+transformers and cached as an fp32 safetensors folder; later loads read that folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from foretell.errors import ForetellError
+from foretell.models.config import ModelConfig
+from foretell.models.presets import PRESETS, assemble_chunks, locate_single_gguf
+from foretell.models.transformer import Transformer
+
+DONE_MARKER = "foretell-converted.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: Transformer
+    tokenizer: object  # a transformers tokenizer
+    config: ModelConfig
+    path: Path
+    name: str
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("FORETELL_CACHE", Path.home() / ".cache" / "foretell"))
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ForetellError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None
+
+
+def resolve_model_dir(spec: str | Path, cache_dir: Path | None = None) -> Path:
+    """Turn a preset name, a GGUF path or a folder into a Hugging Face folder on disk."""
+    cache_dir = Path(cache_dir or default_cache_dir())
+    spec_str = str(spec)
+    if spec_str in PRESETS:
+        preset = PRESETS[spec_str]
+        out = cache_dir / "presets" / preset.name
+        if (out / DONE_MARKER).is_file():
+            return out
+        if preset.single_file_module:
+            return convert_gguf(locate_single_gguf(preset), out)
+        gguf = assemble_chunks(preset, cache_dir / "downloads" / preset.gguf_filename)
+        try:
+            return convert_gguf(gguf, out)
+        finally:
+            gguf.unlink(missing_ok=True)  # the safetensors folder replaces it
+    path = Path(spec_str).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        stat = path.stat()
+        key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+        out = cache_dir / "gguf" / f"{path.stem}-{key}"
+        return out if (out / DONE_MARKER).is_file() else convert_gguf(path, out)
+    if path.is_dir():
+        return path
+    raise ForetellError(
+        f"no model {spec_str!r}: give a preset ({', '.join(PRESETS)}), a .gguf file or a Hugging Face folder"
+    )
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> Path:
+    """Dequantize a GGUF file into an fp32 safetensors folder (once; written atomically)."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"foretell: converting {gguf.name} to safetensors in {out_dir} (once)", file=sys.stderr)
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as e:  # transformers raises many types for a bad file
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ForetellError(f"could not read GGUF file {gguf}: {e}. Is it complete and a Llama/Qwen2 model?") from None
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    if hf.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(tmp / "model.safetensors"))
+    raw = hf.config.to_dict()
+    raw.pop("quantization_config", None)
+    (tmp / "config.json").write_text(json.dumps(raw, indent=2))
+    tokenizer.save_pretrained(tmp)
+    (tmp / DONE_MARKER).write_text(json.dumps({"source": str(gguf), "bytes": gguf.stat().st_size}))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ForetellError(f"no *.safetensors weights in {folder}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ForetellError(f"weights file {f} is corrupt or truncated ({e}); re-create or re-convert it") from None
+    return state
+
+
+def load_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:
+        raise ForetellError(f"could not load the tokenizer in {folder}: {e}") from None
+
+
+def build_model(folder: Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> Transformer:
+    config = ModelConfig.from_file(folder / "config.json")
+    with torch.device("meta"):
+        model = Transformer(config)
+    model = model.to_empty(device=device)
+    state = read_state_dict(folder)
+    try:
+        model.load_hf_state_dict(state)
+    except KeyError as e:
+        raise ForetellError(f"weights in {folder} do not fit its config.json: {e.args[0]}") from None
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.to(dtype=dtype).eval().requires_grad_(False)
+
+
+def load_model(
+    spec: str | Path,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    cache_dir: Path | None = None,
+) -> LoadedModel:
+    folder = resolve_model_dir(spec, cache_dir)
+    model = build_model(folder, parse_dtype(dtype), device)
+    return LoadedModel(model, load_tokenizer(folder), model.config, folder, str(spec))

@@ -1,0 +1,145 @@
+"""Typed hand-offs between the engine, drafters and verifiers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from foretell.errors import ForetellError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen. temperature 0 means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    seed: int | None = None
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
+            raise ForetellError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ForetellError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise ForetellError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ForetellError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        if any(not s for s in self.stop):
+            raise ForetellError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Proposal:
+    """What a drafter proposes for one verification step: a chain of draft tokens.
+
+    tokens: [n] long, the draft continuation after the last committed token.
+    q: [n, V] float32 draft distributions each token was sampled from (already processed by
+       the same temperature / top-k / top-p as the target), or None when the drafter is
+       deterministic (prompt lookup, greedy drafting): then q is one-hot on each token.
+    """
+
+    tokens: torch.Tensor
+    q: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.numel())
+
+
+@dataclass
+class Verification:
+    """The verifier's verdict on a chain proposal.
+
+    accepted: how many draft tokens were accepted (a prefix of the proposal).
+    next_token: the token the target supplies after them: the recovered token sampled from the
+        residual at the first rejection, or the bonus token when every draft was accepted.
+    """
+
+    accepted: int
+    next_token: int
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_passes: int = 0  # verification / decoding forwards (prefill not counted)
+    draft_steps: int = 0
+    proposed_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    total_seconds: float = 0.0
+    finish_reason: str = ""
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per verification: accepted drafts + 1 target token (bonus or recovered)."""
+        if not self.target_passes:
+            return 0.0
+        return (sum(self.accepted_per_position) + self.target_passes) / self.target_passes
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
+
+    @property
+    def acceptance_rate(self) -> float:
+        proposed = sum(self.proposed_per_position)
+        return sum(self.accepted_per_position) / proposed if proposed else 0.0
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.total_seconds - self.prefill_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_seconds if self.total_seconds else 0.0
+
+    def record(self, proposed: int, accepted: int) -> None:
+        while len(self.proposed_per_position) < proposed:
+            self.proposed_per_position.append(0)
+            self.accepted_per_position.append(0)
+        for i in range(proposed):
+            self.proposed_per_position[i] += 1
+            if i < accepted:
+                self.accepted_per_position[i] += 1
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "target_passes": self.target_passes,
+            "tau": round(self.tau, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "acceptance_per_position": [round(a, 4) for a in self.acceptance_per_position],
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "prefill_seconds": round(self.prefill_seconds, 4),
+            "draft_seconds": round(self.draft_seconds, 4),
+            "verify_seconds": round(self.verify_seconds, 4),
+            "total_seconds": round(self.total_seconds, 4),
+            "finish_reason": self.finish_reason,
+        }
+
+    def summary(self) -> str:
+        acc = " ".join(f"{a:.2f}" for a in self.acceptance_per_position)
+        return (
+            f"{self.new_tokens} tokens in {self.total_seconds:.2f}s ({self.tokens_per_second:.1f} tok/s), "
+            f"{self.target_passes} target passes, tau {self.tau:.2f}, acceptance {self.acceptance_rate:.2f}"
+            + (f" [per position: {acc}]" if acc else "")
+            + f", draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s, finish: {self.finish_reason}"
+        )
