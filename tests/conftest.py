@@ -1,0 +1,94 @@
+"""Tiny random models and tokenizers built on the fly, so tests need no downloaded weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+# Tiny tensors: one thread avoids OpenMP wake-up costs that dwarf the work (and noisy neighbours).
+torch.set_num_threads(1)
+
+SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+FIXTURE_PROMPTS = Path(__file__).parent / "data" / "spec_bench_sample.jsonl"
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}"
+)
+
+
+def make_tokenizer(vocab_size: int, shift: int = 0):
+    """A word-level tokenizer over words w0..wN; shift renames words (a 'different' tokenizer)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
+    words = [f"w{i + shift}" for i in range(vocab_size - len(specials))]
+    vocab = {t: i for i, t in enumerate(specials + words)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def make_hf_model(kind: str, vocab_size: int, seed: int, layers: int = 2, hidden: int = 64, init_std: float = 0.3):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=2,
+        bos_token_id=1,
+        initializer_range=init_std,  # a large std makes distributions peaked, like a trained model
+    )
+    torch.manual_seed(seed)
+    if kind == "llama":
+        return LlamaForCausalLM(LlamaConfig(**common, tie_word_embeddings=False, rope_theta=10000.0)).eval()
+    return Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1e6)).eval()
+
+
+def save_model_folder(path: Path, hf_model, tokenizer) -> Path:
+    hf_model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def perturbed_copy(hf_model, noise: float, seed: int):
+    """A draft that agrees with the target often but not always."""
+    import copy
+
+    g = torch.Generator().manual_seed(seed)
+    draft = copy.deepcopy(hf_model)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * noise * p.std().clamp_min(1e-3))
+    return draft
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """Folders of a tiny Llama target and a perturbed-copy draft sharing one tokenizer."""
+    root = tmp_path_factory.mktemp("tiny_pair")
+    tok = make_tokenizer(48)
+    target = make_hf_model("llama", 48, seed=0)
+    draft = perturbed_copy(target, noise=0.5, seed=1)
+    return save_model_folder(root / "target", target, tok), save_model_folder(root / "draft", draft, tok)
+
+
+def spec_bench_prompts(per_category: int) -> list[str]:
+    """Spec-Bench first turns from ../shared when present, else from the sample copied into tests/data."""
+    from foretell.bench.datasets import load_spec_bench
+
+    path = SPEC_BENCH if SPEC_BENCH.is_file() else FIXTURE_PROMPTS
+    return [row["prompt"] for row in load_spec_bench(per_category, path)]

@@ -1,0 +1,79 @@
+"""The whole engine samples exactly the target's distribution (draft length 4, tiny model).
+
+The exact distribution of each of the first five generated tokens is computed by enumerating
+every prefix with transformers' reference model; the engine's samples must match it at every
+position, and the same test must reject a verifier with a known bias.
+"""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import foretell.engine
+from conftest import make_hf_model, make_tokenizer, perturbed_copy, save_model_folder
+from foretell.api import load
+from foretell.sampling import processed_probs
+from foretell.types import SamplingParams
+from test_verify_statistical import accept_if_argmax_rule
+
+VOCAB, NEW, GAMMA, RUNS = 8, 5, 4, 1500
+PROMPT = [1, 4, 6, 3]
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    root = tmp_path_factory.mktemp("micro")
+    target = make_hf_model("llama", VOCAB, seed=11, init_std=0.5)
+    draft = perturbed_copy(target, noise=0.6, seed=12)
+    tok = make_tokenizer(VOCAB)
+    save_model_folder(root / "t", target, tok)
+    save_model_folder(root / "d", draft, tok)
+    return target, root
+
+
+def exact_marginals(hf_model, params: SamplingParams) -> torch.Tensor:
+    """[NEW, VOCAB]: the target's distribution of each generated token, by enumeration."""
+    prefixes = torch.tensor([PROMPT])
+    weights = torch.ones(1, dtype=torch.float64)
+    marginals = []
+    with torch.no_grad():
+        for _ in range(NEW):
+            p = processed_probs(hf_model(prefixes).logits[:, -1], params).double()  # [P, V]
+            marginals.append((weights[:, None] * p).sum(0))
+            weights = (weights[:, None] * p).reshape(-1)
+            prefixes = torch.cat(
+                [prefixes.repeat_interleave(VOCAB, 0), torch.arange(VOCAB).repeat(len(prefixes))[:, None]], dim=1
+            )
+    return torch.stack(marginals)
+
+
+def engine_counts(root, params: SamplingParams) -> torch.Tensor:
+    pipe = load(root / "t", draft=root / "d", drafter="draft-model", gamma=GAMMA)
+    counts = torch.zeros(NEW, VOCAB)
+    for seed in range(RUNS):
+        p = SamplingParams(**{**params.__dict__, "seed": seed, "max_new_tokens": NEW, "ignore_eos": True})
+        tokens = pipe.engine.generate(PROMPT, p).tokens
+        assert len(tokens) == NEW
+        counts[torch.arange(NEW), torch.tensor(tokens)] += 1
+    return counts
+
+
+def worst_p_value(counts: torch.Tensor, exact: torch.Tensor) -> float:
+    worst = 1.0
+    for c, e in zip(counts, exact):
+        keep = e > 1e-12
+        assert c[~keep].sum() == 0
+        worst = min(worst, chisquare(c[keep].double().numpy(), (e[keep] / e[keep].sum() * c.sum()).numpy()).pvalue)
+    return worst
+
+
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)], ids=["t1.0", "t0.7-top_p0.9"]
+)
+def test_engine_samples_follow_target(micro, params, monkeypatch):
+    target, root = micro
+    exact = exact_marginals(target, params)
+    assert worst_p_value(engine_counts(root, params), exact) > 1e-3 / NEW
+
+    monkeypatch.setattr(foretell.engine, "verify_chain", accept_if_argmax_rule)
+    assert worst_p_value(engine_counts(root, params), exact) < 1e-6
