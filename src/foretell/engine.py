@@ -21,7 +21,8 @@ from foretell.models.transformer import Transformer
 from foretell.sampling import make_generator
 from foretell.text import TextStream
 from foretell.types import GenerationStats, SamplingParams
-from foretell.verify import verify_chain
+from foretell.tree import accepted_slots, attention_mask, slot_positions
+from foretell.verify import verify
 
 
 @dataclass
@@ -94,20 +95,18 @@ class Engine:
             t1 = time.perf_counter()
             proposal = self.drafter.propose(ids, n) if n > 0 else empty_proposal()
             t2 = time.perf_counter()
-            inputs = torch.tensor([ids[-1], *proposal.tokens.tolist()], device=device)
-            positions = torch.arange(cache.length, cache.length + len(inputs), device=device)
-            logits = self.target(inputs, positions, cache).logits
-            verdict = verify_chain(logits, proposal, params, generator)
-            cache.commit_prefix(1 + verdict.accepted)
+            verdict = self._verify(ids[-1], proposal, cache, params, generator)
             t3 = time.perf_counter()
             stats.draft_seconds += t2 - t1
             stats.verify_seconds += t3 - t2
             stats.target_passes += 1
             if proposal.size:
-                stats.record(proposal.size, verdict.accepted)
-                self.length_policy.update(proposal.size, verdict.accepted)
+                depth = proposal.depth
+                stats.record(depth, verdict.accepted)
+                self.length_policy.update(depth, verdict.accepted)
 
-            new = [*proposal.tokens[: verdict.accepted].tolist(), verdict.next_token]
+            accepted = verdict.path if verdict.path is not None else range(verdict.accepted)
+            new = [*proposal.tokens[list(accepted)].tolist(), verdict.next_token]
             finish = ""
             for i, token in enumerate(new):
                 if token in self.stop_ids and not params.ignore_eos:
@@ -128,3 +127,19 @@ class Engine:
                 yield Chunk(delta + text.flush(), new, result)
                 return
             yield Chunk(delta, new)
+
+    def _verify(self, last_token: int, proposal, cache, params: SamplingParams, generator):
+        """One target pass over [last, drafts...]; keep the accepted slots in the cache."""
+        device = self.target.device
+        inputs = torch.tensor([last_token, *proposal.tokens.tolist()], device=device)
+        if proposal.is_chain:
+            positions = torch.arange(cache.length, cache.length + len(inputs), device=device)
+            logits = self.target(inputs, positions, cache).logits
+            verdict = verify(logits, proposal, params, generator)
+            cache.commit_prefix(1 + verdict.accepted)
+            return verdict
+        positions = slot_positions(proposal.parents, cache.length).to(device)
+        logits = self.target(inputs, positions, cache, tree_mask=attention_mask(proposal.parents)).logits
+        verdict = verify(logits, proposal, params, generator)
+        cache.commit_slots(accepted_slots(verdict.path))
+        return verdict

@@ -43,33 +43,53 @@ class SamplingParams:
 
 @dataclass
 class Proposal:
-    """What a drafter proposes for one verification step: a chain of draft tokens.
+    """What a drafter proposes for one verification step: a chain or a tree of draft tokens.
 
-    tokens: [n] long, the draft continuation after the last committed token.
-    q: [n, V] float32 draft distributions each token was sampled from (already processed by
-       the same temperature / top-k / top-p as the target), or None when the drafter is
-       deterministic (prompt lookup, greedy drafting): then q is one-hot on each token.
+    tokens: [N] long, the draft tokens (for a chain: the continuation, in order).
+    parents: [N] long or None. None means a chain; otherwise parents[i] is the index of node
+        i's parent, -1 for a child of the root (the last committed token); see tree.py.
+    q: [N, V] float32, the draft distribution each node was sampled from (processed by the same
+        temperature / top-k / top-p as the target; siblings share their parent's row), or None
+        when the drafter chose deterministically (prompt lookup, greedy or top-k drafting):
+        then the verifier treats each node as a point mass (the EAGLE rule for siblings).
     """
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
+    parents: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
         return int(self.tokens.numel())
 
+    @property
+    def is_chain(self) -> bool:
+        return self.parents is None
+
+    @property
+    def depth(self) -> int:
+        """Draft tokens on the longest root-to-leaf path (a chain: its length)."""
+        if self.is_chain or not self.size:
+            return self.size
+        from foretell.tree import depths
+
+        return int(depths(self.parents).max())
+
 
 @dataclass
 class Verification:
-    """The verifier's verdict on a chain proposal.
+    """The verifier's verdict on a proposal.
 
-    accepted: how many draft tokens were accepted (a prefix of the proposal).
+    accepted: how many draft tokens were accepted: a prefix of a chain, or a root-to-node path
+        of a tree (listed in `path`).
     next_token: the token the target supplies after them: the recovered token sampled from the
-        residual at the first rejection, or the bonus token when every draft was accepted.
+        residual at the first rejection, or the bonus token when the accepted path is a leaf.
+    path: node indices of the accepted path (a tree), or None for a chain.
     """
 
     accepted: int
     next_token: int
+    path: list[int] | None = None
 
 
 @dataclass

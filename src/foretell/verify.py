@@ -9,6 +9,13 @@ rejection emit a *recovered* token sampled from norm(max(0, p_i - q_i)) and stop
 drafts pass, emit a *bonus* token sampled from p_n. Every emitted token is then distributed
 exactly as the target would have sampled it. A deterministic drafter has q = one-hot(x), so
 acceptance is p_i(x) and the residual is p_i with x removed.
+
+Trees (SpecInfer, Miao et al. 2023): at a node, try its children in turn. A child x sampled
+from q is accepted with probability min(1, p(x) / q(x)); on rejection p <- norm(max(0, p - q))
+before the next sibling is tried. Deterministic children (top-k, EAGLE) are point masses, so
+this becomes: accept x with probability p(x), else zero p(x), renormalise, try the next
+sibling. An accepted child becomes the node; when every child fails, the target token is
+sampled from the current (residual) p; at a leaf it is the bonus token from p.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from foretell.sampling import processed_probs, sample
+from foretell.tree import children_lists
 from foretell.types import Proposal, SamplingParams, Verification
 
 
@@ -53,16 +61,20 @@ def verify_sampled(
     tokens = proposal.tokens.tolist()
     n = len(tokens)
     if n:
-        x = proposal.tokens.to(p.device)
-        p_x = p[torch.arange(n, device=p.device), x].tolist()
-        q_x = [1.0] * n if proposal.q is None else proposal.q[torch.arange(n), proposal.tokens].tolist()
-        u = torch.rand(n, generator=generator, device=generator.device if generator else "cpu").tolist()
+        idx = torch.arange(n)
+        p_x = p[idx.to(p.device), proposal.tokens.to(p.device)].tolist()
+        q_x = [1.0] * n if proposal.q is None else proposal.q[idx, proposal.tokens].tolist()
     for i, token in enumerate(tokens):
-        if u[i] * q_x[i] < p_x[i]:  # u < p/q without dividing by a tiny q
+        # One uniform per judged draft, the same stream the tree verifier consumes.
+        if uniform(generator) * q_x[i] < p_x[i]:  # u < p/q without dividing by a tiny q
             continue
         q_i = None if proposal.q is None else proposal.q[i].to(p.device)
         return Verification(i, sample(residual(p[i], q_i, token), generator))
     return Verification(n, sample(p[n], generator))
+
+
+def uniform(generator: torch.Generator | None) -> float:
+    return float(torch.rand((), generator=generator, device=generator.device if generator else "cpu"))
 
 
 def verify_chain(
@@ -74,3 +86,61 @@ def verify_chain(
     if params.greedy:
         return verify_greedy(target_logits, proposal)
     return verify_sampled(target_logits, proposal, params, generator)
+
+
+def verify_tree_greedy(target_logits: torch.Tensor, proposal: Proposal) -> Verification:
+    """target_logits: [N + 1, V] for slots root, node 0 .. node N-1. Follow the argmax down the tree."""
+    best = target_logits.argmax(-1).tolist()
+    tokens = proposal.tokens.tolist()
+    children = children_lists(proposal.parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        want = best[node + 1]
+        match = next((c for c in children[node + 1] if tokens[c] == want), None)
+        if match is None:
+            return Verification(len(path), want, path)
+        path.append(match)
+        node = match
+
+
+def verify_tree_sampled(
+    target_logits: torch.Tensor,
+    proposal: Proposal,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> Verification:
+    p_all = processed_probs(target_logits, params)  # [N + 1, V]
+    tokens = proposal.tokens.tolist()
+    children = children_lists(proposal.parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        p = p_all[node + 1]
+        chosen = None
+        for child in children[node + 1]:
+            x = tokens[child]
+            q = None if proposal.q is None else proposal.q[child].to(p.device)
+            q_x = 1.0 if q is None else float(q[x])
+            if uniform(generator) * q_x < float(p[x]):
+                chosen = child
+                break
+            p = residual(p, q, x)
+        if chosen is None:
+            return Verification(len(path), sample(p, generator), path)
+        path.append(chosen)
+        node = chosen
+
+
+def verify(
+    target_logits: torch.Tensor,
+    proposal: Proposal,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> Verification:
+    """Verify a chain or a tree proposal (see the module docstring for the rules)."""
+    if proposal.is_chain:
+        return verify_chain(target_logits, proposal, params, generator)
+    if params.greedy:
+        return verify_tree_greedy(target_logits, proposal)
+    return verify_tree_sampled(target_logits, proposal, params, generator)
