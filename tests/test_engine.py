@@ -112,3 +112,41 @@ def test_chat_prompt_uses_template(plain):
     text = plain.tokenizer.decode(ids)
     assert text.startswith("<|im_start|>") and "w3 w4" in text and text.count("<|im_start|>") == 2
     assert plain.encode("w3 w4", chat=False) == plain.tokenizer("w3 w4", add_special_tokens=False)["input_ids"]
+
+
+TREE_SHAPES = {
+    "static-topk": dict(kind="static", branching=(3, 2, 1, 1)),
+    "static-sampled": dict(kind="static", branching=(2, 2, 1), children="sampled"),
+    "dynamic": dict(kind="dynamic", depth=5, top_k=3, total_tokens=12),
+}
+
+
+@pytest.mark.parametrize("shape", list(TREE_SHAPES))
+def test_tree_drafter_greedy_equals_plain(tiny_pair, plain, shape):
+    from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+
+    target, draft = tiny_pair
+    draft_model = load(draft, drafter="none").target.model
+    tree = plain.with_drafter(DraftTreeDrafter(draft_model, 48, TreeShape(**TREE_SHAPES[shape])))
+    chain = plain.with_drafter(DraftModelDrafter(draft_model, 48), gamma=4)
+    tree_tau = chain_tau = 0.0
+    for prompt in PROMPTS:
+        expected = plain_tokens(plain, prompt)
+        result = tree.engine.generate(prompt, GREEDY)
+        assert result.tokens == expected
+        tree_tau += result.stats.tau
+        chain_tau += chain.engine.generate(prompt, GREEDY).stats.tau
+    assert tree_tau > chain_tau  # more candidates per depth: more accepted per pass
+
+
+def test_dynamic_tree_respects_budget_and_topology(tiny_pair):
+    from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+    from foretell.tree import check_parents
+
+    _, draft = tiny_pair
+    drafter = DraftTreeDrafter(load(draft, drafter="none").target.model, 48, TreeShape(depth=4, top_k=3, total_tokens=7))
+    drafter.start(PROMPTS[0], 64, SamplingParams(), None)
+    proposal = drafter.propose(PROMPTS[0], 10)
+    assert proposal.size == 7 and proposal.q is None
+    check_parents(proposal.parents)
+    assert drafter.cache.length == len(PROMPTS[0])  # the grown tree left the draft cache

@@ -47,8 +47,21 @@ def exact_marginals(hf_model, params: SamplingParams) -> torch.Tensor:
     return torch.stack(marginals)
 
 
-def engine_counts(root, params: SamplingParams) -> torch.Tensor:
+def make_pipe(root, drafter: str):
+    from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+
     pipe = load(root / "t", draft=root / "d", drafter="draft-model", gamma=GAMMA)
+    shapes = {
+        "tree-sampled": TreeShape(kind="static", branching=(3, 2, 1, 1), children="sampled"),
+        "tree-topk": TreeShape(kind="dynamic", depth=4, top_k=3, total_tokens=10),
+    }
+    if drafter in shapes:
+        return pipe.with_drafter(DraftTreeDrafter(pipe.draft.model, VOCAB, shapes[drafter]))
+    return pipe
+
+
+def engine_counts(root, params: SamplingParams, drafter: str = "chain") -> torch.Tensor:
+    pipe = make_pipe(root, drafter)
     counts = torch.zeros(NEW, VOCAB)
     for seed in range(RUNS):
         p = SamplingParams(**{**params.__dict__, "seed": seed, "max_new_tokens": NEW, "ignore_eos": True})
@@ -67,13 +80,19 @@ def worst_p_value(counts: torch.Tensor, exact: torch.Tensor) -> float:
     return worst
 
 
-@pytest.mark.parametrize(
-    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)], ids=["t1.0", "t0.7-top_p0.9"]
-)
-def test_engine_samples_follow_target(micro, params, monkeypatch):
-    target, root = micro
-    exact = exact_marginals(target, params)
-    assert worst_p_value(engine_counts(root, params), exact) > 1e-3 / NEW
+PARAMS = {"t1.0": SamplingParams(temperature=1.0), "t0.7-top_p0.9": SamplingParams(temperature=0.7, top_p=0.9)}
 
+
+@pytest.mark.parametrize("drafter", ["chain", "tree-sampled", "tree-topk"])
+@pytest.mark.parametrize("params", list(PARAMS))
+def test_engine_samples_follow_target(micro, params, drafter):
+    target, root = micro
+    exact = exact_marginals(target, PARAMS[params])
+    assert worst_p_value(engine_counts(root, PARAMS[params], drafter), exact) > 1e-3 / NEW
+
+
+@pytest.mark.parametrize("params", list(PARAMS))
+def test_the_same_test_rejects_a_biased_verifier(micro, params, monkeypatch):
+    target, root = micro
     monkeypatch.setattr(foretell.engine, "verify", accept_if_argmax_rule)
-    assert worst_p_value(engine_counts(root, params), exact) < 1e-6
+    assert worst_p_value(engine_counts(root, PARAMS[params]), exact_marginals(target, PARAMS[params])) < 1e-6

@@ -10,6 +10,7 @@ import torch
 
 from foretell.drafters.base import Drafter
 from foretell.drafters.draft_model import DraftModelDrafter
+from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
 from foretell.drafters.length_policy import make_length_policy
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.engine import Chunk, Engine, GenerationResult
@@ -18,7 +19,7 @@ from foretell.models.loading import LoadedModel, load_model
 from foretell.text import encode_prompt, stop_token_ids
 from foretell.types import SamplingParams
 
-DRAFTERS = ("none", "draft-model", "prompt-lookup")
+DRAFTERS = ("none", "draft-model", "draft-tree", "prompt-lookup")
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
@@ -65,26 +66,31 @@ def load(
     device: str = "cpu",
     gamma: int = 4,
     length_policy: str = "fixed",
+    tree: TreeShape | None = None,
     cache_dir: Path | None = None,
 ) -> Pipeline:
-    """Load a target and a drafter. drafter: none | draft-model (needs `draft`) | prompt-lookup.
+    """Load a target and a drafter: none | draft-model | draft-tree (both need `draft`) | prompt-lookup.
 
-    Without `drafter`, a given `draft` means draft-model, otherwise prompt-lookup.
+    Without `drafter`, a given `draft` means draft-model, otherwise prompt-lookup. `tree`
+    shapes the draft-tree drafter (default: an EAGLE-2 style dynamic tree).
     """
     drafter = drafter or ("draft-model" if draft else "prompt-lookup")
     if drafter not in DRAFTERS:
         raise ForetellError(f"unknown drafter {drafter!r}; use one of {', '.join(DRAFTERS)}")
-    if drafter == "draft-model" and not draft:
-        raise ForetellError("the draft-model drafter needs a draft model: pass draft=... (CLI: --draft)")
+    if drafter in ("draft-model", "draft-tree") and not draft:
+        raise ForetellError(f"the {drafter} drafter needs a draft model: pass draft=... (CLI: --draft)")
     if not 1 <= gamma <= 16:
         raise ForetellError(f"gamma (draft length) must be between 1 and 16, got {gamma}")
     tgt = load_model(target, dtype, device, cache_dir)
     drf = None
     the_drafter: Drafter | None = None
-    if drafter == "draft-model":
+    if drafter in ("draft-model", "draft-tree"):
         drf = load_model(draft, dtype, device, cache_dir)
         check_same_tokenizer(tgt.tokenizer, drf.tokenizer, str(target), str(draft))
-        the_drafter = DraftModelDrafter(drf.model, tgt.config.vocab_size)
+        if drafter == "draft-model":
+            the_drafter = DraftModelDrafter(drf.model, tgt.config.vocab_size)
+        else:
+            the_drafter = DraftTreeDrafter(drf.model, tgt.config.vocab_size, tree or TreeShape())
     elif drafter == "prompt-lookup":
         the_drafter = PromptLookupDrafter()
     engine = Engine(

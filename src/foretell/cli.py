@@ -20,6 +20,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--length-policy", default="fixed", choices=("fixed", "rejection-rate", "additive"),
         help="draft length rule: fixed gamma; seed 001's rejection-rate rule; transformers' +2/-1",
     )
+    p.add_argument("--tree-kind", default="dynamic", choices=("dynamic", "static"), help="draft-tree: tree shape")
+    p.add_argument("--tree-depth", type=int, default=5, help="draft-tree dynamic: depth")
+    p.add_argument("--tree-topk", type=int, default=4, help="draft-tree dynamic: nodes expanded per depth and children each")
+    p.add_argument("--tree-budget", type=int, default=24, help="draft-tree dynamic: tokens verified per pass")
+    p.add_argument("--branching", default="3,2,2,1,1", help="draft-tree static: children per node at each depth")
+    p.add_argument("--tree-children", default="topk", choices=("topk", "sampled"), help="draft-tree static: how children are drawn")
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
@@ -47,6 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def tree_shape(args):
+    from foretell.drafters.draft_tree import TreeShape
+
+    try:
+        branching = tuple(int(b) for b in args.branching.split(","))
+    except ValueError:
+        raise ForetellError(f"--branching takes comma-separated integers, got {args.branching!r}") from None
+    return TreeShape(kind=args.tree_kind, branching=branching, depth=args.tree_depth, top_k=args.tree_topk,
+                     total_tokens=args.tree_budget, children=args.tree_children)
+
+
 def cmd_generate(args) -> None:
     import torch
 
@@ -62,9 +79,10 @@ def cmd_generate(args) -> None:
     from foretell.types import SamplingParams
 
     SamplingParams(**sampling)  # validate before spending time loading models
+    tree_shape(args)
     pipe = load(
         args.model, draft=args.draft, drafter=args.drafter, dtype=args.dtype, device=args.device,
-        gamma=args.gamma, length_policy=args.length_policy,
+        gamma=args.gamma, length_policy=args.length_policy, tree=tree_shape(args),
     )
     drafter = pipe.engine.drafter.name if pipe.engine.drafter else "none"
     result = None

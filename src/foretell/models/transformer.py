@@ -123,8 +123,9 @@ class Transformer(nn.Module):
     ) -> ForwardOutput:
         """Run T new tokens after the cache's committed prefix.
 
-        input_ids, positions: [T] long. tree_mask: [T, T] bool, which new tokens each new token
-        may see (None = causal). The prefix is always visible. hidden_layers: which layer
+        input_ids, positions: [T] long. tree_mask: [T, K] bool with K >= T: which of the last K
+        slots (the committed tail plus the T new ones) each new token may see (None = causal);
+        slots before those K are always visible. hidden_layers: which layer
         outputs to return (0 = embeddings, num_layers = final norm). logits_rows: which rows
         to project to the vocabulary (default all).
         """
@@ -153,8 +154,8 @@ class Transformer(nn.Module):
             if T == 1:
                 return None
             tree_mask = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
-        visible_prefix = torch.ones(T, prefix, dtype=torch.bool, device=self.device)
-        return torch.cat([visible_prefix, tree_mask.to(self.device)], dim=1)[None, None]
+        visible = torch.ones(T, prefix + T - tree_mask.shape[1], dtype=torch.bool, device=self.device)
+        return torch.cat([visible, tree_mask.to(self.device)], dim=1)[None, None]
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load weights named as in transformers' Llama/Qwen2 checkpoints, fusing projections."""

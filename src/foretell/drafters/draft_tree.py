@@ -1,0 +1,169 @@
+"""A draft model that grows a token tree, level by level, one draft forward per level.
+
+Two shapes:
+- static: `branching[d]` children for every node at depth d (all nodes expanded);
+- dynamic (EAGLE-2): at each depth expand the `top_k` nodes with the highest cumulative draft
+  log-probability, each into its `top_k` best children; finally keep the `total_tokens` best
+  nodes of the whole tree (closed under ancestors) for one verification pass.
+
+Children are the top-k of the draft distribution (deterministic: verified with the EAGLE
+rule), or, for static trees, k i.i.d. samples from it (verified with SpecInfer's rule). Pruning
+by value would break the i.i.d. assumption, so dynamic trees always use top-k children.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from foretell.drafters.draft_model import DraftModelDrafter
+from foretell.errors import ForetellError
+from foretell.sampling import processed_probs
+from foretell.types import Proposal, SamplingParams
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    kind: str = "dynamic"  # static | dynamic
+    branching: tuple[int, ...] = (3, 2, 2, 1, 1)  # static: children per node at depth 1, 2, ...
+    depth: int = 5  # dynamic
+    top_k: int = 4  # dynamic
+    total_tokens: int = 24  # dynamic: the verification budget (nodes, root excluded)
+    children: str = "topk"  # topk | sampled (static only)
+
+    def __post_init__(self):
+        if self.kind not in ("static", "dynamic"):
+            raise ForetellError(f"tree kind must be static or dynamic, got {self.kind!r}")
+        if self.children not in ("topk", "sampled"):
+            raise ForetellError(f"tree children must be topk or sampled, got {self.children!r}")
+        if self.kind == "dynamic" and self.children == "sampled":
+            raise ForetellError("dynamic trees prune children by value, so they need topk children (sampled is static only)")
+        if self.kind == "static" and (not self.branching or min(self.branching) < 1):
+            raise ForetellError(f"static tree branching must be positive integers, got {self.branching}")
+        if self.kind == "dynamic" and min(self.depth, self.top_k, self.total_tokens) < 1:
+            raise ForetellError("dynamic tree depth, top_k and total_tokens must be >= 1")
+
+    @property
+    def max_depth(self) -> int:
+        return len(self.branching) if self.kind == "static" else self.depth
+
+    @property
+    def max_nodes(self) -> int:
+        if self.kind == "dynamic":
+            return self.total_tokens
+        total, width = 0, 1
+        for b in self.branching:
+            width *= b
+            total += width
+        return total
+
+
+@dataclass
+class _Growth:
+    """Nodes grown so far; node i's draft row (if expanded) sits at cache slot tree_start + slot[i]."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)  # cumulative draft log-probability
+    q_rows: list[torch.Tensor] = field(default_factory=list)  # distribution each node was drawn from
+    slot: dict[int, int] = field(default_factory=dict)
+
+    def add(self, token: int, parent: int, score: float, q: torch.Tensor) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.scores.append(score)
+        self.q_rows.append(q)
+        return len(self.tokens) - 1
+
+    def ancestors(self, node: int) -> list[int]:
+        out = []
+        while node != -1:
+            out.append(node)
+            node = self.parents[node]
+        return out
+
+
+class DraftTreeDrafter(DraftModelDrafter):
+    name = "draft-tree"
+
+    def __init__(self, model, target_vocab_size: int, shape: TreeShape = TreeShape()):
+        super().__init__(model, target_vocab_size)
+        self.shape = shape
+
+    def start(self, prompt_ids, capacity: int, params: SamplingParams, generator) -> None:
+        # The tree's expanded nodes sit in the draft cache while it grows.
+        super().start(prompt_ids, capacity + self.shape.max_nodes * max(self.shape.top_k, max(self.shape.branching)), params, generator)
+
+    def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
+        """max_tokens caps the tree's depth (tokens left to generate)."""
+        depth = min(self.shape.max_depth, max_tokens)
+        if depth <= 0:
+            return Proposal(tokens=torch.empty(0, dtype=torch.long))
+        root_q = self._q(self._step(self._sync(tokens)))
+        tree_start = self.cache.length
+        grown = _Growth()
+        frontier = [(-1, root_q)]
+        for d in range(depth):
+            new_nodes = self._expand(grown, frontier, d)
+            if d + 1 == depth:
+                break
+            chosen = self._to_expand(grown, new_nodes)
+            frontier = list(zip(chosen, self._q(self._feed_nodes(grown, chosen, len(tokens) - 1, tree_start))))
+        self.cache.truncate(tree_start)  # drop the tree; the next sync re-feeds what was accepted
+        return self._proposal(grown)
+
+    def _q(self, logits: torch.Tensor) -> torch.Tensor:
+        # Rank and sample under the user's temperature / top-k / top-p; greedy ranks by softmax.
+        params = self.params if not self.params.greedy else SamplingParams(temperature=1.0)
+        return processed_probs(logits, params)
+
+    def _expand(self, grown: _Growth, frontier, d: int) -> list[int]:
+        k = self.shape.branching[d] if self.shape.kind == "static" else self.shape.top_k
+        new_nodes = []
+        for parent, q in frontier:
+            if self.shape.children == "sampled" and not self.params.greedy:
+                picks = torch.multinomial(q, k, replacement=True, generator=self.generator).tolist()
+            else:
+                picks = torch.topk(q, k).indices.tolist()
+            base = grown.scores[parent] if parent >= 0 else 0.0
+            for t in picks:
+                new_nodes.append(grown.add(t, parent, base + float(torch.log(q[t].clamp_min(1e-30))), q))
+        return new_nodes
+
+    def _to_expand(self, grown: _Growth, new_nodes: list[int]) -> list[int]:
+        if self.shape.kind == "static":
+            return new_nodes
+        return sorted(new_nodes, key=lambda n: -grown.scores[n])[: self.shape.top_k]
+
+    def _feed_nodes(self, grown: _Growth, nodes: list[int], root_position: int, tree_start: int) -> torch.Tensor:
+        """One draft forward over `nodes`; each sees the committed prefix and its own ancestors."""
+        before = len(grown.slot)
+        for n in nodes:
+            grown.slot[n] = len(grown.slot)
+        mask = torch.zeros(len(nodes), len(grown.slot), dtype=torch.bool)
+        depths = []
+        for row, n in enumerate(nodes):
+            chain = grown.ancestors(n)
+            mask[row, [grown.slot[a] for a in chain]] = True
+            depths.append(len(chain))
+        device = self.model.device
+        ids = torch.tensor([grown.tokens[n] for n in nodes], device=device)
+        positions = torch.tensor(depths, device=device) + root_position
+        assert self.cache.length == tree_start + before
+        out = self.model(ids, positions, self.cache, tree_mask=mask)
+        self.cache.commit_prefix(len(nodes))
+        return self._to_target_vocab(out.logits)
+
+    def _proposal(self, grown: _Growth) -> Proposal:
+        keep = list(range(len(grown.tokens)))
+        if self.shape.kind == "dynamic" and len(keep) > self.shape.total_tokens:
+            # Scores only fall along a path and the sort is stable (parents have lower indices),
+            # so the best N nodes already include every ancestor of each one.
+            keep = sorted(sorted(keep, key=lambda n: -grown.scores[n])[: self.shape.total_tokens])
+        index = {old: new for new, old in enumerate(keep)}  # keep is sorted: parents stay earlier
+        tokens = torch.tensor([grown.tokens[n] for n in keep], dtype=torch.long)
+        parents = torch.tensor([index[grown.parents[n]] if grown.parents[n] >= 0 else -1 for n in keep])
+        sampled = self.shape.children == "sampled" and not self.params.greedy
+        q = torch.stack([grown.q_rows[n] for n in keep]) if sampled else None
+        return Proposal(tokens=tokens, q=q, parents=parents)
