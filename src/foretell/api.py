@@ -8,6 +8,7 @@ from typing import Iterator
 
 import torch
 
+from foretell.budget import HardwareAwareLength, cost_curve
 from foretell.drafters.base import Drafter
 from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
@@ -67,12 +68,15 @@ def load(
     gamma: int = 4,
     length_policy: str = "fixed",
     tree: TreeShape | None = None,
+    auto_budget: bool = False,
     cache_dir: Path | None = None,
 ) -> Pipeline:
     """Load a target and a drafter: none | draft-model | draft-tree (both need `draft`) | prompt-lookup.
 
     Without `drafter`, a given `draft` means draft-model, otherwise prompt-lookup. `tree`
-    shapes the draft-tree drafter (default: an EAGLE-2 style dynamic tree).
+    shapes the draft-tree drafter (default: an EAGLE-2 style dynamic tree). `auto_budget`
+    measures the target's forward cost curve on this machine (once, then cached) and picks the
+    draft length (chain) or tree depth and size (dynamic tree) maximising expected tokens/s.
     """
     drafter = drafter or ("draft-model" if draft else "prompt-lookup")
     if drafter not in DRAFTERS:
@@ -82,22 +86,29 @@ def load(
     if not 1 <= gamma <= 16:
         raise ForetellError(f"gamma (draft length) must be between 1 and 16, got {gamma}")
     tgt = load_model(target, dtype, device, cache_dir)
+    policy = make_length_policy(length_policy, gamma)
     drf = None
     the_drafter: Drafter | None = None
     if drafter in ("draft-model", "draft-tree"):
         drf = load_model(draft, dtype, device, cache_dir)
         check_same_tokenizer(tgt.tokenizer, drf.tokenizer, str(target), str(draft))
+        target_cost = cost_curve(tgt.model, str(target), cache_dir) if auto_budget else None
         if drafter == "draft-model":
             the_drafter = DraftModelDrafter(drf.model, tgt.config.vocab_size)
+            if target_cost is not None:
+                draft_step = cost_curve(drf.model, str(draft), cache_dir)(1)
+                policy = HardwareAwareLength(target_cost, draft_step, max_gamma=12)
         else:
-            the_drafter = DraftTreeDrafter(drf.model, tgt.config.vocab_size, tree or TreeShape())
+            the_drafter = DraftTreeDrafter(drf.model, tgt.config.vocab_size, tree or TreeShape(), target_cost)
     elif drafter == "prompt-lookup":
         the_drafter = PromptLookupDrafter()
+    if auto_budget and drafter not in ("draft-model", "draft-tree"):
+        raise ForetellError("auto_budget needs a draft-model or draft-tree drafter")
     engine = Engine(
         target=tgt.model,
         tokenizer=tgt.tokenizer,
         stop_ids=stop_token_ids(tgt.tokenizer, tgt.config.eos_token_ids),
         drafter=the_drafter,
-        length_policy=make_length_policy(length_policy, gamma),
+        length_policy=policy,
     )
     return Pipeline(tgt, engine, drf)

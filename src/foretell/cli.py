@@ -20,6 +20,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--length-policy", default="fixed", choices=("fixed", "rejection-rate", "additive"),
         help="draft length rule: fixed gamma; seed 001's rejection-rate rule; transformers' +2/-1",
     )
+    p.add_argument("--auto-budget", action="store_true",
+                   help="pick draft length / tree depth and size from this machine's measured forward cost curve")
     p.add_argument("--tree-kind", default="dynamic", choices=("dynamic", "static"), help="draft-tree: tree shape")
     p.add_argument("--tree-depth", type=int, default=5, help="draft-tree dynamic: depth")
     p.add_argument("--tree-topk", type=int, default=4, help="draft-tree dynamic: nodes expanded per depth and children each")
@@ -83,6 +85,7 @@ def cmd_generate(args) -> None:
     pipe = load(
         args.model, draft=args.draft, drafter=args.drafter, dtype=args.dtype, device=args.device,
         gamma=args.gamma, length_policy=args.length_policy, tree=tree_shape(args),
+        auto_budget=args.auto_budget,
     )
     drafter = pipe.engine.drafter.name if pipe.engine.drafter else "none"
     result = None

@@ -73,7 +73,7 @@ class Engine:
         t0 = time.perf_counter()
         stats = GenerationStats(prompt_tokens=len(ids))
         limit = min(params.max_new_tokens, self.context_window - len(ids))
-        capacity = len(ids) + limit + self.max_draft + 1
+        capacity = len(ids) + limit + max(self.max_draft, getattr(self.drafter, "max_nodes", 0)) + 1
         device = self.target.device
         generator = make_generator(params.seed, device)
         cache = self.target.new_cache(capacity)
@@ -91,7 +91,7 @@ class Engine:
         text = TextStream(self.tokenizer, params.stop)
         while True:
             room = limit - (len(ids) - prompt_len)  # tokens we may still add
-            n = min(self.length_policy.next_length(), self.max_draft, room - 1) if self.drafter else 0
+            n = self._draft_budget(room) if self.drafter else 0
             t1 = time.perf_counter()
             proposal = self.drafter.propose(ids, n) if n > 0 else empty_proposal()
             t2 = time.perf_counter()
@@ -127,6 +127,12 @@ class Engine:
                 yield Chunk(delta + text.flush(), new, result)
                 return
             yield Chunk(delta, new)
+
+    def _draft_budget(self, room: int) -> int:
+        """Tokens the drafter may propose (for a tree: its depth); never past the token limit."""
+        if getattr(self.drafter, "sizes_itself", False):
+            return room - 1
+        return min(self.length_policy.next_length(), self.max_draft, room - 1)
 
     def _verify(self, last_token: int, proposal, cache, params: SamplingParams, generator):
         """One target pass over [last, drafts...]; keep the accepted slots in the cache."""

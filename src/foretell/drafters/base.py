@@ -10,6 +10,10 @@ from foretell.types import Proposal, SamplingParams
 
 
 class Drafter(Protocol):
+    """Optional attributes the engine reads: `max_nodes` (largest proposal, to size the caches;
+    default the engine's max_draft) and `sizes_itself` (True: the drafter picks its own depth
+    and the engine's length policy does not apply)."""
+
     name: str
 
     def start(self, prompt_ids: list[int], capacity: int, params: SamplingParams, generator: torch.Generator) -> None:

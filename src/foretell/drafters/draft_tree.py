@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+import math
+import time
+
+from foretell.budget import CostCurve, best_tree_size
 from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.errors import ForetellError
 from foretell.sampling import processed_probs
@@ -85,11 +89,21 @@ class _Growth:
 
 
 class DraftTreeDrafter(DraftModelDrafter):
-    name = "draft-tree"
+    """With `target_cost` (a measured CostCurve of the target), a dynamic tree is hardware-aware:
+    it stops growing when another level is not worth its draft time, and verifies the number of
+    nodes that maximises expected tokens per second; `shape.depth` and `shape.total_tokens`
+    become upper bounds. Node values are the draft's path probabilities exp(score)."""
 
-    def __init__(self, model, target_vocab_size: int, shape: TreeShape = TreeShape()):
+    name = "draft-tree"
+    sizes_itself = True  # its shape (or the hardware-aware tuner) sets depth and size, not the length policy
+
+    def __init__(self, model, target_vocab_size: int, shape: TreeShape = TreeShape(), target_cost: CostCurve | None = None):
         super().__init__(model, target_vocab_size)
         self.shape = shape
+        self.target_cost = target_cost
+        self.max_nodes = shape.max_nodes
+        self.last_budget = 0  # nodes verified in the last proposal (reported by benchmarks)
+        self._level_seconds: float | None = None  # the last draft level's forward time
 
     def start(self, prompt_ids, capacity: int, params: SamplingParams, generator) -> None:
         # The tree's expanded nodes sit in the draft cache while it grows.
@@ -100,6 +114,7 @@ class DraftTreeDrafter(DraftModelDrafter):
         depth = min(self.shape.max_depth, max_tokens)
         if depth <= 0:
             return Proposal(tokens=torch.empty(0, dtype=torch.long))
+        t0 = time.perf_counter()
         root_q = self._q(self._step(self._sync(tokens)))
         tree_start = self.cache.length
         grown = _Growth()
@@ -109,9 +124,31 @@ class DraftTreeDrafter(DraftModelDrafter):
             if d + 1 == depth:
                 break
             chosen = self._to_expand(grown, new_nodes)
+            if self.target_cost is not None and not self._worth_another_level(grown, chosen, t0):
+                break
+            t_level = time.perf_counter()
             frontier = list(zip(chosen, self._q(self._feed_nodes(grown, chosen, len(tokens) - 1, tree_start))))
+            self._level_seconds = time.perf_counter() - t_level
         self.cache.truncate(tree_start)  # drop the tree; the next sync re-feeds what was accepted
-        return self._proposal(grown)
+        return self._proposal(grown, time.perf_counter() - t0)
+
+    def _values(self, grown: _Growth) -> list[float]:
+        return sorted((math.exp(s) for s in grown.scores), reverse=True)
+
+    def _best_rate(self, grown: _Growth, draft_seconds: float) -> tuple[int, float]:
+        values = self._values(grown)[: self.shape.total_tokens]
+        n = best_tree_size(values, self.target_cost, draft_seconds)
+        return n, (1.0 + sum(values[:n])) / (draft_seconds + self.target_cost(n + 1))
+
+    def _worth_another_level(self, grown: _Growth, chosen: list[int], t0: float) -> bool:
+        """Grow deeper only if the best next-level gain beats the current expected rate."""
+        elapsed = time.perf_counter() - t0
+        n, rate = self._best_rate(grown, elapsed)
+        level_seconds = self._level_seconds if self._level_seconds is not None else elapsed
+        # Children of the expanded nodes can add at most the expanded nodes' own values.
+        gain = sum(math.exp(grown.scores[c]) for c in chosen)
+        optimistic = (1.0 + sum(self._values(grown)[:n]) + gain) / (elapsed + level_seconds + self.target_cost(n + len(chosen) + 1))
+        return optimistic > rate
 
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
         # Rank and sample under the user's temperature / top-k / top-p; greedy ranks by softmax.
@@ -155,12 +192,16 @@ class DraftTreeDrafter(DraftModelDrafter):
         self.cache.commit_prefix(len(nodes))
         return self._to_target_vocab(out.logits)
 
-    def _proposal(self, grown: _Growth) -> Proposal:
+    def _proposal(self, grown: _Growth, draft_seconds: float) -> Proposal:
         keep = list(range(len(grown.tokens)))
-        if self.shape.kind == "dynamic" and len(keep) > self.shape.total_tokens:
+        budget = self.shape.total_tokens
+        if self.shape.kind == "dynamic" and self.target_cost is not None:
+            budget, _ = self._best_rate(grown, draft_seconds)
+        if self.shape.kind == "dynamic" and len(keep) > budget:
             # Scores only fall along a path and the sort is stable (parents have lower indices),
             # so the best N nodes already include every ancestor of each one.
-            keep = sorted(sorted(keep, key=lambda n: -grown.scores[n])[: self.shape.total_tokens])
+            keep = sorted(sorted(keep, key=lambda n: -grown.scores[n])[:budget])
+        self.last_budget = len(keep)
         index = {old: new for new, old in enumerate(keep)}  # keep is sorted: parents stay earlier
         tokens = torch.tensor([grown.tokens[n] for n in keep], dtype=torch.long)
         parents = torch.tensor([index[grown.parents[n]] if grown.parents[n] >= 0 else -1 for n in keep])

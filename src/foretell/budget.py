@@ -1,0 +1,201 @@
+"""Hardware-aware speculation budgets (the Sequoia argument, measured on the machine at hand).
+
+How much a target pass costs as the number of verified tokens grows depends on the hardware
+and dtype: on a CPU in bf16, 8 tokens cost about as much as 1; in fp32 they cost 2x. So the
+best draft length / tree size is not a constant. We measure the forward time curve once per
+(model, dtype, machine), cache it, and pick the size maximising expected tokens per second:
+
+    rate(n) = expected_tokens(n) / (draft_seconds(n) + verify_seconds(n + 1))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from foretell.models.transformer import Transformer
+
+DEFAULT_SIZES = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass
+class CostCurve:
+    """Median seconds of one forward over n new tokens after a `context`-token prefix."""
+
+    sizes: list[int]
+    seconds: list[float]
+    context: int
+    key: dict = field(default_factory=dict)
+
+    def __call__(self, n: int) -> float:
+        """Linear interpolation (and extrapolation from the last two points)."""
+        xs, ys = self.sizes, self.seconds
+        if n <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = (xs[-2], ys[-2]), (xs[-1], ys[-1])
+        return y1 + (y1 - y0) * (n - x1) / (x1 - x0)
+
+
+def machine_key(model: Transformer, model_name: str) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    device = torch.cuda.get_device_name() if model.device.type == "cuda" else cpu
+    return {
+        "model": model_name,
+        "layers": model.config.num_hidden_layers,
+        "hidden": model.config.hidden_size,
+        "dtype": str(model.dtype),
+        "device": device,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def measure_cost_curve(
+    model: Transformer, sizes=DEFAULT_SIZES, context: int = 256, repeats: int = 5, key: dict | None = None
+) -> CostCurve:
+    cache = model.new_cache(context + max(sizes))
+    device = model.device
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (context + max(sizes),), generator=g).to(device)
+    model(ids[:context], torch.arange(context, device=device), cache)
+    cache.commit_prefix(context)
+    seconds = []
+    for n in sizes:
+        positions = torch.arange(context, context + n, device=device)
+        times = []
+        for _ in range(repeats + 1):  # the first run warms up this shape
+            _sync(device)
+            t = time.perf_counter()
+            model(ids[context : context + n], positions, cache)
+            _sync(device)
+            times.append(time.perf_counter() - t)
+        seconds.append(sorted(times[1:])[len(times[1:]) // 2])
+    return CostCurve(list(sizes), seconds, context, key or {})
+
+
+def cost_curve(model: Transformer, model_name: str, cache_dir: Path | None = None, **measure) -> CostCurve:
+    """The cached curve for this model, dtype and machine, measured on first use."""
+    from foretell.models.loading import default_cache_dir
+
+    key = machine_key(model, model_name)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = Path(cache_dir or default_cache_dir()) / "costs" / f"{digest}.json"
+    if path.is_file():
+        try:
+            return CostCurve(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            pass  # a damaged cache entry is simply measured again
+    import sys
+
+    print(f"foretell: measuring the forward cost curve of {model_name} on this machine (once)", file=sys.stderr)
+    curve = measure_cost_curve(model, key=key, **measure)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(curve)))
+    tmp.replace(path)
+    return curve
+
+
+def expected_chain_tokens(acceptance: list[float], gamma: int) -> float:
+    """1 + sum_k prod_{i<k} a_i: the bonus/recovered token plus each draft reached and accepted.
+
+    acceptance[i] is the chance draft i+1 passes given draft i passed; the last entry repeats.
+    """
+    total, reach = 1.0, 1.0
+    for i in range(gamma):
+        reach *= acceptance[min(i, len(acceptance) - 1)] if acceptance else 0.0
+        total += reach
+    return total
+
+
+def best_chain_length(acceptance: list[float], target: CostCurve, draft_step_seconds: float, max_gamma: int) -> int:
+    """The draft length with the highest expected tokens per second (0 = do not draft)."""
+    rates = [
+        expected_chain_tokens(acceptance, g) / (g * draft_step_seconds + target(g + 1)) for g in range(max_gamma + 1)
+    ]
+    return max(range(len(rates)), key=rates.__getitem__)
+
+
+def best_tree_size(node_values: list[float], target: CostCurve, draft_seconds: float, min_size: int = 1) -> int:
+    """Given the values (estimated acceptance probabilities) of candidate nodes sorted best first,
+    the number to verify that maximises (1 + sum of kept values) / (draft + verify time)."""
+    best_n, best_rate, expected = min_size, -1.0, 1.0
+    for n, v in enumerate(node_values, start=1):
+        expected += v
+        if n < min_size:
+            continue
+        rate = expected / (draft_seconds + target(n + 1))
+        if rate > best_rate:
+            best_n, best_rate = n, rate
+    return best_n
+
+
+@dataclass
+class HardwareAwareLength:
+    """Draft length policy: the measured cost curve plus running per-position acceptance."""
+
+    target: CostCurve
+    draft_step_seconds: float
+    max_gamma: int = 12
+    prior: float = 0.7
+    decay: float = 0.9  # exponential forgetting of old verification outcomes
+    _passed: list[float] = field(default_factory=list)
+    _reached: list[float] = field(default_factory=list)
+
+    def acceptance(self) -> list[float]:
+        # A pseudo-count of 1 at the prior keeps unvisited positions sensible.
+        return [(p + self.prior) / (r + 1.0) for p, r in zip(self._passed, self._reached)] or [self.prior]
+
+    def next_length(self) -> int:
+        return max(1, best_chain_length(self.acceptance(), self.target, self.draft_step_seconds, self.max_gamma))
+
+    def update(self, proposed: int, accepted: int) -> None:
+        while len(self._reached) < proposed:
+            self._reached.append(0.0)
+            self._passed.append(0.0)
+        self._reached = [r * self.decay for r in self._reached]
+        self._passed = [p * self.decay for p in self._passed]
+        for i in range(min(proposed, accepted + 1)):  # drafts after the first rejection were not judged
+            self._reached[i] += 1.0
+            self._passed[i] += 1.0 if i < accepted else 0.0
+
+
+def plot_cost_curve(curves: dict[str, CostCurve], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, c in curves.items():
+        ax.plot(c.sizes, [s * 1000 for s in c.seconds], marker="o", label=name)
+    ax.set_xlabel("tokens verified in one forward")
+    ax.set_ylabel("forward time (ms)")
+    ax.set_title(f"Forward cost vs tokens (context {next(iter(curves.values())).context})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
