@@ -9,6 +9,7 @@ import torch
 from conftest import spec_bench_prompts
 from foretell.api import load
 from foretell.drafters.draft_model import DraftModelDrafter
+from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.models.derive import truncated_copy
 from foretell.models.presets import PRESETS, preset_available
@@ -43,8 +44,13 @@ def test_smollm_logits_match_transformers(smollm):
 
 def test_smollm_greedy_speculation_is_exact(smollm):
     params = SamplingParams(max_new_tokens=32)
-    draft = DraftModelDrafter(truncated_copy(smollm.target.model, 10), smollm.target.config.vocab_size)
-    drafters = {"prompt-lookup": PromptLookupDrafter(), "draft-model": draft}
+    small = truncated_copy(smollm.target.model, 10)
+    vocab = smollm.target.config.vocab_size
+    drafters = {
+        "prompt-lookup": PromptLookupDrafter(),
+        "draft-model": DraftModelDrafter(small, vocab),
+        "draft-tree": DraftTreeDrafter(small, vocab, TreeShape(depth=4, top_k=3, total_tokens=12)),
+    }
     prompts = spec_bench_prompts(1)[:5]
     accepted = {name: 0 for name in drafters}
     for prompt in prompts:
@@ -64,9 +70,11 @@ def test_qwen_pair_greedy_speculation_is_exact():
     spec = load("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", dtype="float32", gamma=4)
     plain = spec.with_drafter(None)
     lookup = spec.with_drafter(PromptLookupDrafter())
+    tree = spec.with_drafter(DraftTreeDrafter(spec.draft.model, spec.target.config.vocab_size, TreeShape()))
     params = SamplingParams(max_new_tokens=32)
     for prompt in spec_bench_prompts(1)[:5]:
         ids = spec.encode(prompt)
         expected = plain.engine.generate(ids, params).tokens
         assert spec.engine.generate(ids, params).tokens == expected
         assert lookup.engine.generate(ids, params).tokens == expected
+        assert tree.engine.generate(ids, params).tokens == expected

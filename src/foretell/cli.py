@@ -52,7 +52,52 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(gen)
     add_sampling_args(gen)
     sub.add_parser("models", help="list the model presets and whether their packages are installed")
+    cost = sub.add_parser("cost", help="measure (or read the cached) forward cost curve of models and plot it")
+    cost.add_argument("models", nargs="+", help="presets, .gguf files or HF folders")
+    cost.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+    cost.add_argument("--device", default="cpu")
+    cost.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    cost.add_argument("--plot", default="cost_curve.png", help="PNG to write (default: %(default)s)")
+    add_bench_parser(sub)
     return parser
+
+
+def add_bench_parser(sub) -> None:
+    from foretell.bench.datasets import DATASETS
+    from foretell.bench.methods import METHODS
+
+    methods = "; ".join(f"{name}: {spec.help}" for name, spec in METHODS.items())
+    b = sub.add_parser(
+        "bench", help="Spec-Bench style benchmark: methods x prompts, interleaved, resumable; report + plots",
+        description="Run every method on every prompt (interleaved), append one JSONL row per (prompt, method) "
+        "to OUT/results.jsonl, then write OUT/report.md, OUT/speedup.png and OUT/acceptance.png. "
+        "Prompts go through the model's chat template when it has one.",
+    )
+    b.add_argument("--model", default="smollm2-135m", help="target: preset name, .gguf file or HF folder (default: %(default)s)")
+    b.add_argument("--draft", help="draft model (preset, .gguf or HF folder) for draft-chain, draft-tree*, hf-assisted")
+    b.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"),
+                   help="weights dtype, every method (default: %(default)s)")
+    b.add_argument("--datasets", default="spec-bench", help=f"comma list of {', '.join(DATASETS)} (default: %(default)s)")
+    b.add_argument("--per-category", type=int, default=10,
+                   help="prompts per category, the first N in file order (default: %(default)s)")
+    b.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default: %(default)s)")
+    b.add_argument("--methods", help="comma list; default without --draft: plain,prompt-lookup,hf-plain,hf-prompt-lookup; "
+                   f"with --draft: plain,prompt-lookup,draft-chain,draft-tree,hf-plain,hf-assisted. Methods: {methods}")
+    b.add_argument("--gamma", type=int, default=4,
+                   help="draft tokens per step: draft-chain, prompt-lookup, hf-prompt-lookup (default: %(default)s)")
+    b.add_argument("--tree-depth", type=int, default=5, help="draft-tree: tree depth (default: %(default)s)")
+    b.add_argument("--tree-topk", type=int, default=4,
+                   help="draft-tree: nodes expanded per depth and children each (default: %(default)s)")
+    b.add_argument("--tree-budget", type=int, default=24, help="draft-tree: tokens verified per pass (default: %(default)s)")
+    b.add_argument("--branching", default="3,2,2,1,1",
+                   help="draft-tree-static: children per node at each depth (default: %(default)s)")
+    b.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default); greedy_equal_to_plain is filled only when greedy")
+    b.add_argument("--seed", type=int, help="sampling seed (used when --temperature > 0)")
+    b.add_argument("--out", help="output folder (default: runs/bench/<timestamp>); the same folder again resumes")
+    b.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                   help="skip (prompt, method) pairs already in OUT/results.jsonl (default: on); --no-resume starts over")
+    b.add_argument("--threads", type=int, help="torch CPU threads, also llama.cpp's (default: torch's choice)")
 
 
 def tree_shape(args):
@@ -109,10 +154,70 @@ def cmd_models(args) -> None:
         print(f"{p.name:22s} {p.description} [{state}]")
 
 
+def cmd_cost(args) -> None:
+    import torch
+
+    from foretell.budget import cost_curve, plot_cost_curve
+    from foretell.models.loading import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    curves = {}
+    for name in args.models:
+        loaded = load_model(name, args.dtype, args.device)
+        curves[f"{name} ({args.dtype})"] = curve = cost_curve(loaded.model, name)
+        del loaded
+        cells = " ".join(f"{n}:{s * 1000:.1f}" for n, s in zip(curve.sizes, curve.seconds))
+        print(f"{name} {args.dtype}, ms per forward by tokens (context {curve.context}): {cells}")
+    plot_cost_curve(curves, args.plot)
+    print(f"plot: {args.plot}")
+
+
+def cmd_bench(args) -> None:
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from foretell.bench.datasets import load_prompts
+    from foretell.bench.methods import MethodOptions, Models, build_methods, default_methods
+    from foretell.bench.report import write_report
+    from foretell.bench.runner import RunConfig, run_bench
+    from foretell.text import encode_prompt
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
+    prompts = load_prompts(names(args.datasets), args.per_category)  # fail fast, before loading models
+    if args.max_new_tokens < 1:
+        raise ForetellError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    try:
+        branching = tuple(int(b) for b in args.branching.split(","))
+    except ValueError:
+        raise ForetellError(f"--branching takes comma-separated integers, got {args.branching!r}") from None
+    opts = MethodOptions(gamma=args.gamma, tree_depth=args.tree_depth, tree_topk=args.tree_topk,
+                         tree_budget=args.tree_budget, tree_branching=branching,
+                         temperature=args.temperature, seed=args.seed, threads=args.threads)
+    models = Models(args.model, args.draft, args.dtype)
+    methods = build_methods(names(args.methods) if args.methods else default_methods(bool(args.draft)), models, opts,
+                            warn=lambda msg: print(msg, file=sys.stderr))
+    tokenizer = models.pipeline().tokenizer
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    out = Path(args.out or Path("runs") / "bench" / time.strftime("%Y%m%d-%H%M%S"))
+    settings = {k: getattr(args, k) for k in ("model", "draft", "dtype", "max_new_tokens", "temperature", "seed",
+                                                "gamma", "tree_depth", "tree_topk", "tree_budget", "branching")}
+    cfg = RunConfig(out, args.max_new_tokens, greedy=args.temperature == 0, resume=args.resume,
+                    settings={**settings, "chat": chat})
+    run_bench(prompts, methods, lambda text: encode_prompt(tokenizer, text, chat), cfg)
+    report = write_report(out)
+    print(report.read_text())
+    print(f"foretell bench: rows in {out / 'results.jsonl'}, report in {report}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        {"generate": cmd_generate, "models": cmd_models}[args.command](args)
+        {"generate": cmd_generate, "models": cmd_models, "cost": cmd_cost, "bench": cmd_bench}[args.command](args)
     except ForetellError as e:
         print(f"foretell: error: {e}", file=sys.stderr)
         return 2
