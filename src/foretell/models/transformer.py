@@ -19,8 +19,8 @@ from foretell.models.config import ModelConfig
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor  # [T, V] float32 (batch size 1 squeezed)
-    hidden: dict[int, torch.Tensor]  # layer index -> [T, H]; 0 = embeddings, L = final normed
+    logits: torch.Tensor | None  # [T, V] float32 (batch size 1 squeezed); [B, T, V] from forward_sequences
+    hidden: dict[int, torch.Tensor]  # layer index -> [T, H] ([B, T, H]); 0 = embeddings, L = final normed
 
 
 def rope_tables(head_dim: int, theta: float, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,19 +61,22 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, cache: KVCache, layer: int, mask):
-        T = x.shape[1]
+    def forward(self, x, cos, sin, cache: KVCache | None, layer: int, mask):
+        """x: [B, T, H]. With a cache (B = 1) attend to its prefix; without, causally within x."""
+        B, T = x.shape[:2]
         q, k, v = self.qkv_proj(self.input_layernorm(x)).split(self.split, dim=-1)
-        q = q.view(1, T, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(1, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(1, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        keys, values = cache.write(layer, k, v)
+        if cache is not None:
+            k, v = cache.write(layer, k, v)
         attn = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads
+            q, k, v, attn_mask=mask, is_causal=cache is None and mask is None,
+            enable_gqa=self.num_kv_heads != self.num_heads,
         )
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(1, T, -1))
+        x = x + self.o_proj(attn.transpose(1, 2).reshape(B, T, -1))
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
 
@@ -148,6 +151,28 @@ class Transformer(nn.Module):
         if logits_rows is not None:
             x = x[logits_rows]
         return ForwardOutput(logits=self.lm_head(x).float(), hidden=hidden)
+
+    def forward_sequences(
+        self, input_ids: torch.Tensor, hidden_layers: tuple[int, ...] = (), with_logits: bool = True
+    ) -> ForwardOutput:
+        """Full causal forward over a batch [B, T] without a cache (training, feature extraction).
+
+        Returns logits [B, T, V] (model dtype, for autograd) and hidden states [B, T, H].
+        Right padding is harmless: causal attention never lets a real token see a pad after it.
+        """
+        B, T = input_ids.shape
+        cos, sin = self._rope(torch.arange(T, device=input_ids.device))
+        cos, sin = cos[None, None], sin[None, None]
+        x = self.embed_tokens(input_ids)
+        hidden: dict[int, torch.Tensor] = {0: x} if 0 in hidden_layers else {}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, None, i, None)
+            if i + 1 in hidden_layers and i + 1 < len(self.layers):
+                hidden[i + 1] = x
+        x = self.norm(x)
+        if len(self.layers) in hidden_layers:
+            hidden[len(self.layers)] = x
+        return ForwardOutput(logits=self.lm_head(x) if with_logits else None, hidden=hidden)
 
     def _attention_mask(self, T: int, prefix: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
         if tree_mask is None:
