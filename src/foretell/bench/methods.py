@@ -1,0 +1,290 @@
+"""Decoding methods the benchmark compares, behind one small interface.
+
+A method has a `name`, `run(prompt_ids, max_new_tokens) -> (tokens, stats)` and
+`memory_bytes()` (its weights plus the KV caches of its last run). foretell's methods share one
+loaded target and draft (`Pipeline.with_drafter`); the transformers peers share one HF copy.
+A new drafter is one entry in METHODS.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+import torch
+
+from foretell.api import Pipeline, load
+from foretell.drafters.draft_model import DraftModelDrafter
+from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+from foretell.drafters.prompt_lookup import PromptLookupDrafter
+from foretell.errors import ForetellError
+from foretell.kv_cache import KVCache
+from foretell.models.loading import parse_dtype, resolve_model_dir
+from foretell.types import SamplingParams
+
+
+class Method(Protocol):
+    name: str
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], dict]:
+        """New tokens (stop token excluded) and {tau, target_passes, acceptance_per_position, ...}."""
+
+    def memory_bytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class MethodOptions:
+    gamma: int = 4  # draft tokens per step (draft-chain, prompt lookup: foretell's and HF's)
+    tree_depth: int = 5
+    tree_topk: int = 4
+    tree_budget: int = 24
+    tree_branching: tuple[int, ...] = (3, 2, 2, 1, 1)  # draft-tree-static
+    temperature: float = 0.0
+    seed: int | None = None
+    threads: int | None = None  # llama.cpp threads
+
+    def __post_init__(self):
+        if not 1 <= self.gamma <= 16:
+            raise ForetellError(f"--gamma (draft length) must be between 1 and 16, got {self.gamma}")
+        # TreeShape checks the tree options and names the bad one.
+        TreeShape(kind="dynamic", depth=self.tree_depth, top_k=self.tree_topk, total_tokens=self.tree_budget)
+        TreeShape(kind="static", branching=self.tree_branching)
+        SamplingParams(temperature=self.temperature, seed=self.seed)
+
+
+@dataclass
+class Models:
+    """The weights every method draws on, each loaded once, on first use."""
+
+    target: str
+    draft: str | None = None
+    dtype: str = "bfloat16"
+    _pipe: Pipeline | None = field(default=None, repr=False)
+    _hf: dict = field(default_factory=dict, repr=False)
+
+    def pipeline(self) -> Pipeline:
+        if self._pipe is None:
+            drafter = "draft-model" if self.draft else "none"
+            self._pipe = load(self.target, draft=self.draft, drafter=drafter, dtype=self.dtype)
+        return self._pipe
+
+    def hf(self, which: str):
+        """The transformers copy of the target or the draft (separate weights: other module classes)."""
+        if which not in self._hf:
+            from transformers import AutoModelForCausalLM
+
+            spec = self.target if which == "target" else self.draft
+            folder = str(resolve_model_dir(spec))
+            self._hf[which] = AutoModelForCausalLM.from_pretrained(folder, dtype=parse_dtype(self.dtype)).eval()
+        return self._hf[which]
+
+
+def param_bytes(*modules) -> int:
+    """Bytes of the distinct parameters (tied embeddings counted once)."""
+    seen: dict[int, int] = {}
+    for m in modules:
+        for p in m.parameters():
+            seen[p.data_ptr()] = p.numel() * p.element_size()
+    return sum(seen.values())
+
+
+def kv_bytes(model, capacity: int) -> int:
+    """Bytes of a foretell KV cache for `model` holding `capacity` slots (sized on the meta device)."""
+    c = model.config
+    return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, capacity, model.dtype, "meta").nbytes()
+
+
+def sampling(opts: MethodOptions, max_new_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=opts.temperature, seed=opts.seed, max_new_tokens=max_new_tokens)
+
+
+class ForetellMethod:
+    def __init__(self, name: str, pipe: Pipeline, drafter, opts: MethodOptions):
+        self.name = name
+        self.pipe = pipe.with_drafter(drafter, gamma=opts.gamma)
+        self.opts = opts
+        self.cache_bytes = 0
+
+    def run(self, prompt_ids, max_new_tokens):
+        engine = self.pipe.engine
+        result = engine.generate(prompt_ids, sampling(self.opts, max_new_tokens))
+        # Mirrors how Engine._loop sizes its target cache: the engine keeps no handle to it.
+        limit = min(max_new_tokens, engine.context_window - len(prompt_ids))
+        room = max(engine.max_draft, getattr(engine.drafter, "max_nodes", 0))
+        drafter_cache = getattr(engine.drafter, "cache", None)
+        self.cache_bytes = kv_bytes(engine.target, len(prompt_ids) + limit + room + 1)
+        self.cache_bytes += drafter_cache.nbytes() if drafter_cache is not None else 0
+        s = result.stats
+        return result.tokens, {
+            "tau": s.tau, "target_passes": s.target_passes,
+            "acceptance_per_position": s.acceptance_per_position,
+            "proposed_per_position": s.proposed_per_position, "accepted_per_position": s.accepted_per_position,
+        }
+
+    def memory_bytes(self) -> int:
+        drafter_model = getattr(self.pipe.engine.drafter, "model", None)
+        modules = [self.pipe.engine.target] + ([drafter_model] if drafter_model is not None else [])
+        return param_bytes(*modules) + self.cache_bytes
+
+
+class HFMethod:
+    """transformers `generate` on its own copy of the weights, with the same stop tokens as foretell."""
+
+    def __init__(self, name: str, models: Models, opts: MethodOptions, assisted: bool = False, **generation):
+        self.name = name
+        self.model = models.hf("target")
+        self.assistant = models.hf("draft") if assisted else None
+        self.generation = generation  # extra GenerationConfig fields, e.g. prompt_lookup_num_tokens
+        self.stop_ids = sorted(models.pipeline().engine.stop_ids)
+        self.opts = opts
+        self.seq_len = 0
+
+    def _config(self, max_new_tokens: int):
+        from transformers import GenerationConfig
+
+        # A fresh config: the model's own generation_config.json may enable sampling or top-k.
+        greedy = self.opts.temperature == 0
+        kw = {} if greedy else dict(temperature=self.opts.temperature, top_k=0, top_p=1.0)
+        return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, eos_token_id=self.stop_ids,
+                                pad_token_id=self.stop_ids[0], **kw, **self.generation)
+
+    def run(self, prompt_ids, max_new_tokens):
+        ids = torch.tensor([prompt_ids])
+        if self.opts.seed is not None:
+            torch.manual_seed(self.opts.seed)
+        calls = [0]  # target forwards, prefill included: each one yields >= 1 token
+        hook = self.model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        try:
+            with torch.inference_mode():
+                out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                          generation_config=self._config(max_new_tokens), assistant_model=self.assistant)
+        finally:
+            hook.remove()
+        produced = out[0, len(prompt_ids):].tolist()
+        self.seq_len = len(prompt_ids) + len(produced)
+        stop = next((i for i, t in enumerate(produced) if t in self.stop_ids), len(produced))
+        return produced[:stop], {"tau": len(produced) / max(calls[0], 1), "target_passes": calls[0],
+                                 "acceptance_per_position": []}
+
+    def memory_bytes(self) -> int:
+        # transformers' dynamic caches grow to the sequence length; size them from the config.
+        models = [self.model] + ([self.assistant] if self.assistant is not None else [])
+        cache = sum(hf_kv_bytes(m, self.seq_len) for m in models)
+        return param_bytes(*models) + cache
+
+
+def hf_kv_bytes(model, seq_len: int) -> int:
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * seq_len * model.dtype.itemsize
+
+
+class LlamaCppMethod:
+    """llama-cpp-python on the model's original GGUF file (its own quantized weights)."""
+
+    def __init__(self, gguf: Path, opts: MethodOptions, stop_ids: set[int]):
+        from llama_cpp import Llama
+
+        self.name = "llama-cpp"
+        self.gguf = gguf
+        self.llm = Llama(model_path=str(gguf), n_ctx=4096, n_threads=opts.threads, seed=opts.seed or 0, verbose=False)
+        self.opts = opts
+        self.stop_ids = stop_ids
+
+    def run(self, prompt_ids, max_new_tokens):
+        tokens = []
+        sampled = dict(temp=self.opts.temperature, top_k=0, top_p=1.0, min_p=0.0)  # temp 0: llama.cpp is greedy
+        for t in self.llm.generate(prompt_ids, reset=True, **sampled):
+            if t in self.stop_ids:
+                break
+            tokens.append(t)
+            if len(tokens) >= max_new_tokens:
+                break
+        return tokens, {"tau": 1.0, "target_passes": len(tokens), "acceptance_per_position": []}
+
+    def memory_bytes(self) -> int:
+        return self.gguf.stat().st_size  # weights only: llama.cpp's cache is not exposed
+
+
+def gguf_file(spec: str) -> Path | None:
+    """The original GGUF of a model spec, when one is still on disk (chunked presets are deleted after conversion)."""
+    from foretell.models.presets import PRESETS, locate_single_gguf
+
+    if spec in PRESETS and PRESETS[spec].single_file_module:
+        return locate_single_gguf(PRESETS[spec])
+    return Path(spec) if str(spec).endswith(".gguf") and Path(spec).is_file() else None
+
+
+def make_llama_cpp(models: Models, opts: MethodOptions):
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed (pip install llama-cpp-python)"
+    gguf = gguf_file(models.target)
+    if gguf is None:
+        return f"no GGUF file on disk for {models.target!r}"
+    return LlamaCppMethod(gguf, opts, models.pipeline().engine.stop_ids)
+
+
+def _tree(models: Models, shape: TreeShape) -> DraftTreeDrafter:
+    pipe = models.pipeline()
+    return DraftTreeDrafter(pipe.draft.model, pipe.target.config.vocab_size, shape)
+
+
+def _dynamic(o: MethodOptions) -> TreeShape:
+    return TreeShape(kind="dynamic", depth=o.tree_depth, top_k=o.tree_topk, total_tokens=o.tree_budget)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    # build(models, options) -> a Method, or a string saying why it is unavailable (then skipped)
+    build: Callable[[Models, MethodOptions], object]
+    needs_draft: bool = False
+    help: str = ""
+
+
+def _foretell(name: str, drafter: Callable[[Models, MethodOptions], object]):
+    return lambda m, o: ForetellMethod(name, m.pipeline(), drafter(m, o), o)
+
+
+METHODS: dict[str, MethodSpec] = {
+    "plain": MethodSpec(_foretell("plain", lambda m, o: None), help="foretell, no drafter (the baseline)"),
+    "prompt-lookup": MethodSpec(_foretell("prompt-lookup", lambda m, o: PromptLookupDrafter()),
+                                help="foretell, n-gram prompt lookup"),
+    "draft-chain": MethodSpec(_foretell("draft-chain", lambda m, o: DraftModelDrafter(
+        m.pipeline().draft.model, m.pipeline().target.config.vocab_size)), True, "foretell, draft model, chain of --gamma"),
+    "draft-tree": MethodSpec(_foretell("draft-tree", lambda m, o: _tree(m, _dynamic(o))), True,
+                             "foretell, draft model, EAGLE-2 dynamic tree (--tree-*)"),
+    "draft-tree-static": MethodSpec(_foretell("draft-tree-static", lambda m, o: _tree(
+        m, TreeShape(kind="static", branching=o.tree_branching))), True, "foretell, draft model, static top-k tree"),
+    "hf-plain": MethodSpec(lambda m, o: HFMethod("hf-plain", m, o), help="transformers generate"),
+    "hf-assisted": MethodSpec(lambda m, o: HFMethod("hf-assisted", m, o, assisted=True), True,
+                              "transformers assisted generation (its own draft-length schedule)"),
+    "hf-prompt-lookup": MethodSpec(lambda m, o: HFMethod("hf-prompt-lookup", m, o, prompt_lookup_num_tokens=o.gamma),
+                                   help="transformers prompt lookup (--gamma tokens)"),
+    "llama-cpp": MethodSpec(make_llama_cpp, help="llama-cpp-python on the GGUF file, if installed"),
+}
+
+
+def default_methods(has_draft: bool) -> list[str]:
+    if has_draft:
+        return ["plain", "prompt-lookup", "draft-chain", "draft-tree", "hf-plain", "hf-assisted"]
+    return ["plain", "prompt-lookup", "hf-plain", "hf-prompt-lookup"]
+
+
+def build_methods(names: list[str], models: Models, opts: MethodOptions, warn=print) -> list:
+    """Methods in the given order; unavailable optional ones are skipped with a message via `warn`."""
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise ForetellError(f"unknown method(s) {', '.join(unknown)}; use {', '.join(METHODS)}")
+    needing = [n for n in names if METHODS[n].needs_draft]
+    if needing and not models.draft:
+        raise ForetellError(f"method(s) {', '.join(needing)} need a draft model: pass --draft")
+    built = []
+    for n in names:
+        method = METHODS[n].build(models, opts)
+        if isinstance(method, str):
+            warn(f"foretell bench: skipping {n}: {method}")
+        else:
+            built.append(method)
+    return built

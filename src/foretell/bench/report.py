@@ -1,0 +1,181 @@
+"""Tables and plots from a results file: report.md, speedup.png, acceptance.png.
+
+Speedup is a ratio of total tokens / total seconds, method over plain, both on the prompts
+where both have a row (same run, same prompts), so an unfinished run still compares like with like.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from foretell.bench.runner import RESULTS, SUMMARY, read_rows
+from foretell.errors import ForetellError
+
+OVERALL = "overall"
+SHOWN_POSITIONS = 8  # acceptance columns in the table (the plot shows them all)
+
+
+@dataclass
+class MethodSummary:
+    method: str
+    prompts: int
+    tokens_per_s: float
+    speedup: float | None  # None without plain rows on the same prompts
+    tau: float | None
+    acceptance: list[float] = field(default_factory=list)  # by draft position
+    memory_mb: float = 0.0
+    greedy_equal: tuple[int, int] = (0, 0)  # (equal, compared)
+
+
+def prompt_key(row: dict) -> tuple[str, str]:
+    return row["dataset"], str(row["id"])
+
+
+def throughput(rows: list[dict]) -> float:
+    seconds = sum(r["seconds"] for r in rows)
+    return sum(r["new_tokens"] for r in rows) / seconds if seconds else 0.0
+
+
+def mean_tau(rows: list[dict]) -> float | None:
+    """Tokens per target pass over all rows: each row's tau weighted by its passes."""
+    rows = [r for r in rows if r.get("tau") is not None]
+    passes = sum(r.get("target_passes") or 0 for r in rows)
+    if passes:
+        return sum(r["tau"] * (r.get("target_passes") or 0) for r in rows) / passes
+    return sum(r["tau"] for r in rows) / len(rows) if rows else None
+
+
+def acceptance(rows: list[dict]) -> list[float]:
+    """Accepted / proposed per draft position, summed over rows (counts when the rows carry them)."""
+    width = max((len(r.get("proposed_per_position") or r.get("acceptance_per_position") or []) for r in rows), default=0)
+    proposed, accepted = [0.0] * width, [0.0] * width
+    for r in rows:
+        counts = r.get("proposed_per_position")
+        p = counts if counts else [1.0] * len(r.get("acceptance_per_position", []))
+        a = r.get("accepted_per_position") if counts else r.get("acceptance_per_position", [])
+        for i, (pi, ai) in enumerate(zip(p, a)):
+            proposed[i] += pi
+            accepted[i] += ai
+    return [a / p if p else 0.0 for a, p in zip(accepted, proposed)]
+
+
+def summarize_group(rows: list[dict]) -> list[MethodSummary]:
+    by_method: dict[str, list[dict]] = {}
+    for r in rows:
+        by_method.setdefault(r["method"], []).append(r)
+    plain = {prompt_key(r): r for r in by_method.get("plain", [])}
+    out = []
+    for method, mrows in by_method.items():
+        common = [r for r in mrows if prompt_key(r) in plain]
+        base = throughput([plain[prompt_key(r)] for r in common])
+        compared = [r["greedy_equal_to_plain"] for r in mrows if r.get("greedy_equal_to_plain") is not None]
+        out.append(MethodSummary(
+            method=method, prompts=len(mrows), tokens_per_s=throughput(mrows),
+            speedup=throughput(common) / base if common and base else None,
+            tau=mean_tau(mrows), acceptance=acceptance(mrows),
+            memory_mb=max(r.get("memory_mb") or 0.0 for r in mrows),
+            greedy_equal=(sum(compared), len(compared)),
+        ))
+    return out
+
+
+def summarize(rows: list[dict]) -> dict[str, list[MethodSummary]]:
+    """Per category (in order of first appearance), then OVERALL."""
+    categories: dict[str, list[dict]] = {}
+    for r in rows:
+        categories.setdefault(r["category"], []).append(r)
+    groups = {c: summarize_group(rs) for c, rs in categories.items()}
+    groups[OVERALL] = summarize_group(rows)
+    return groups
+
+
+def _fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
+    return "–" if x is None else f"{x:.{digits}f}{suffix}"
+
+
+def markdown_table(summaries: list[MethodSummary]) -> str:
+    lines = [
+        "| method | prompts | tok/s | speedup | tau | acceptance by position | memory MB | greedy = plain |",
+        "|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for s in summaries:
+        acc = " ".join(f"{a:.2f}" for a in s.acceptance[:SHOWN_POSITIONS]) or "–"
+        equal = f"{s.greedy_equal[0]}/{s.greedy_equal[1]}" if s.greedy_equal[1] else "–"
+        lines.append(f"| {s.method} | {s.prompts} | {s.tokens_per_s:.1f} | {_fmt(s.speedup, 2, 'x')} | "
+                     f"{_fmt(s.tau)} | {acc} | {s.memory_mb:.1f} | {equal} |")
+    return "\n".join(lines)
+
+
+def plot_speedup(groups: dict[str, list[MethodSummary]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display
+    import matplotlib.pyplot as plt
+
+    cats = list(groups)
+    methods = [m for m in dict.fromkeys(s.method for ss in groups.values() for s in ss) if m != "plain"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * max(1, len(methods)) / 2), 4))
+    width = 0.8 / max(1, len(methods))
+    for i, m in enumerate(methods):
+        values = [next((s.speedup or 0.0 for s in groups[c] if s.method == m), 0.0) for c in cats]
+        ax.bar([x + i * width for x in range(len(cats))], values, width, label=m)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")  # plain
+    ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(cats))], cats, rotation=30, ha="right")
+    ax.set_ylabel("speedup over plain (tokens/s ratio)")
+    ax.set_title("speedup by category (dashed: plain)")
+    if methods:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_acceptance(overall: list[MethodSummary], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = [s for s in overall if s.acceptance]
+    for s in drawn:
+        ax.plot(range(1, len(s.acceptance) + 1), s.acceptance, marker="o", label=s.method)
+    if drawn:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no drafting method in this run", ha="center", va="center", transform=ax.transAxes)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_title("acceptance by draft position (all prompts)")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate (accepted / proposed)")
+    ax.set_ylim(0, 1.05)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(out_dir: Path) -> Path:
+    """Write report.md, speedup.png and acceptance.png into out_dir; return report.md."""
+    out_dir = Path(out_dir)
+    rows = read_rows(out_dir / RESULTS)
+    if not rows:
+        raise ForetellError(f"no results in {out_dir / RESULTS}; run foretell bench first")
+    summary = json.loads((out_dir / SUMMARY).read_text()) if (out_dir / SUMMARY).is_file() else {}
+    groups = summarize(rows)
+    parts = ["# foretell bench", ""]
+    if summary.get("settings"):
+        parts += ["Settings: " + ", ".join(f"{k}={v}" for k, v in summary["settings"].items()), ""]
+    if "peak_rss_mb" in summary:
+        parts += [f"Peak RSS of the process (all methods' models loaded together): {summary['peak_rss_mb']:.0f} MB. "
+                  "The memory column is one method's weights plus its KV caches.", ""]
+    for name, summaries in groups.items():
+        parts += [f"## {name}", "", markdown_table(summaries), ""]
+    parts += ["![speedup](speedup.png)", "", "![acceptance](acceptance.png)", ""]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(parts))
+    plot_speedup(groups, out_dir / "speedup.png")
+    plot_acceptance(groups[OVERALL], out_dir / "acceptance.png")
+    return report

@@ -1,0 +1,141 @@
+"""Run every method on every prompt, interleaved, one JSONL row per (prompt, method), resumable.
+
+Interleaving (prompt 1: every method, prompt 2: every method, ...) spreads slow drift of the
+machine (thermal, other load) over all methods alike instead of penalising whichever ran last.
+Rows are appended as soon as they exist, so an interrupted run loses at most one row and a
+second run with the same output folder only computes the missing pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from foretell.errors import ForetellError
+
+RESULTS = "results.jsonl"
+SUMMARY = "bench.json"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out_dir: Path
+    max_new_tokens: int = 128
+    greedy: bool = True  # greedy_equal_to_plain is only meaningful (and only filled) when greedy
+    resume: bool = True
+    warmup_tokens: int = 16  # the untimed warm-up generation per method
+    settings: dict = field(default_factory=dict)  # what produced the rows; a resumed run must match
+    progress: bool = True
+
+
+def row_key(row: dict) -> tuple[str, str, str]:
+    return row["dataset"], str(row["id"]), row["method"]
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a results file; a line cut short by an interruption is dropped (and the file rewritten)."""
+    if not path.is_file():
+        return []
+    rows, broken = [], False
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            broken = True
+    if broken:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def prepare_out_dir(cfg: RunConfig) -> dict:
+    """Create the folder; on resume check the settings match; return the stored summary."""
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    summary_path = cfg.out_dir / SUMMARY
+    if not cfg.resume:
+        (cfg.out_dir / RESULTS).unlink(missing_ok=True)
+        summary_path.unlink(missing_ok=True)
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    old = summary.get("settings", cfg.settings)
+    changed = {k: (old.get(k), v) for k, v in cfg.settings.items() if old.get(k) != v}
+    if changed:
+        what = ", ".join(f"{k} was {a!r}, now {b!r}" for k, (a, b) in changed.items())
+        raise ForetellError(
+            f"{cfg.out_dir} holds results made with other settings ({what}); "
+            "use another --out, or --no-resume to start over"
+        )
+    summary["settings"] = cfg.settings
+    return summary
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def make_row(prompt: dict, method, tokens: list[int], stats: dict, seconds: float, plain_tokens) -> dict:
+    return {
+        "dataset": prompt["dataset"], "id": prompt["id"], "category": prompt["category"], "method": method.name,
+        "new_tokens": len(tokens), "seconds": round(seconds, 4),
+        "tokens_per_s": round(len(tokens) / seconds, 3) if seconds else 0.0,
+        "tau": round(stats["tau"], 4) if stats.get("tau") is not None else None,
+        "acceptance_per_position": [round(a, 4) for a in stats.get("acceptance_per_position", [])],
+        "proposed_per_position": stats.get("proposed_per_position", []),
+        "accepted_per_position": stats.get("accepted_per_position", []),
+        "target_passes": stats.get("target_passes"),
+        "greedy_equal_to_plain": None if plain_tokens is None else tokens == plain_tokens,
+        "memory_mb": round(method.memory_bytes() / 2**20, 2),
+        "tokens": tokens,
+    }
+
+
+def order_methods(methods: list) -> list:
+    """plain first, so every other method's output can be compared with it as soon as it is done."""
+    return sorted(methods, key=lambda m: m.name != "plain")
+
+
+def run_bench(prompts: list[dict], methods: list, encode: Callable[[str], list[int]], cfg: RunConfig) -> Path:
+    """Run (or finish) the benchmark; return the results file."""
+    from tqdm import tqdm
+
+    summary = prepare_out_dir(cfg)
+    path = cfg.out_dir / RESULTS
+    done = {row_key(r): r for r in read_rows(path)}
+    methods = order_methods(methods)
+    todo = [(p, m) for p in prompts for m in methods if (p["dataset"], str(p["id"]), m.name) not in done]
+    if todo:
+        warm_up(todo, encode, cfg)
+    with open(path, "a") as out, tqdm(total=len(todo), desc="bench", unit="run", file=sys.stderr,
+                                      disable=not cfg.progress) as bar:
+        cache: dict[tuple, list[int]] = {}
+        for prompt, method in todo:
+            key = (prompt["dataset"], str(prompt["id"]))
+            if key not in cache:
+                cache[key] = encode(prompt["prompt"])
+            ids = cache[key]
+            bar.set_postfix_str(f"{prompt['dataset']}/{prompt['id']} {method.name}")
+            t0 = time.perf_counter()
+            tokens, stats = method.run(ids, cfg.max_new_tokens)
+            seconds = time.perf_counter() - t0
+            plain = {"tokens": tokens} if method.name == "plain" else done.get((*key, "plain"))
+            plain_tokens = plain["tokens"] if plain is not None and cfg.greedy else None
+            row = make_row(prompt, method, tokens, stats, seconds, plain_tokens)
+            done[row_key(row)] = row
+            out.write(json.dumps(row) + "\n")
+            out.flush()  # the row survives an interruption
+            bar.update()
+    summary["peak_rss_mb"] = round(max(summary.get("peak_rss_mb", 0.0), peak_rss_mb()), 1)
+    (cfg.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
+    return path
+
+
+def warm_up(todo: list[tuple[dict, object]], encode, cfg: RunConfig) -> None:
+    """One short untimed run per pending method: first-call costs (allocation, kernels) stay out of the timings."""
+    seen = set()
+    for prompt, method in todo:
+        if method.name not in seen:
+            seen.add(method.name)
+            method.run(encode(prompt["prompt"]), min(cfg.warmup_tokens, cfg.max_new_tokens))

