@@ -115,13 +115,15 @@ def test_report_tables_and_plots(bench_setup, tmp_path):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
 
 
-def test_hf_plain_matches_foretell_plain(bench_setup, tmp_path):
+def test_transformers_peers_match_foretell_plain(bench_setup, tmp_path):
     prompts, methods, encode, models, _ = bench_setup
-    hf = build_methods(["hf-plain"], models, MethodOptions())
+    peers = ["hf-plain", "hf-assisted", "hf-prompt-lookup"]
+    hf = build_methods(peers, models, MethodOptions())
     rows = read_rows(run_bench(prompts[:2], [methods[0], *hf], encode, config(tmp_path)))
-    hf_rows = [r for r in rows if r["method"] == "hf-plain"]
-    assert len(hf_rows) == 2 and all(r["greedy_equal_to_plain"] for r in hf_rows)
-    assert all(r["tau"] == pytest.approx(1.0, abs=0.1) for r in hf_rows)
+    hf_rows = [r for r in rows if r["method"] in peers]
+    assert len(hf_rows) == 6 and all(r["greedy_equal_to_plain"] for r in hf_rows)  # fp32, same stop tokens
+    assert all(r["tau"] == pytest.approx(1.0, abs=0.1) for r in hf_rows if r["method"] == "hf-plain")
+    assert all(r["memory_mb"] > 0 for r in hf_rows)
 
 
 def test_cli_bench_end_to_end(bench_setup, tiny_pair, tmp_path, monkeypatch, capsys):
