@@ -12,7 +12,7 @@ from foretell.budget import HardwareAwareLength, cost_curve
 from foretell.drafters.base import Drafter
 from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
-from foretell.drafters.length_policy import make_length_policy
+from foretell.drafters.length_policy import DraftLengthPolicy, make_length_policy
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.engine import Chunk, Engine, GenerationResult
 from foretell.errors import ForetellError
@@ -54,9 +54,16 @@ class Pipeline:
     def generate(self, prompt: str | list[dict], chat: bool = True, **sampling) -> GenerationResult:
         return self.engine.generate(self.encode(prompt, chat), SamplingParams(**sampling))
 
-    def with_drafter(self, drafter: Drafter | None, length_policy: str = "fixed", gamma: int = 4) -> "Pipeline":
-        """The same models with another drafter (shares weights; handy for comparisons)."""
-        return replace(self, engine=replace(self.engine, drafter=drafter, length_policy=make_length_policy(length_policy, gamma)))
+    def with_drafter(
+        self, drafter: Drafter | None, length_policy: str | DraftLengthPolicy = "fixed", gamma: int = 4
+    ) -> "Pipeline":
+        """The same models with another drafter (shares weights; handy for comparisons).
+
+        length_policy: a policy name (see make_length_policy) or a policy object.
+        """
+        if isinstance(length_policy, str):
+            length_policy = make_length_policy(length_policy, gamma)
+        return replace(self, engine=replace(self.engine, drafter=drafter, length_policy=length_policy))
 
 
 def load(

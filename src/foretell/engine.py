@@ -85,6 +85,8 @@ class Engine:
             cache.commit_prefix(len(ids) - 1)
         if self.drafter is not None:
             self.drafter.start(ids, capacity, params, generator)
+        drafter_cache = getattr(self.drafter, "cache", None)
+        stats.cache_bytes = cache.nbytes() + (drafter_cache.nbytes() if drafter_cache is not None else 0)
         stats.prefill_seconds = time.perf_counter() - t0
 
         prompt_len = len(ids)
@@ -101,6 +103,7 @@ class Engine:
             stats.verify_seconds += t3 - t2
             stats.target_passes += 1
             if proposal.size:
+                stats.draft_tokens_verified += proposal.size
                 depth = proposal.depth
                 stats.record(depth, verdict.accepted)
                 self.length_policy.update(depth, verdict.accepted)

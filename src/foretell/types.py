@@ -97,7 +97,8 @@ class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
     target_passes: int = 0  # verification / decoding forwards (prefill not counted)
-    draft_steps: int = 0
+    draft_tokens_verified: int = 0  # draft tokens (chain length or tree nodes) sent to the target
+    cache_bytes: int = 0  # KV caches of the target and the drafter for this generation
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0
@@ -148,6 +149,8 @@ class GenerationStats:
             "acceptance_rate": round(self.acceptance_rate, 4),
             "acceptance_per_position": [round(a, 4) for a in self.acceptance_per_position],
             "tokens_per_second": round(self.tokens_per_second, 3),
+            "mean_verified_drafts": round(self.draft_tokens_verified / self.target_passes, 3) if self.target_passes else 0.0,
+            "cache_bytes": self.cache_bytes,
             "prefill_seconds": round(self.prefill_seconds, 4),
             "draft_seconds": round(self.draft_seconds, 4),
             "verify_seconds": round(self.verify_seconds, 4),

@@ -20,7 +20,6 @@ from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.errors import ForetellError
-from foretell.kv_cache import KVCache
 from foretell.models.loading import parse_dtype, resolve_model_dir
 from foretell.types import SamplingParams
 
@@ -90,37 +89,26 @@ def param_bytes(*modules) -> int:
     return sum(seen.values())
 
 
-def kv_bytes(model, capacity: int) -> int:
-    """Bytes of a foretell KV cache for `model` holding `capacity` slots (sized on the meta device)."""
-    c = model.config
-    return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, capacity, model.dtype, "meta").nbytes()
-
-
 def sampling(opts: MethodOptions, max_new_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=opts.temperature, seed=opts.seed, max_new_tokens=max_new_tokens)
 
 
 class ForetellMethod:
-    def __init__(self, name: str, pipe: Pipeline, drafter, opts: MethodOptions):
+    def __init__(self, name: str, pipe: Pipeline, drafter, opts: MethodOptions, length_policy="fixed"):
         self.name = name
-        self.pipe = pipe.with_drafter(drafter, gamma=opts.gamma)
+        self.pipe = pipe.with_drafter(drafter, length_policy, gamma=opts.gamma)
         self.opts = opts
         self.cache_bytes = 0
 
     def run(self, prompt_ids, max_new_tokens):
-        engine = self.pipe.engine
-        result = engine.generate(prompt_ids, sampling(self.opts, max_new_tokens))
-        # Mirrors how Engine._loop sizes its target cache: the engine keeps no handle to it.
-        limit = min(max_new_tokens, engine.context_window - len(prompt_ids))
-        room = max(engine.max_draft, getattr(engine.drafter, "max_nodes", 0))
-        drafter_cache = getattr(engine.drafter, "cache", None)
-        self.cache_bytes = kv_bytes(engine.target, len(prompt_ids) + limit + room + 1)
-        self.cache_bytes += drafter_cache.nbytes() if drafter_cache is not None else 0
+        result = self.pipe.engine.generate(prompt_ids, sampling(self.opts, max_new_tokens))
         s = result.stats
+        self.cache_bytes = s.cache_bytes
         return result.tokens, {
             "tau": s.tau, "target_passes": s.target_passes,
             "acceptance_per_position": s.acceptance_per_position,
             "proposed_per_position": s.proposed_per_position, "accepted_per_position": s.accepted_per_position,
+            "mean_verified_drafts": s.draft_tokens_verified / s.target_passes if s.target_passes else 0.0,
         }
 
     def memory_bytes(self) -> int:
@@ -231,8 +219,39 @@ def _tree(models: Models, shape: TreeShape) -> DraftTreeDrafter:
     return DraftTreeDrafter(pipe.draft.model, pipe.target.config.vocab_size, shape)
 
 
-def _dynamic(o: MethodOptions) -> TreeShape:
-    return TreeShape(kind="dynamic", depth=o.tree_depth, top_k=o.tree_topk, total_tokens=o.tree_budget)
+def _dynamic(o: MethodOptions, budget: int | None = None) -> TreeShape:
+    return TreeShape(kind="dynamic", depth=o.tree_depth, top_k=o.tree_topk, total_tokens=budget or o.tree_budget)
+
+
+def _target_cost(models: Models):
+    from foretell.budget import cost_curve
+
+    pipe = models.pipeline()
+    return cost_curve(pipe.target.model, models.target)
+
+
+def _tree_auto(models: Models, o: MethodOptions):
+    pipe = models.pipeline()
+    # The tuner may pick any size up to the largest the sweep tries.
+    shape = _dynamic(o, max(o.tree_budget, 64))
+    return ForetellMethod("draft-tree-auto", pipe, DraftTreeDrafter(
+        pipe.draft.model, pipe.target.config.vocab_size, shape, _target_cost(models)), o)
+
+
+def _chain_auto(models: Models, o: MethodOptions):
+    from foretell.budget import HardwareAwareLength, cost_curve
+
+    pipe = models.pipeline()
+    draft_step = cost_curve(pipe.draft.model, models.draft)(1)
+    policy = HardwareAwareLength(_target_cost(models), draft_step, max_gamma=12)
+    drafter = DraftModelDrafter(pipe.draft.model, pipe.target.config.vocab_size)
+    return ForetellMethod("draft-chain-auto", pipe, drafter, o, length_policy=policy)
+
+
+def _tree_fixed_budget(name: str):
+    """'draft-tree@16': the dynamic tree verifying exactly 16 nodes (for budget sweeps)."""
+    budget = int(name.split("@", 1)[1])
+    return MethodSpec(_foretell(name, lambda m, o: _tree(m, _dynamic(o, budget))), True, f"dynamic tree, budget {budget}")
 
 
 @dataclass(frozen=True)
@@ -257,6 +276,8 @@ METHODS: dict[str, MethodSpec] = {
                              "foretell, draft model, EAGLE-2 dynamic tree (--tree-*)"),
     "draft-tree-static": MethodSpec(_foretell("draft-tree-static", lambda m, o: _tree(
         m, TreeShape(kind="static", branching=o.tree_branching))), True, "foretell, draft model, static top-k tree"),
+    "draft-chain-auto": MethodSpec(_chain_auto, True, "foretell, draft model, hardware-aware chain length"),
+    "draft-tree-auto": MethodSpec(_tree_auto, True, "foretell, dynamic tree, hardware-aware depth and size"),
     "hf-plain": MethodSpec(lambda m, o: HFMethod("hf-plain", m, o), help="transformers generate"),
     "hf-assisted": MethodSpec(lambda m, o: HFMethod("hf-assisted", m, o, assisted=True), True,
                               "transformers assisted generation (its own draft-length schedule)"),
@@ -274,17 +295,23 @@ def default_methods(has_draft: bool) -> list[str]:
 
 def build_methods(names: list[str], models: Models, opts: MethodOptions, warn=print) -> list:
     """Methods in the given order; unavailable optional ones are skipped with a message via `warn`."""
-    unknown = [n for n in names if n not in METHODS]
+    specs = {n: _tree_fixed_budget(n) if _is_budget_variant(n) else METHODS.get(n) for n in names}
+    unknown = [n for n, spec in specs.items() if spec is None]
     if unknown:
-        raise ForetellError(f"unknown method(s) {', '.join(unknown)}; use {', '.join(METHODS)}")
-    needing = [n for n in names if METHODS[n].needs_draft]
+        raise ForetellError(f"unknown method(s) {', '.join(unknown)}; use {', '.join(METHODS)} or draft-tree@N")
+    needing = [n for n in names if specs[n].needs_draft]
     if needing and not models.draft:
         raise ForetellError(f"method(s) {', '.join(needing)} need a draft model: pass --draft")
     built = []
     for n in names:
-        method = METHODS[n].build(models, opts)
+        method = specs[n].build(models, opts)
         if isinstance(method, str):
             warn(f"foretell bench: skipping {n}: {method}")
         else:
             built.append(method)
     return built
+
+
+def _is_budget_variant(name: str) -> bool:
+    head, _, budget = name.partition("@")
+    return head == "draft-tree" and budget.isdigit() and int(budget) > 0

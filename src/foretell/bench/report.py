@@ -26,6 +26,7 @@ class MethodSummary:
     tau: float | None
     acceptance: list[float] = field(default_factory=list)  # by draft position
     memory_mb: float = 0.0
+    verified_per_pass: float | None = None  # mean draft tokens verified per target pass (the budget)
     greedy_equal: tuple[int, int] = (0, 0)  # (equal, compared)
 
 
@@ -45,6 +46,13 @@ def mean_tau(rows: list[dict]) -> float | None:
     if passes:
         return sum(r["tau"] * (r.get("target_passes") or 0) for r in rows) / passes
     return sum(r["tau"] for r in rows) / len(rows) if rows else None
+
+
+def mean_verified(rows: list[dict]) -> float | None:
+    """Draft tokens verified per target pass, weighted by passes (None for methods without drafts)."""
+    rows = [r for r in rows if r.get("mean_verified_drafts")]
+    passes = sum(r.get("target_passes") or 0 for r in rows)
+    return sum(r["mean_verified_drafts"] * r["target_passes"] for r in rows) / passes if passes else None
 
 
 def acceptance(rows: list[dict]) -> list[float]:
@@ -76,6 +84,7 @@ def summarize_group(rows: list[dict]) -> list[MethodSummary]:
             speedup=throughput(common) / base if common and base else None,
             tau=mean_tau(mrows), acceptance=acceptance(mrows),
             memory_mb=max(r.get("memory_mb") or 0.0 for r in mrows),
+            verified_per_pass=mean_verified(mrows),
             greedy_equal=(sum(compared), len(compared)),
         ))
     return out
@@ -97,14 +106,14 @@ def _fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
 
 def markdown_table(summaries: list[MethodSummary]) -> str:
     lines = [
-        "| method | prompts | tok/s | speedup | tau | acceptance by position | memory MB | greedy = plain |",
-        "|---|---:|---:|---:|---:|---|---:|---:|",
+        "| method | prompts | tok/s | speedup | tau | drafts verified / pass | acceptance by position | memory MB | greedy = plain |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for s in summaries:
         acc = " ".join(f"{a:.2f}" for a in s.acceptance[:SHOWN_POSITIONS]) or "–"
         equal = f"{s.greedy_equal[0]}/{s.greedy_equal[1]}" if s.greedy_equal[1] else "–"
         lines.append(f"| {s.method} | {s.prompts} | {s.tokens_per_s:.1f} | {_fmt(s.speedup, 2, 'x')} | "
-                     f"{_fmt(s.tau)} | {acc} | {s.memory_mb:.1f} | {equal} |")
+                     f"{_fmt(s.tau)} | {_fmt(s.verified_per_pass, 1)} | {acc} | {s.memory_mb:.1f} | {equal} |")
     return "\n".join(lines)
 
 

@@ -86,6 +86,7 @@ def make_row(prompt: dict, method, tokens: list[int], stats: dict, seconds: floa
         "proposed_per_position": stats.get("proposed_per_position", []),
         "accepted_per_position": stats.get("accepted_per_position", []),
         "target_passes": stats.get("target_passes"),
+        "mean_verified_drafts": round(stats.get("mean_verified_drafts", 0.0), 3),
         "greedy_equal_to_plain": None if plain_tokens is None else tokens == plain_tokens,
         "memory_mb": round(method.memory_bytes() / 2**20, 2),
         "tokens": tokens,
