@@ -171,3 +171,18 @@ def test_mt_bench_from_package():
 def test_humaneval_from_package():
     rows = load_prompts(["humaneval"], 200)
     assert len(rows) == 164 and rows[0]["id"] == "HumanEval/0" and "def has_close_elements" in rows[0]["prompt"]
+
+
+def test_budgeted_methods_are_exact_and_report_their_budget(bench_setup, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORETELL_CACHE", str(tmp_path / "cache"))  # cost curves are measured here
+    prompts, _, encode, models, _ = bench_setup
+    names = ["plain", "draft-tree@4", "draft-tree@12", "draft-tree-auto", "draft-chain-auto"]
+    methods = build_methods(names, models, MethodOptions(tree_depth=3))
+    rows = read_rows(run_bench(prompts, methods, encode, config(tmp_path / "out")))
+    assert all(r["greedy_equal_to_plain"] for r in rows)
+    by_method = {r["method"]: r for r in rows}
+    assert 0 < by_method["draft-tree@4"]["mean_verified_drafts"] <= 4
+    assert by_method["draft-tree@12"]["mean_verified_drafts"] > by_method["draft-tree@4"]["mean_verified_drafts"]
+    assert by_method["draft-tree-auto"]["mean_verified_drafts"] >= 1
+    with pytest.raises(ForetellError, match="draft-tree@N"):
+        build_methods(["draft-tree@x"], models, MethodOptions())
