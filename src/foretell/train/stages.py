@@ -1,0 +1,110 @@
+"""One training stage as a self-contained, picklable job: what to start from, which loss, where to write.
+
+Each process of a distributed run rebuilds everything from the files a job names, so nothing
+but paths and settings cross process boundaries.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from foretell.errors import ForetellError
+from foretell.models.derive import save_model_folder
+from foretell.models.loading import build_model, load_tokenizer
+from foretell.train.data import TokenData
+from foretell.train.distributed import DistContext
+from foretell.train.losses import adaspec_loss, distill_loss, lm_loss
+from foretell.train.teacher import TeacherCache
+from foretell.train.trainer import TrainConfig, train
+
+KINDS = ("finetune", "distill", "adaspec")  # cross-entropy on data; KL on all tokens; selective KL
+DONE = "done.json"
+JOB = "job.json"
+MODEL_DIR = "model"
+
+
+@dataclass(frozen=True)
+class StageJob:
+    kind: str
+    init: Path  # model folder the stage starts from
+    out: Path  # stage folder: checkpoint, log, loss curve, model/ and done.json
+    data_file: Path
+    train: TrainConfig
+    teacher_dir: Path | None = None  # distill, adaspec
+    ref_kl_file: Path | None = None  # adaspec
+    select_fraction: float = 0.4
+    resume: bool = True
+    stop_after: int | None = None  # stop early (tests of resuming)
+
+    def fingerprint(self) -> dict:
+        d = asdict(self)
+        for k in ("resume", "stop_after", "out"):
+            d.pop(k)
+        return json.loads(json.dumps(d, default=str))
+
+
+def begin_stage(job: StageJob) -> bool:
+    """Ready the stage folder; True if the stage already finished. A folder holding a stage made
+    with other settings is an error (resuming it would mix two runs); --no-resume clears it."""
+    if not job.resume and job.out.exists():
+        shutil.rmtree(job.out)
+    job.out.mkdir(parents=True, exist_ok=True)
+    path = job.out / JOB
+    if path.is_file():
+        try:
+            saved = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            raise ForetellError(f"{path} is corrupt; delete {job.out} to redo the stage") from None
+        if saved != job.fingerprint():
+            changed = sorted(k for k in saved if saved[k] != job.fingerprint().get(k))
+            raise ForetellError(f"{job.out} holds a stage made with other settings ({', '.join(changed)}); "
+                                "use another --out or --no-resume")
+    else:
+        path.write_text(json.dumps(job.fingerprint(), indent=2))
+    return (job.out / DONE).is_file() and (job.out / MODEL_DIR / "config.json").is_file()
+
+
+def make_batch_fn(job: StageJob, data: TokenData):
+    """indices -> the tensors the stage's loss reads."""
+    cache = TeacherCache.open(job.teacher_dir) if job.teacher_dir else None
+    ref_kl = load_file(str(job.ref_kl_file))["kl"] if job.ref_kl_file else None
+
+    def batch_fn(index: torch.Tensor) -> dict:
+        batch = {"input_ids": data.input_ids[index], "valid": data.loss_mask[index]}
+        if cache is not None:
+            batch["teacher_logp"], batch["teacher_ids"] = cache.rows(index)
+        if ref_kl is not None:
+            batch["ref_kl"] = ref_kl[index]
+        return batch
+
+    return batch_fn
+
+
+def make_objective(job: StageJob):
+    if job.kind == "finetune":
+        return lambda logits, b: lm_loss(logits, b["input_ids"], b["valid"])
+    if job.kind == "distill":
+        return lambda logits, b: distill_loss(logits, b["teacher_logp"], b["teacher_ids"], b["valid"])
+    if job.kind == "adaspec":
+        return lambda logits, b: adaspec_loss(
+            logits, b["teacher_logp"], b["teacher_ids"], b["ref_kl"], b["valid"], job.select_fraction
+        )
+    raise ValueError(f"unknown stage kind {job.kind!r}; use one of {KINDS}")
+
+
+def run_stage(ctx: DistContext, job: StageJob) -> None:
+    """Train from job.init (resuming from the stage's checkpoint) and save the model folder when done."""
+    model = build_model(job.init, torch.float32)
+    data = TokenData.load(job.data_file)
+    steps = train(model, make_objective(job), make_batch_fn(job, data), len(data), job.train, job.out, ctx,
+                  resume=job.resume, stop_after=job.stop_after, desc=f"{job.out.name} ({job.kind})")
+    if ctx.is_main and steps == job.train.steps:
+        save_model_folder(model, load_tokenizer(job.init), job.out / MODEL_DIR, extra={"stage": job.out.name, **job.fingerprint()})
+        (job.out / DONE).write_text(json.dumps({"steps": steps}))
+    ctx.barrier()

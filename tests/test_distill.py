@@ -1,0 +1,275 @@
+"""Draft training (AdaSPEC pipeline) on tiny models: losses, filter, resume, DDP, saving, alpha, errors."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import make_hf_model, make_tokenizer, save_model_folder as save_hf
+from foretell.cli import main
+from foretell.errors import ForetellError
+from foretell.models.derive import DraftShape, draft_from_config, save_model_folder, truncated_copy
+from foretell.models.loading import build_model, load_model
+from foretell.train.data import DataConfig, TokenData, build_token_data, sharegpt_messages, sharegpt_objects, tokenize_conversation
+from foretell.train.distributed import launch
+from foretell.train.evaluate import acceptance_per_token, token_acceptance
+from foretell.train.losses import adaspec_loss, full_kl, keep_count, select_tokens, topk_kl
+from foretell.train.pipeline import DistillConfig, DraftSpec, run_pipeline
+from foretell.train.stages import StageJob, begin_stage, run_stage
+from foretell.train.teacher import TeacherConfig
+from foretell.train.trainer import TrainConfig, WarmupCosine
+
+VOCAB = 48
+SEQ_LEN = 24
+
+
+def write_dataset(path: Path, rows: int = 32, seed: int = 0) -> Path:
+    """Question -> answer pairs over the tiny word vocabulary, with a learnable rule."""
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(rows):
+            q = [rng.randrange(3, VOCAB - 3) for _ in range(rng.randrange(2, 6))]
+            answer = " ".join(f"w{(i * 7) % 45}" for i in q)
+            f.write(json.dumps({"question": " ".join(f"w{i}" for i in q), "answer": answer}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A tiny target, a dataset and a pipeline run up to the reference model (teacher cache, init, ref)."""
+    root = tmp_path_factory.mktemp("distill")
+    target = save_hf(root / "target", make_hf_model("llama", VOCAB, seed=0), make_tokenizer(VOCAB))
+    data = write_dataset(root / "data.jsonl")
+    cfg = DistillConfig(
+        str(target), root / "out", DataConfig(str(data), seq_len=SEQ_LEN), DraftSpec(layers=1),
+        TrainConfig(steps=4, batch_size=4, micro_batch_size=2, checkpoint_every=2), TeacherConfig(top_k=8),
+    )
+    models = run_pipeline(cfg, "reference")
+    return cfg, models
+
+
+def adaspec_job(cfg: DistillConfig, out: Path, **train) -> StageJob:
+    from foretell.train.pipeline import prepare_ref_kl
+
+    data_file = cfg.out / "data" / "train.safetensors"
+    ref_kl = prepare_ref_kl(cfg, data_file, cfg.out / "teacher")
+    return StageJob("adaspec", cfg.out / "init" / "model", out, data_file, replace(cfg.train, **train),
+                    teacher_dir=cfg.out / "teacher", ref_kl_file=ref_kl, select_fraction=0.4)
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model" / "model.safetensors"))
+
+
+# --- losses and the token filter -------------------------------------------------------------
+
+
+def test_filter_keeps_exactly_the_top_fraction_of_valid_tokens():
+    delta = torch.tensor([[0.5, -1.0, 3.0, 2.0, 7.0]])
+    valid = torch.tensor([[True, True, True, False, True]])
+    assert select_tokens(delta, valid, 0.5).tolist() == [[False, False, True, False, True]]  # 3.0 and 7.0; 2.0 is invalid
+
+    g = torch.Generator().manual_seed(0)
+    delta = torch.randn(4, 37, generator=g)
+    valid = torch.rand(4, 37, generator=g) > 0.3
+    keep = select_tokens(delta, valid, 0.4)
+    n = int(valid.sum())
+    assert int(keep.sum()) == keep_count(n, 0.4) == round(0.4 * n)
+    assert not (keep & ~valid).any()
+    assert delta[keep].min() >= delta[valid & ~keep].max()
+
+
+def test_adaspec_loss_trains_only_the_selected_tokens():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 6, VOCAB, generator=g, requires_grad=True)
+    teacher = torch.log_softmax(torch.randn(2, 6, VOCAB, generator=g), -1).topk(8, dim=-1)
+    valid = torch.ones(2, 6, dtype=torch.bool)
+    ref_kl = torch.rand(2, 6, generator=g)
+    loss, stats = adaspec_loss(logits, teacher.values, teacher.indices, ref_kl, valid, 0.25)
+    loss.backward()
+    keep = select_tokens(topk_kl(logits, teacher.values, teacher.indices).detach() - ref_kl, valid, 0.25)
+    assert stats["selected"] == 3 == int(keep.sum())
+    touched = logits.grad.abs().sum(-1) > 0
+    assert torch.equal(touched, keep)
+
+
+def test_topk_kl_equals_full_kl_when_k_is_the_vocabulary():
+    g = torch.Generator().manual_seed(2)
+    p_logits = torch.randn(3, 5, VOCAB, generator=g) * 3
+    q_logits = (torch.randn(3, 5, VOCAB, generator=g) * 3).requires_grad_()
+    log_p = torch.log_softmax(p_logits, -1)
+    full = full_kl(p_logits, q_logits)
+    top = log_p.topk(VOCAB, dim=-1)
+    from_cache = topk_kl(q_logits, top.values, top.indices)
+    torch.testing.assert_close(from_cache, full, atol=1e-5, rtol=1e-5)
+    grad_full, = torch.autograd.grad(full.sum(), q_logits)
+    grad_cache, = torch.autograd.grad(from_cache.sum(), q_logits)
+    torch.testing.assert_close(grad_cache, grad_full, atol=1e-5, rtol=1e-5)
+    small = log_p.topk(4, dim=-1)
+    coarse = topk_kl(q_logits, small.values, small.indices)
+    assert (coarse >= -1e-6).all() and (coarse <= full + 1e-5).all()  # coarsening never raises the KL
+    assert torch.isfinite(torch.autograd.grad(coarse.sum(), q_logits)[0]).all()
+
+
+def test_warmup_then_cosine_down_to_a_tenth():
+    s = WarmupCosine(warmup=4, total=20, min_ratio=0.1)
+    assert [s(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert s(4) == pytest.approx(1.0) and s(20) == pytest.approx(0.1) and s(12) == pytest.approx(0.55)
+
+
+# --- data -----------------------------------------------------------------------------------
+
+
+def test_loss_mask_covers_the_assistant_tokens_only():
+    tok = make_tokenizer(VOCAB)
+    messages = [{"role": "user", "content": "w3 w4"}, {"role": "assistant", "content": "w5 w6"},
+                {"role": "user", "content": "w7"}, {"role": "assistant", "content": "w8"}]
+    ids, flags = tokenize_conversation(tok, messages)
+    words = tok.convert_ids_to_tokens(ids)
+    assert [w for w, f in zip(words, flags) if f] == ["w5", "w6", "<|im_end|>", "w8", "<|im_end|>"]
+
+
+def test_sharegpt_decoding_survives_a_file_cut_mid_string():
+    text = '[\n {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},\n {"id": "b", "conv'
+    objects = list(sharegpt_objects(text))
+    assert [o["id"] for o in objects] == ["a"]
+    assert sharegpt_messages(objects[0]["conversations"]) == [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    assert sharegpt_messages([{"from": "gpt", "value": "starts with the model"}]) is None
+
+
+def test_packing_fills_every_row(tmp_path):
+    tok = make_tokenizer(VOCAB)
+    source = str(write_dataset(tmp_path / "d.jsonl", rows=20))
+    packed = build_token_data(DataConfig(source, seq_len=16, pack=True), tok)
+    padded = build_token_data(DataConfig(source, seq_len=16, pack=False), tok)
+    assert len(padded) == 20 and packed.input_ids.shape[1] == 16
+    assert (packed.input_ids != tok.eos_token_id).float().mean() > (padded.input_ids != tok.eos_token_id).float().mean()
+    assert not packed.loss_mask[:, -1].any()
+
+
+# --- training: resume and DDP ---------------------------------------------------------------
+
+
+def test_resumed_run_matches_an_uninterrupted_one(prepared, tmp_path):
+    cfg, _ = prepared
+    whole = adaspec_job(cfg, tmp_path / "whole", steps=5, checkpoint_every=2)
+    begin_stage(whole)
+    run_stage(launch_context(), whole)
+    split = adaspec_job(cfg, tmp_path / "split", steps=5, checkpoint_every=2)
+    begin_stage(split)
+    run_stage(launch_context(), replace(split, stop_after=3))
+    assert not (split.out / "model").exists()
+    run_stage(launch_context(), split)
+    a, b = weights(whole.out), weights(split.out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    log = [json.loads(line) for line in (split.out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5]
+    assert (split.out / "loss.png").stat().st_size > 0
+
+
+def launch_context():
+    from foretell.train.distributed import DistContext
+
+    return DistContext()
+
+
+def test_two_ddp_processes_match_one_with_the_same_global_batch(prepared, tmp_path):
+    cfg, _ = prepared
+    one = adaspec_job(cfg, tmp_path / "one", steps=3)
+    two = adaspec_job(cfg, tmp_path / "two", steps=3)
+    for job, processes in ((one, 1), (two, 2)):
+        begin_stage(job)
+        launch(run_stage, (job,), processes, threads=1)
+    a, b = weights(one.out), weights(two.out)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
+    assert any(not torch.equal(a[k], load_file(str(cfg.out / "init/model/model.safetensors"))[k]) for k in a)
+
+
+def test_pipeline_reuses_finished_stages_and_copies_the_baseline(prepared):
+    cfg, models = prepared
+    before = (models["reference"] / "model.safetensors").stat().st_mtime_ns
+    again = run_pipeline(cfg, "all")
+    assert (again["reference"] / "model.safetensors").stat().st_mtime_ns == before
+    a, b = weights(again["reference"].parent), weights(again["distill-all-tokens"].parent)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    draft, init = weights(again["draft"].parent), weights(again["init"].parent)
+    assert any(not torch.equal(draft[k], init[k]) for k in draft)
+
+
+# --- saving and evaluation ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_saved_drafts_load_in_foretell_and_transformers_with_equal_logits(kind, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    target = load_model(save_hf(tmp_path / "t", make_hf_model(kind, VOCAB, seed=3), make_tokenizer(VOCAB)))
+    ids = torch.tensor([[1, 5, 9, 13, 21, 40]])
+    drafts = {"truncated": truncated_copy(target.model, 1),
+              "random": draft_from_config(target.model, DraftShape(1, hidden_size=32), seed=4)}
+    for name, draft in drafts.items():
+        folder = save_model_folder(draft, target.tokenizer, tmp_path / name)
+        ours = load_model(folder).model
+        theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        with torch.no_grad():
+            expected = draft.forward_sequences(ids).logits
+            torch.testing.assert_close(ours.forward_sequences(ids).logits, expected, atol=0, rtol=0)
+            torch.testing.assert_close(theirs(ids).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_alpha_is_the_mean_overlap_of_p_and_q():
+    p = torch.tensor([0.5, 0.3, 0.2]).log()
+    q = torch.tensor([0.2, 0.3, 0.5]).log()
+    assert acceptance_per_token(p, q).item() == pytest.approx(0.2 + 0.3 + 0.2)
+
+
+def test_alpha_of_a_draft_matches_a_hand_computation(prepared):
+    cfg, models = prepared
+    target, draft = build_model(Path(cfg.target), torch.float32), build_model(models["reference"], torch.float32)
+    data = TokenData.load(cfg.out / "data" / "train.safetensors")
+    data = TokenData(data.input_ids[:5], data.loss_mask[:5])
+    alpha = token_acceptance(target, {"d": draft}, data, batch_size=2)["d"]
+    overlaps = []
+    for ids, mask in zip(data.input_ids, data.loss_mask):  # one sequence at a time through the decoding forward
+        positions = torch.arange(len(ids))
+        p = torch.softmax(target(ids, positions, target.new_cache(len(ids))).logits, -1)
+        q = torch.softmax(draft(ids, positions, draft.new_cache(len(ids))).logits, -1)
+        overlaps += [sum(min(a, b) for a, b in zip(p[t].tolist(), q[t].tolist())) for t in range(len(ids)) if mask[t]]
+    assert alpha == pytest.approx(sum(overlaps) / len(overlaps), abs=1e-5)
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def test_corrupt_checkpoint_is_a_clear_error(prepared, tmp_path):
+    cfg, _ = prepared
+    job = adaspec_job(cfg, tmp_path / "corrupt", steps=4)
+    begin_stage(job)
+    (job.out / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ForetellError, match="corrupt"):
+        run_stage(launch_context(), job)
+
+
+def test_cli_errors_are_one_line(prepared, tmp_path, capsys):
+    cfg, _ = prepared
+    other = save_hf(tmp_path / "other", make_hf_model("llama", VOCAB, seed=5), make_tokenizer(VOCAB, shift=3))
+    cases = [
+        (["eval-draft", "--target", cfg.target, "--draft", str(other), "--data", cfg.data.source], "different tokenizers"),
+        (["eval-draft", "--target", cfg.target, "--draft", str(tmp_path / "missing"), "--data", cfg.data.source], "no model"),
+        (["distill", "--target", cfg.target, "--stage", "draft", "--data", cfg.data.source, "--out", str(tmp_path / "new"),
+          "--seq-len", str(SEQ_LEN), "--steps", "2", "--batch-size", "4", "--topk-teacher", "8"], "needs the reference"),
+        (["distill", "--target", cfg.target, "--out", str(tmp_path / "x"), "--batch-size", "6", "--micro-batch-size", "4"],
+         "multiple of micro batch"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("foretell: error:") and message in err
