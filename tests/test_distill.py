@@ -204,6 +204,16 @@ def test_pipeline_reuses_finished_stages_and_copies_the_baseline(prepared):
     assert any(not torch.equal(draft[k], init[k]) for k in draft)
 
 
+def test_finetune_stage_changes_the_teacher(prepared, tmp_path):
+    cfg, _ = prepared
+    tuned = replace(cfg, out=tmp_path / "ft", finetune=True, train=replace(cfg.train, steps=2))
+    models = run_pipeline(tuned, "finetune")
+    assert set(models) == {"finetune"}
+    a, b = weights(models["finetune"].parent), load_file(str(Path(cfg.target) / "model.safetensors"))
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    assert not (tuned.out / "teacher").exists()  # only the asked-for stage ran
+
+
 # --- saving and evaluation ------------------------------------------------------------------
 
 
@@ -244,6 +254,20 @@ def test_alpha_of_a_draft_matches_a_hand_computation(prepared):
         q = torch.softmax(draft(ids, positions, draft.new_cache(len(ids))).logits, -1)
         overlaps += [sum(min(a, b) for a, b in zip(p[t].tolist(), q[t].tolist())) for t in range(len(ids)) if mask[t]]
     assert alpha == pytest.approx(sum(overlaps) / len(overlaps), abs=1e-5)
+
+
+def test_eval_draft_cli_reports_alpha_and_real_decoding(prepared, tmp_path, capsys):
+    cfg, models = prepared
+    rows_file = tmp_path / "rows.json"
+    argv = ["eval-draft", "--target", cfg.target, "--draft", str(models["init"]), "--draft", f"ref={models['reference']}",
+            "--data", cfg.data.source, "--num-sequences", "6", "--seq-len", str(SEQ_LEN), "--prompts", "2",
+            "--max-new-tokens", "6", "--json", str(rows_file)]
+    assert main(argv) == 0
+    rows = json.loads(rows_file.read_text())
+    assert [r["draft"] for r in rows] == ["init", "ref"]
+    for r in rows:
+        assert 0 < r["alpha"] <= 1 and 0 <= r["acceptance_rate"] <= 1 and r["tau"] >= 1 and r["speedup"] > 0
+    assert "| init |" in capsys.readouterr().out
 
 
 # --- errors ---------------------------------------------------------------------------------

@@ -48,7 +48,8 @@ def add_distill_parser(sub) -> None:
     d.add_argument("--topk-teacher", type=int, default=teacher.top_k, help="target log-probs cached per token (default: %(default)s)")
     d.add_argument("--teacher-dtype", default=teacher.dtype, choices=("float32", "bfloat16"),
                    help="dtype of the target's pass that fills the teacher cache (default: %(default)s)")
-    d.add_argument("--finetune", action="store_true", help="stage (a): fine-tune the target on the data first")
+    d.add_argument("--finetune", action="store_true", help=f"stage (a): fine-tune the target on the data first (lr {DistillConfig.finetune_lr}; "
+                   "pass it on every command of the run: the later stages then distil the fine-tuned target)")
     d.add_argument("--out", required=True, help="run folder; the same folder again resumes")
     d.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue from checkpoints and skip finished stages (default: on); --no-resume redoes the stage")

@@ -88,24 +88,30 @@ class SpeculativeResult:
         return {**{k: round(v, 4) for k, v in asdict(self).items()}, "speedup": round(self.speedup, 4)}
 
 
-def speculative_decoding(target: str | Path, draft: str | Path, prompts: list[list[dict]], gamma: int,
-                         max_new_tokens: int, temperature: float, seed: int, dtype: str) -> SpeculativeResult:
-    """Decode every prompt plainly and with the draft (same models, same seeds); sums over prompts."""
+def speculative_decoding(target: str | Path, drafts: dict[str, Path], prompts: list[list[dict]], gamma: int,
+                         max_new_tokens: int, temperature: float, seed: int, dtype: str) -> dict[str, SpeculativeResult]:
+    """Decode every prompt plainly, then with each draft (same seed), interleaved so that a change
+    in machine load hits every method alike; statistics are summed over the prompts."""
     from foretell.api import load
+    from foretell.drafters.draft_model import DraftModelDrafter
+    from foretell.models.loading import load_model
 
-    pipe = load(target, draft=draft, drafter="draft-model", dtype=dtype, gamma=gamma)
-    plain_pipe = pipe.with_drafter(None)
-    plain, spec = DecodeStats(), DecodeStats()
-    sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-    for messages in tqdm(prompts, desc=f"decode with {Path(str(draft)).name}", unit="prompt"):
-        plain.add(plain_pipe.generate(messages, **sampling).stats)
-        spec.add(pipe.generate(messages, **sampling).stats)
-    return SpeculativeResult(
-        acceptance_rate=spec.accepted / spec.proposed if spec.proposed else 0.0,
-        tau=(spec.accepted + spec.target_passes) / spec.target_passes if spec.target_passes else 0.0,
+    pipe = load(target, dtype=dtype, drafter="none", gamma=gamma)
+    vocab = pipe.target.config.vocab_size
+    pipes = {name: pipe.with_drafter(DraftModelDrafter(load_model(path, dtype).model, vocab), gamma=gamma)
+             for name, path in drafts.items()}
+    plain, spec = DecodeStats(), {name: DecodeStats() for name in drafts}
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed}
+    for messages in tqdm(prompts, desc="speculative decoding", unit="prompt"):
+        plain.add(pipe.generate(messages, **sampling).stats)
+        for name, draft_pipe in pipes.items():
+            spec[name].add(draft_pipe.generate(messages, **sampling).stats)
+    return {name: SpeculativeResult(
+        acceptance_rate=s.accepted / s.proposed if s.proposed else 0.0,
+        tau=(s.accepted + s.target_passes) / s.target_passes if s.target_passes else 0.0,
         plain_tokens_per_s=plain.tokens_per_second,
-        spec_tokens_per_s=spec.tokens_per_second,
-    )
+        spec_tokens_per_s=s.tokens_per_second,
+    ) for name, s in spec.items()}
 
 
 @dataclass(frozen=True)
@@ -138,11 +144,11 @@ def compare_drafts(target: str | Path, drafts: dict[str, Path], source: str, opt
     alphas = token_acceptance(build_model(target_dir, dtype), models, data, opts.batch_size, opts.temperature)
     del models
     rows = [{"draft": name, "path": str(draft_dirs[name]), "alpha": round(alphas[name], 4)} for name in drafts]
-    prompts = eval_prompts(source, opts.prompts) if opts.prompts else []
-    for row in rows if prompts else []:
-        result = speculative_decoding(target_dir, row["path"], prompts, opts.gamma, opts.max_new_tokens,
-                                      opts.temperature, opts.seed, opts.dtype)
-        row.update(result.to_dict())
+    if opts.prompts:
+        results = speculative_decoding(target_dir, draft_dirs, eval_prompts(source, opts.prompts), opts.gamma,
+                                       opts.max_new_tokens, opts.temperature, opts.seed, opts.dtype)
+        for row in rows:
+            row.update(results[row["draft"]].to_dict())
     return rows
 
 

@@ -61,7 +61,8 @@ def select_tokens(delta: torch.Tensor, valid: torch.Tensor, fraction: float) -> 
 
     delta = KL(p||q_draft) - KL(p||q_ref): large where the draft lags behind what a model of its
     size can reach, i.e. where training still pays; small or negative on tokens too hard for it.
-    The threshold is recomputed from every batch, so it follows the draft as it learns.
+    The threshold is recomputed from every (micro-)batch, so it follows the draft as it learns;
+    per micro-batch also makes N data-parallel processes select what one process would.
     """
     flat = torch.where(valid, delta, torch.full_like(delta, -math.inf)).flatten()
     n = keep_count(int(valid.sum()), fraction)

@@ -174,13 +174,14 @@ def run_pipeline(cfg: DistillConfig, stage: str = "all") -> dict[str, Path]:
 
     if cfg.finetune or stage == "finetune":
         job = StageJob("finetune", target_dir, cfg.out / "finetune", data_file, replace(cfg.train, lr=cfg.finetune_lr),
-                       resume=resume_for("finetune"))
+                       init_sha256=fingerprint_of(target_dir)["weights_sha256"], resume=resume_for("finetune"))
         teacher_dir = models["finetune"] = run_job(cfg, job)
         if stage == "finetune":
             return models
     teacher = prepare_teacher(cfg, teacher_dir, data_file)
     init = models["init"] = make_init(cfg, target_dir, tokenizer)
-    common = dict(init=init, data_file=data_file, train=cfg.train, teacher_dir=teacher)
+    common = dict(init=init, data_file=data_file, train=cfg.train, teacher_dir=teacher,
+                  init_sha256=fingerprint_of(init)["weights_sha256"])
     reference = StageJob("distill", out=cfg.out / "reference", resume=resume_for("reference"), **common)
     baseline = StageJob("distill", out=cfg.out / "distill-all-tokens", resume=resume_for("distill-all-tokens"), **common)
     if stage == "distill-all-tokens":

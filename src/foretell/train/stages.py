@@ -39,6 +39,7 @@ class StageJob:
     teacher_dir: Path | None = None  # distill, adaspec
     ref_kl_file: Path | None = None  # adaspec
     select_fraction: float = 0.4
+    init_sha256: str = ""  # of init's weights: a stage folder is only resumed from the same start
     resume: bool = True
     stop_after: int | None = None  # stop early (tests of resuming)
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -92,15 +93,9 @@ def step_indices(step: int, cfg: TrainConfig, num_sequences: int) -> torch.Tenso
     return torch.stack(out)
 
 
-_ORDERS: dict[tuple[int, int, int], torch.Tensor] = {}
-
-
+@lru_cache(maxsize=1)  # one epoch's order at a time
 def _epoch_order(seed: int, epoch: int, n: int) -> torch.Tensor:
-    key = (seed, epoch, n)
-    if key not in _ORDERS:
-        _ORDERS.clear()  # keep one epoch's order
-        _ORDERS[key] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-    return _ORDERS[key]
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
 
 
 def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, cfg: TrainConfig) -> None:
