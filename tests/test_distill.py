@@ -267,6 +267,7 @@ def test_eval_draft_cli_reports_alpha_and_real_decoding(prepared, tmp_path, caps
     assert [r["draft"] for r in rows] == ["init", "ref"]
     for r in rows:
         assert 0 < r["alpha"] <= 1 and 0 <= r["acceptance_rate"] <= 1 and r["tau"] >= 1 and r["speedup"] > 0
+        assert 0 <= r["first_acceptance"] <= 1
     assert "| init |" in capsys.readouterr().out
 
 

@@ -60,6 +60,8 @@ class DecodeStats:
     target_passes: int = 0
     proposed: int = 0
     accepted: int = 0
+    first_proposed: int = 0  # first draft position only: its acceptance estimates alpha directly
+    first_accepted: int = 0
 
     @property
     def tokens_per_second(self) -> float:
@@ -71,11 +73,14 @@ class DecodeStats:
         self.target_passes += stats.target_passes
         self.proposed += sum(stats.proposed_per_position)
         self.accepted += sum(stats.accepted_per_position)
+        self.first_proposed += stats.proposed_per_position[0] if stats.proposed_per_position else 0
+        self.first_accepted += stats.accepted_per_position[0] if stats.accepted_per_position else 0
 
 
 @dataclass
 class SpeculativeResult:
-    acceptance_rate: float  # accepted / proposed draft tokens
+    acceptance_rate: float  # accepted / proposed draft tokens (later positions only count after a pass)
+    first_acceptance: float  # accepted / proposed at the first draft position: the empirical alpha
     tau: float  # tokens per target pass
     plain_tokens_per_s: float
     spec_tokens_per_s: float
@@ -108,6 +113,7 @@ def speculative_decoding(target: str | Path, drafts: dict[str, Path], prompts: l
             spec[name].add(draft_pipe.generate(messages, **sampling).stats)
     return {name: SpeculativeResult(
         acceptance_rate=s.accepted / s.proposed if s.proposed else 0.0,
+        first_acceptance=s.first_accepted / s.first_proposed if s.first_proposed else 0.0,
         tau=(s.accepted + s.target_passes) / s.target_passes if s.target_passes else 0.0,
         plain_tokens_per_s=plain.tokens_per_second,
         spec_tokens_per_s=s.tokens_per_second,
@@ -153,7 +159,7 @@ def compare_drafts(target: str | Path, drafts: dict[str, Path], source: str, opt
 
 
 def format_table(rows: list[dict]) -> str:
-    cols = [c for c in ("draft", "alpha", "acceptance_rate", "tau", "speedup", "spec_tokens_per_s", "plain_tokens_per_s")
+    cols = [c for c in ("draft", "alpha", "first_acceptance", "acceptance_rate", "tau", "speedup", "spec_tokens_per_s", "plain_tokens_per_s")
             if any(c in r for r in rows)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
