@@ -48,7 +48,9 @@ def exact_marginals(hf_model, params: SamplingParams) -> torch.Tensor:
 
 
 def make_pipe(root, drafter: str):
+    from foretell.drafters.draft_model import DraftModelDrafter
     from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+    from foretell.hot_vocab import HotVocab
 
     pipe = load(root / "t", draft=root / "d", drafter="draft-model", gamma=GAMMA)
     shapes = {
@@ -57,6 +59,9 @@ def make_pipe(root, drafter: str):
     }
     if drafter in shapes:
         return pipe.with_drafter(DraftTreeDrafter(pipe.draft.model, VOCAB, shapes[drafter]))
+    if drafter == "chain-hot":  # q is zero outside 5 of the 8 tokens
+        hot = HotVocab(torch.tensor([0, 2, 3, 5, 6]), VOCAB)
+        return pipe.with_drafter(DraftModelDrafter(pipe.draft.model, VOCAB, hot), gamma=GAMMA)
     return pipe
 
 
@@ -83,7 +88,7 @@ def worst_p_value(counts: torch.Tensor, exact: torch.Tensor) -> float:
 PARAMS = {"t1.0": SamplingParams(temperature=1.0), "t0.7-top_p0.9": SamplingParams(temperature=0.7, top_p=0.9)}
 
 
-@pytest.mark.parametrize("drafter", ["chain", "tree-sampled", "tree-topk"])
+@pytest.mark.parametrize("drafter", ["chain", "tree-sampled", "tree-topk", "chain-hot"])
 @pytest.mark.parametrize("params", list(PARAMS))
 def test_engine_samples_follow_target(micro, params, drafter):
     target, root = micro

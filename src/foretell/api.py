@@ -16,6 +16,7 @@ from foretell.drafters.length_policy import DraftLengthPolicy, make_length_polic
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.engine import Chunk, Engine, GenerationResult
 from foretell.errors import ForetellError
+from foretell.hot_vocab import HotVocab, default_hot_vocab
 from foretell.models.loading import LoadedModel, load_model
 from foretell.text import encode_prompt, stop_token_ids
 from foretell.types import SamplingParams
@@ -32,6 +33,17 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
             f"draft {draft_name!r} and target {target_name!r} use different tokenizers "
             f"({len(dv)} vs {len(tv)} tokens, {differing} entries differ); pick a draft from the target's family"
         )
+
+
+def draft_hot_vocab(target: LoadedModel, draft: LoadedModel, size: int, cache_dir: Path | None = None):
+    """The hot vocabulary for a draft (None when size is 0 or covers the whole vocabulary)."""
+    if size < 0:
+        raise ForetellError(f"hot_vocab must be >= 0 (0 = full vocabulary), got {size}")
+    full = min(target.config.vocab_size, draft.config.vocab_size)
+    if size == 0 or size >= full:
+        return None
+    hot = default_hot_vocab(target.tokenizer, size, full, cache_dir)  # ids valid in both vocabularies
+    return HotVocab(hot.ids, target.config.vocab_size)
 
 
 @dataclass
@@ -76,6 +88,7 @@ def load(
     length_policy: str = "fixed",
     tree: TreeShape | None = None,
     auto_budget: bool = False,
+    hot_vocab: int = 0,
     cache_dir: Path | None = None,
 ) -> Pipeline:
     """Load a target and a drafter: none | draft-model | draft-tree (both need `draft`) | prompt-lookup.
@@ -84,6 +97,7 @@ def load(
     shapes the draft-tree drafter (default: an EAGLE-2 style dynamic tree). `auto_budget`
     measures the target's forward cost curve on this machine (once, then cached) and picks the
     draft length (chain) or tree depth and size (dynamic tree) maximising expected tokens/s.
+    `hot_vocab` > 0 restricts the draft's output layer to that many frequent tokens (lossless).
     """
     drafter = drafter or ("draft-model" if draft else "prompt-lookup")
     if drafter not in DRAFTERS:
@@ -100,17 +114,18 @@ def load(
         drf = load_model(draft, dtype, device, cache_dir)
         check_same_tokenizer(tgt.tokenizer, drf.tokenizer, str(target), str(draft))
         target_cost = cost_curve(tgt.model, str(target), cache_dir) if auto_budget else None
+        hot = draft_hot_vocab(tgt, drf, hot_vocab, cache_dir)
         if drafter == "draft-model":
-            the_drafter = DraftModelDrafter(drf.model, tgt.config.vocab_size)
+            the_drafter = DraftModelDrafter(drf.model, tgt.config.vocab_size, hot)
             if target_cost is not None:
                 draft_step = cost_curve(drf.model, str(draft), cache_dir)(1)
                 policy = HardwareAwareLength(target_cost, draft_step, max_gamma=12)
         else:
-            the_drafter = DraftTreeDrafter(drf.model, tgt.config.vocab_size, tree or TreeShape(), target_cost)
+            the_drafter = DraftTreeDrafter(drf.model, tgt.config.vocab_size, tree or TreeShape(), target_cost, hot)
     elif drafter == "prompt-lookup":
         the_drafter = PromptLookupDrafter()
-    if auto_budget and drafter not in ("draft-model", "draft-tree"):
-        raise ForetellError("auto_budget needs a draft-model or draft-tree drafter")
+    if (auto_budget or hot_vocab) and drafter not in ("draft-model", "draft-tree"):
+        raise ForetellError("auto_budget and hot_vocab need a draft-model or draft-tree drafter")
     engine = Engine(
         target=tgt.model,
         tokenizer=tgt.tokenizer,

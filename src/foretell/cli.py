@@ -20,6 +20,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--length-policy", default="fixed", choices=("fixed", "rejection-rate", "additive"),
         help="draft length rule: fixed gamma; seed 001's rejection-rate rule; transformers' +2/-1",
     )
+    p.add_argument("--hot-vocab", type=int, default=0,
+                   help="draft only among this many frequent tokens (a smaller draft output layer; lossless; 0 = all)")
     p.add_argument("--auto-budget", action="store_true",
                    help="pick draft length / tree depth and size from this machine's measured forward cost curve")
     p.add_argument("--tree-kind", default="dynamic", choices=("dynamic", "static"), help="draft-tree: tree shape")
@@ -93,6 +95,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--tree-topk", type=int, default=4,
                    help="draft-tree: nodes expanded per depth and children each (default: %(default)s)")
     b.add_argument("--tree-budget", type=int, default=24, help="draft-tree: tokens verified per pass (default: %(default)s)")
+    b.add_argument("--hot-vocab", type=int, default=0,
+                   help="draft-* methods: draft among this many frequent tokens (lossless; 0 = all, the default)")
     b.add_argument("--branching", default="3,2,2,1,1",
                    help="draft-tree-static: children per node at each depth (default: %(default)s)")
     b.add_argument("--temperature", type=float, default=0.0,
@@ -134,7 +138,7 @@ def cmd_generate(args) -> None:
     pipe = load(
         args.model, draft=args.draft, drafter=args.drafter, dtype=args.dtype, device=args.device,
         gamma=args.gamma, length_policy=args.length_policy, tree=tree_shape(args),
-        auto_budget=args.auto_budget,
+        auto_budget=args.auto_budget, hot_vocab=args.hot_vocab,
     )
     drafter = pipe.engine.drafter.name if pipe.engine.drafter else "none"
     result = None
@@ -201,7 +205,7 @@ def cmd_bench(args) -> None:
         raise ForetellError(f"--branching takes comma-separated integers, got {args.branching!r}") from None
     opts = MethodOptions(gamma=args.gamma, tree_depth=args.tree_depth, tree_topk=args.tree_topk,
                          tree_budget=args.tree_budget, tree_branching=branching,
-                         temperature=args.temperature, seed=args.seed, threads=args.threads)
+                         temperature=args.temperature, seed=args.seed, threads=args.threads, hot_vocab=args.hot_vocab)
     models = Models(args.model, args.draft, args.dtype)
     methods = build_methods(names(args.methods) if args.methods else default_methods(bool(args.draft)), models, opts,
                             warn=lambda msg: print(msg, file=sys.stderr))
@@ -209,7 +213,7 @@ def cmd_bench(args) -> None:
     chat = bool(getattr(tokenizer, "chat_template", None))
     out = Path(args.out or Path("runs") / "bench" / time.strftime("%Y%m%d-%H%M%S"))
     settings = {k: getattr(args, k) for k in ("model", "draft", "dtype", "max_new_tokens", "temperature", "seed",
-                                                "gamma", "tree_depth", "tree_topk", "tree_budget", "branching")}
+                                                "gamma", "tree_depth", "tree_topk", "tree_budget", "branching", "hot_vocab")}
     cfg = RunConfig(out, args.max_new_tokens, greedy=args.temperature == 0, resume=args.resume,
                     settings={**settings, "chat": chat})
     run_bench(prompts, methods, lambda text: encode_prompt(tokenizer, text, chat), cfg)

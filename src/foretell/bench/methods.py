@@ -43,6 +43,7 @@ class MethodOptions:
     temperature: float = 0.0
     seed: int | None = None
     threads: int | None = None  # llama.cpp threads
+    hot_vocab: int = 0  # draft-model methods: draft among this many frequent tokens (0 = all)
 
     def __post_init__(self):
         if not 1 <= self.gamma <= 16:
@@ -214,9 +215,21 @@ def make_llama_cpp(models: Models, opts: MethodOptions):
     return LlamaCppMethod(gguf, opts, models.pipeline().engine.stop_ids)
 
 
-def _tree(models: Models, shape: TreeShape) -> DraftTreeDrafter:
+def _hot(models: Models, o: MethodOptions):
+    from foretell.api import draft_hot_vocab
+
     pipe = models.pipeline()
-    return DraftTreeDrafter(pipe.draft.model, pipe.target.config.vocab_size, shape)
+    return draft_hot_vocab(pipe.target, pipe.draft, o.hot_vocab)
+
+
+def _chain(models: Models, o: MethodOptions) -> DraftModelDrafter:
+    pipe = models.pipeline()
+    return DraftModelDrafter(pipe.draft.model, pipe.target.config.vocab_size, _hot(models, o))
+
+
+def _tree(models: Models, shape: TreeShape, o: MethodOptions, target_cost=None) -> DraftTreeDrafter:
+    pipe = models.pipeline()
+    return DraftTreeDrafter(pipe.draft.model, pipe.target.config.vocab_size, shape, target_cost, _hot(models, o))
 
 
 def _dynamic(o: MethodOptions, budget: int | None = None) -> TreeShape:
@@ -234,8 +247,7 @@ def _tree_auto(models: Models, o: MethodOptions):
     pipe = models.pipeline()
     # The tuner may pick any size up to the largest the sweep tries.
     shape = _dynamic(o, max(o.tree_budget, 64))
-    return ForetellMethod("draft-tree-auto", pipe, DraftTreeDrafter(
-        pipe.draft.model, pipe.target.config.vocab_size, shape, _target_cost(models)), o)
+    return ForetellMethod("draft-tree-auto", pipe, _tree(models, shape, o, _target_cost(models)), o)
 
 
 def _chain_auto(models: Models, o: MethodOptions):
@@ -244,14 +256,13 @@ def _chain_auto(models: Models, o: MethodOptions):
     pipe = models.pipeline()
     draft_step = cost_curve(pipe.draft.model, models.draft)(1)
     policy = HardwareAwareLength(_target_cost(models), draft_step, max_gamma=12)
-    drafter = DraftModelDrafter(pipe.draft.model, pipe.target.config.vocab_size)
-    return ForetellMethod("draft-chain-auto", pipe, drafter, o, length_policy=policy)
+    return ForetellMethod("draft-chain-auto", pipe, _chain(models, o), o, length_policy=policy)
 
 
 def _tree_fixed_budget(name: str):
     """'draft-tree@16': the dynamic tree verifying exactly 16 nodes (for budget sweeps)."""
     budget = int(name.split("@", 1)[1])
-    return MethodSpec(_foretell(name, lambda m, o: _tree(m, _dynamic(o, budget))), True, f"dynamic tree, budget {budget}")
+    return MethodSpec(_foretell(name, lambda m, o: _tree(m, _dynamic(o, budget), o)), True, f"dynamic tree, budget {budget}")
 
 
 @dataclass(frozen=True)
@@ -270,12 +281,11 @@ METHODS: dict[str, MethodSpec] = {
     "plain": MethodSpec(_foretell("plain", lambda m, o: None), help="foretell, no drafter (the baseline)"),
     "prompt-lookup": MethodSpec(_foretell("prompt-lookup", lambda m, o: PromptLookupDrafter()),
                                 help="foretell, n-gram prompt lookup"),
-    "draft-chain": MethodSpec(_foretell("draft-chain", lambda m, o: DraftModelDrafter(
-        m.pipeline().draft.model, m.pipeline().target.config.vocab_size)), True, "foretell, draft model, chain of --gamma"),
-    "draft-tree": MethodSpec(_foretell("draft-tree", lambda m, o: _tree(m, _dynamic(o))), True,
+    "draft-chain": MethodSpec(_foretell("draft-chain", _chain), True, "foretell, draft model, chain of --gamma"),
+    "draft-tree": MethodSpec(_foretell("draft-tree", lambda m, o: _tree(m, _dynamic(o), o)), True,
                              "foretell, draft model, EAGLE-2 dynamic tree (--tree-*)"),
     "draft-tree-static": MethodSpec(_foretell("draft-tree-static", lambda m, o: _tree(
-        m, TreeShape(kind="static", branching=o.tree_branching))), True, "foretell, draft model, static top-k tree"),
+        m, TreeShape(kind="static", branching=o.tree_branching), o)), True, "foretell, draft model, static top-k tree"),
     "draft-chain-auto": MethodSpec(_chain_auto, True, "foretell, draft model, hardware-aware chain length"),
     "draft-tree-auto": MethodSpec(_tree_auto, True, "foretell, dynamic tree, hardware-aware depth and size"),
     "hf-plain": MethodSpec(lambda m, o: HFMethod("hf-plain", m, o), help="transformers generate"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from foretell.drafters.base import empty_proposal
+from foretell.hot_vocab import HotVocab
 from foretell.models.transformer import Transformer
 from foretell.sampling import processed_probs, sample
 from foretell.types import Proposal, SamplingParams
@@ -17,9 +18,11 @@ from foretell.types import Proposal, SamplingParams
 class DraftModelDrafter:
     name = "draft-model"
 
-    def __init__(self, model: Transformer, target_vocab_size: int):
+    def __init__(self, model: Transformer, target_vocab_size: int, hot: HotVocab | None = None):
         self.model = model
         self.target_vocab_size = target_vocab_size
+        self.hot = hot
+        self._hot_head = hot.head_weight(model.lm_head.weight) if hot is not None else None
         self.cache = None
         self.cached_tokens: list[int] = []  # tokens whose k/v sit in self.cache
         self.params = SamplingParams()
@@ -50,14 +53,25 @@ class DraftModelDrafter:
         self.cached_tokens = self.cached_tokens[:common]
         return tokens[common:]
 
+    def _draft_logits(self, ids, positions, rows: slice | None = None, tree_mask=None) -> torch.Tensor:
+        """One draft forward; logits of the chosen rows over the target's vocabulary."""
+        if self._hot_head is None:
+            out = self.model(ids, positions, self.cache, tree_mask=tree_mask, logits_rows=rows)
+            return self._to_target_vocab(out.logits)
+        # Hot vocabulary: project the final hidden states onto the hot rows only.
+        top = self.model.config.num_hidden_layers
+        out = self.model(ids, positions, self.cache, tree_mask=tree_mask, hidden_layers=(top,), logits_rows=slice(0, 0))
+        hidden = out.hidden[top] if rows is None else out.hidden[top][rows]
+        return self.hot.expand((hidden @ self._hot_head.T).float())
+
     def _step(self, feed: list[int]) -> torch.Tensor:
         start = self.cache.length
         ids = torch.tensor(feed, dtype=torch.long, device=self.model.device)
         positions = torch.arange(start, start + len(feed), device=self.model.device)
-        out = self.model(ids, positions, self.cache, logits_rows=slice(-1, None))
+        logits = self._draft_logits(ids, positions, rows=slice(-1, None))
         self.cache.commit_prefix(len(feed))
         self.cached_tokens.extend(feed)
-        return self._to_target_vocab(out.logits[-1])
+        return logits[-1]
 
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
         if max_tokens <= 0:

@@ -97,8 +97,11 @@ class DraftTreeDrafter(DraftModelDrafter):
     name = "draft-tree"
     sizes_itself = True  # its shape (or the hardware-aware tuner) sets depth and size, not the length policy
 
-    def __init__(self, model, target_vocab_size: int, shape: TreeShape = TreeShape(), target_cost: CostCurve | None = None):
-        super().__init__(model, target_vocab_size)
+    def __init__(
+        self, model, target_vocab_size: int, shape: TreeShape = TreeShape(), target_cost: CostCurve | None = None,
+        hot=None,
+    ):
+        super().__init__(model, target_vocab_size, hot)
         self.shape = shape
         self.target_cost = target_cost
         self.max_nodes = shape.max_nodes
@@ -188,9 +191,9 @@ class DraftTreeDrafter(DraftModelDrafter):
         ids = torch.tensor([grown.tokens[n] for n in nodes], device=device)
         positions = torch.tensor(depths, device=device) + root_position
         assert self.cache.length == tree_start + before
-        out = self.model(ids, positions, self.cache, tree_mask=mask)
+        logits = self._draft_logits(ids, positions, tree_mask=mask)
         self.cache.commit_prefix(len(nodes))
-        return self._to_target_vocab(out.logits)
+        return logits
 
     def _proposal(self, grown: _Growth, draft_seconds: float) -> Proposal:
         keep = list(range(len(grown.tokens)))
