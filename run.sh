@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The main job: set up if needed, then generate with foretell on the embedded default model
 # (SmolLM2-135M-Instruct) and print the text and decoding statistics.
-# Any arguments replace the defaults, e.g. ./run.sh "Tell me a joke" --temperature 0.7
+# Arguments go to `foretell generate`: a prompt and/or options, e.g.
+#   ./run.sh "Tell me a joke" --temperature 0.7      ./run.sh --max-new-tokens 64
 set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup.sh
-if [ $# -eq 0 ]; then
-  set -- "Summarize in two sentences why the sky is blue, then repeat your summary word for word."
+if [ $# -eq 0 ] || [[ "$1" == -* ]]; then
+  set -- "Summarize in two sentences why the sky is blue, then repeat your summary word for word." "$@"
 fi
 exec .venv/bin/foretell generate "$@"
