@@ -30,11 +30,12 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 import foretell
+from foretell.bench.datasets import spec_bench_path
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.models.loading import parse_dtype, resolve_model_dir
 from foretell.types import GenerationStats, SamplingParams
 
-SPEC_BENCH = Path("/work/shared/data/spec_bench/question.jsonl")
+SPEC_BENCH = spec_bench_path()  # ../shared/data, or $FORETELL_DATA
 OWN_CATEGORIES = ("translation", "summarization", "qa", "math_reasoning", "rag")  # the rest is MT-Bench
 QWEN_TARGET, QWEN_DRAFT, SMOLLM = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"
 WARMUP_TOKENS = 16
