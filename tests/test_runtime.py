@@ -45,7 +45,7 @@ def test_hidden_states_match_transformers():
         ref = hf(ids[None], output_hidden_states=True).hidden_states
         out = model(ids, torch.arange(9), model.new_cache(16), hidden_layers=(0, 1, 2, 3))
     for layer in range(3):  # transformers' last entry is after the final norm, as is ours
-        assert torch.allclose(out.hidden[layer], ref[layer][0], atol=1e-5)
+        assert torch.allclose(out.hidden[layer], ref[layer][0], atol=1e-4)  # values reach ~70
     assert torch.allclose(out.hidden[3], ref[3][0], atol=1e-5)
 
 

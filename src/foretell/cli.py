@@ -22,6 +22,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--hot-vocab", type=int, default=0,
                    help="draft only among this many frequent tokens (a smaller draft output layer; lossless; 0 = all)")
+    p.add_argument("--draft-quant", default="auto", choices=("auto", "int8", "none"),
+                   help="draft weights as int8 (faster draft steps, lossless); auto = int8 on CPU (default: %(default)s)")
     p.add_argument("--auto-budget", action="store_true",
                    help="pick draft length / tree depth and size from this machine's measured forward cost curve")
     p.add_argument("--tree-kind", default="dynamic", choices=("dynamic", "static"), help="draft-tree: tree shape")
@@ -97,6 +99,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--tree-budget", type=int, default=24, help="draft-tree: tokens verified per pass (default: %(default)s)")
     b.add_argument("--hot-vocab", type=int, default=0,
                    help="draft-* methods: draft among this many frequent tokens (lossless; 0 = all, the default)")
+    b.add_argument("--draft-quant", default="auto", choices=("auto", "int8", "none"),
+                   help="foretell draft-* methods: draft weights as int8 (lossless); auto = int8 on CPU (default: %(default)s)")
     b.add_argument("--branching", default="3,2,2,1,1",
                    help="draft-tree-static: children per node at each depth (default: %(default)s)")
     b.add_argument("--temperature", type=float, default=0.0,
@@ -139,6 +143,7 @@ def cmd_generate(args) -> None:
         args.model, draft=args.draft, drafter=args.drafter, dtype=args.dtype, device=args.device,
         gamma=args.gamma, length_policy=args.length_policy, tree=tree_shape(args),
         auto_budget=args.auto_budget, hot_vocab=args.hot_vocab,
+        draft_quant=args.draft_quant,
     )
     drafter = pipe.engine.drafter.name if pipe.engine.drafter else "none"
     result = None
@@ -206,14 +211,15 @@ def cmd_bench(args) -> None:
     opts = MethodOptions(gamma=args.gamma, tree_depth=args.tree_depth, tree_topk=args.tree_topk,
                          tree_budget=args.tree_budget, tree_branching=branching,
                          temperature=args.temperature, seed=args.seed, threads=args.threads, hot_vocab=args.hot_vocab)
-    models = Models(args.model, args.draft, args.dtype)
+    models = Models(args.model, args.draft, args.dtype, draft_quant=args.draft_quant)
     methods = build_methods(names(args.methods) if args.methods else default_methods(bool(args.draft)), models, opts,
                             warn=lambda msg: print(msg, file=sys.stderr))
     tokenizer = models.pipeline().tokenizer
     chat = bool(getattr(tokenizer, "chat_template", None))
     out = Path(args.out or Path("runs") / "bench" / time.strftime("%Y%m%d-%H%M%S"))
     settings = {k: getattr(args, k) for k in ("model", "draft", "dtype", "max_new_tokens", "temperature", "seed",
-                                                "gamma", "tree_depth", "tree_topk", "tree_budget", "branching", "hot_vocab")}
+                                                "gamma", "tree_depth", "tree_topk", "tree_budget", "branching", "hot_vocab",
+                                                "draft_quant")}
     cfg = RunConfig(out, args.max_new_tokens, greedy=args.temperature == 0, resume=args.resume,
                     settings={**settings, "chat": chat})
     run_bench(prompts, methods, lambda text: encode_prompt(tokenizer, text, chat), cfg)

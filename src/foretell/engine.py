@@ -17,7 +17,7 @@ import torch
 from foretell.drafters.base import Drafter, empty_proposal
 from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength
 from foretell.errors import ForetellError
-from foretell.models.transformer import Transformer
+from foretell.models.transformer import Transformer, warm_up
 from foretell.sampling import make_generator
 from foretell.text import TextStream
 from foretell.types import GenerationStats, SamplingParams
@@ -59,6 +59,17 @@ class Engine:
             if chunk.result is not None:
                 return chunk.result
         raise AssertionError("stream ended without a result")
+
+    def warm_up(self, sizes: tuple[int, ...] = (1, 2, 3, 4, 5)) -> None:
+        """Throw-away forwards of the shapes decoding uses: the first call of each shape pays
+        for page-ins of fresh weights and kernel set-up, which would otherwise land in the
+        first generation's timings."""
+        sizes = (*sizes, getattr(self.drafter, "max_nodes", 0) + 1)
+        with torch.inference_mode():
+            warm_up(self.target, sorted(set(sizes)))
+            draft_model = getattr(self.drafter, "model", None)
+            if draft_model is not None:
+                warm_up(draft_model, [1, 2, 3])
 
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Chunk]:
         with torch.inference_mode():

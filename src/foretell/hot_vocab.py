@@ -27,9 +27,11 @@ class HotVocab:
     def size(self) -> int:
         return int(self.ids.numel())
 
-    def head_weight(self, lm_head_weight: torch.Tensor) -> torch.Tensor:
-        """[H, hidden] rows of the output layer for the hot tokens (a copy: contiguous for speed)."""
-        return lm_head_weight.index_select(0, self.ids.to(lm_head_weight.device)).contiguous()
+    def head(self, lm_head: torch.nn.Module) -> torch.nn.Module:
+        """The output layer cut to the hot rows (plain or int8; a contiguous copy for speed)."""
+        from foretell.models.quant import select_rows
+
+        return select_rows(lm_head, self.ids)
 
     def expand(self, hot_logits: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., full_size] logits, -inf outside the hot set (q = 0 there)."""

@@ -61,13 +61,15 @@ class Models:
     target: str
     draft: str | None = None
     dtype: str = "bfloat16"
+    draft_quant: str = "none"  # applies to every foretell draft method (they share the draft's weights)
     _pipe: Pipeline | None = field(default=None, repr=False)
     _hf: dict = field(default_factory=dict, repr=False)
 
     def pipeline(self) -> Pipeline:
         if self._pipe is None:
             drafter = "draft-model" if self.draft else "none"
-            self._pipe = load(self.target, draft=self.draft, drafter=drafter, dtype=self.dtype)
+            quant = self.draft_quant if self.draft else "none"
+            self._pipe = load(self.target, draft=self.draft, drafter=drafter, dtype=self.dtype, draft_quant=quant)
         return self._pipe
 
     def hf(self, which: str):
@@ -82,10 +84,10 @@ class Models:
 
 
 def param_bytes(*modules) -> int:
-    """Bytes of the distinct parameters (tied embeddings counted once)."""
+    """Bytes of the distinct weights, int8 buffers included (tied embeddings counted once)."""
     seen: dict[int, int] = {}
     for m in modules:
-        for p in m.parameters():
+        for p in [*m.parameters(), *m.buffers()]:
             seen[p.data_ptr()] = p.numel() * p.element_size()
     return sum(seen.values())
 

@@ -22,7 +22,7 @@ class DraftModelDrafter:
         self.model = model
         self.target_vocab_size = target_vocab_size
         self.hot = hot
-        self._hot_head = hot.head_weight(model.lm_head.weight) if hot is not None else None
+        self._hot_head = hot.head(model.lm_head) if hot is not None else None
         self.cache = None
         self.cached_tokens: list[int] = []  # tokens whose k/v sit in self.cache
         self.params = SamplingParams()
@@ -35,6 +35,15 @@ class DraftModelDrafter:
         self.cached_tokens = []
         self.params = params
         self.generator = generator
+        # Prefill the prompt now (all but its last token, as the target does), so the time
+        # lands in prefill and the first proposal feeds one token.
+        prefix = list(prompt_ids[:-1])
+        if prefix:
+            device = self.model.device
+            ids = torch.tensor(prefix, dtype=torch.long, device=device)
+            self.model(ids, torch.arange(len(prefix), device=device), self.cache, logits_rows=slice(0, 0))
+            self.cache.commit_prefix(len(prefix))
+            self.cached_tokens = prefix
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Pad (or cut) the draft's vocabulary to the target's so q and p index the same tokens."""
@@ -62,7 +71,7 @@ class DraftModelDrafter:
         top = self.model.config.num_hidden_layers
         out = self.model(ids, positions, self.cache, tree_mask=tree_mask, hidden_layers=(top,), logits_rows=slice(0, 0))
         hidden = out.hidden[top] if rows is None else out.hidden[top][rows]
-        return self.hot.expand((hidden @ self._hot_head.T).float())
+        return self.hot.expand(self._hot_head(hidden).float())
 
     def _step(self, feed: list[int]) -> torch.Tensor:
         start = self.cache.length

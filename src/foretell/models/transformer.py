@@ -35,6 +35,26 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
+# Decode steps and verification passes of up to this many tokens use plain matmul attention:
+# PyTorch's fused CPU attention costs ~0.4-0.7 ms of fixed overhead per call at one token,
+# five times the matmuls themselves (measured here), and a forward calls it once per layer.
+SMALL_STEP = 16
+
+
+def small_step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Attention of a few new queries over the cache. q: [1, Hq, T, D]; k, v: [1, Hkv, S, D];
+    mask: [1, 1, T, S] bool or None (all visible). Query heads share kv heads in groups (GQA)."""
+    _, Hq, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    qg = q.reshape(1, Hkv, group * T, D)  # head h reads kv head h // group
+    scores = (qg @ k.transpose(-1, -2)).float() * D**-0.5
+    if mask is not None:
+        scores = scores.view(1, Hkv, group, T, S).masked_fill(~mask[:, :, None], float("-inf"))
+    probs = scores.view(1, Hkv, group * T, S).softmax(dim=-1).to(v.dtype)
+    return (probs @ v).view(1, Hq, T, D)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -72,10 +92,13 @@ class DecoderLayer(nn.Module):
         k = k * cos + rotate_half(k) * sin
         if cache is not None:
             k, v = cache.write(layer, k, v)
-        attn = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=cache is None and mask is None,
-            enable_gqa=self.num_kv_heads != self.num_heads,
-        )
+        if cache is not None and T <= SMALL_STEP:
+            attn = small_step_attention(q, k, v, mask)
+        else:
+            attn = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=cache is None and mask is None,
+                enable_gqa=self.num_kv_heads != self.num_heads,
+            )
         x = x + self.o_proj(attn.transpose(1, 2).reshape(B, T, -1))
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
@@ -220,3 +243,13 @@ class Transformer(nn.Module):
         missing = [m for m in missing if not (m == "lm_head.weight" and self.config.tie_word_embeddings)]
         if missing or unexpected:
             raise KeyError(f"weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def warm_up(model: Transformer, sizes: list[int]) -> None:
+    """One forward per token count in `sizes` on a scratch cache (results discarded)."""
+    sizes = [t for t in sizes if t >= 1]
+    cache = model.new_cache(sum(sizes) + 1)
+    for t in sizes:
+        ids = torch.zeros(t, dtype=torch.long, device=model.device)
+        model(ids, torch.arange(cache.length, cache.length + t, device=model.device), cache, logits_rows=slice(-1, None))
+        cache.commit_prefix(t)
