@@ -197,18 +197,27 @@ def run_part(title: str, methods: dict[str, tuple[Runner, str | None]], prompts:
 
 def part_a(args, dtype: torch.dtype, prompts: list[Prompt]):
     pipe = foretell.load(QWEN_TARGET, draft=QWEN_DRAFT, drafter="draft-model", dtype=dtype, gamma=args.gamma)
+    # The same draft with int8 weights (lossless: the target still verifies every token).
+    pipe_q = foretell.load(QWEN_TARGET, draft=QWEN_DRAFT, drafter="draft-model", dtype=dtype, gamma=args.gamma,
+                           draft_quant="int8", hot_vocab=args.hot_vocab)
     hf_target, hf_draft = load_hf(QWEN_TARGET, dtype), load_hf(QWEN_DRAFT, dtype)
     stop = pipe.engine.stop_ids
+    hot = f", hot vocab {args.hot_vocab}" if args.hot_vocab else ""
     n = ["foretell plain 1.5B", f"foretell draft 0.5B, gamma {args.gamma}",
+         f"foretell draft 0.5B int8{hot}, gamma {args.gamma}",
          "transformers plain 1.5B", "transformers assisted 0.5B"]
     methods = {
         n[0]: (foretell_runner(pipe.with_drafter(None)), None),
         n[1]: (foretell_runner(pipe), n[0]),
-        n[2]: (hf_runner(hf_target, stop), n[0]),
-        n[3]: (hf_runner(hf_target, stop, assistant_model=hf_draft), n[2]),
+        # Share the bf16 pipeline's target weights: only the drafter differs.
+        n[2]: (foretell_runner(pipe.with_drafter(pipe_q.engine.drafter, gamma=args.gamma)), n[0]),
+        n[3]: (hf_runner(hf_target, stop), n[0]),
+        n[4]: (hf_runner(hf_target, stop, assistant_model=hf_draft), n[3]),
     }
+    del pipe_q  # its target copy is no longer referenced by any method
     ids = [pipe.encode(p.text, chat=True) for p in prompts]
-    return *run_part("Qwen", methods, prompts, ids, args.max_new_tokens), [(1, 0), (3, 2), (0, 2), (1, 3)], n
+    pairs = [(2, 0), (1, 0), (4, 3), (0, 3), (2, 4), (1, 4)]
+    return *run_part("Qwen", methods, prompts, ids, args.max_new_tokens), pairs, n
 
 
 def part_b(args, dtype: torch.dtype, prompts: list[Prompt]):
@@ -270,6 +279,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=int, default=3,
                    help="draft length (fixed policy) for the 0.5B draft and prompt lookup; 3 was fastest of 3/4/5 here")
+    p.add_argument("--hot-vocab", type=int, default=0,
+                   help="hot vocabulary size for the int8 draft (0 = the full vocabulary)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--skip-qwen", action="store_true", help="skip part A (Qwen2.5-Coder 1.5B + 0.5B)")
     p.add_argument("--skip-smollm", action="store_true", help="skip part B (SmolLM2-135M)")
