@@ -186,3 +186,20 @@ def test_budgeted_methods_are_exact_and_report_their_budget(bench_setup, tmp_pat
     assert by_method["draft-tree-auto"]["mean_verified_drafts"] >= 1
     with pytest.raises(ForetellError, match="draft-tree@N"):
         build_methods(["draft-tree@x"], models, MethodOptions())
+
+
+def test_budget_section_compares_tuner_with_best_fixed_budget():
+    from foretell.bench.report import MethodSummary, budget_section
+
+    def summary(method, tps, tau, verified):
+        return MethodSummary(method, 4, tps, tps / 5.0, tau, verified_per_pass=verified)
+
+    overall = [summary("plain", 5.0, None, None), summary("draft-chain", 8.0, 3.0, 4.0),
+               summary("draft-tree@8", 9.0, 3.5, 8.0), summary("draft-tree", 8.5, 3.9, 16.0),
+               summary("draft-tree-auto", 8.82, 3.4, 7.1)]
+    text = "\n".join(budget_section(overall, default_budget=16))
+    assert "| fixed budget 8 |" in text and "| fixed budget 16 |" in text
+    assert "Best fixed budget: 8 (9.00 tok/s)" in text
+    assert "-2.0% against the best fixed budget" in text
+    assert "tau 3.90 vs 3.00" in text and "(1.06x)" in text
+    assert budget_section(overall[:2], default_budget=None) == []  # no trees, no section

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from foretell.models.transformer import Transformer
+from foretell.models.transformer import RUNTIME_VERSION, Transformer
 
 DEFAULT_SIZES = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -46,6 +46,12 @@ class CostCurve:
         return y1 + (y1 - y0) * (n - x1) / (x1 - x0)
 
 
+def weight_format(model: Transformer) -> str:
+    from foretell.models.quant import Int8Linear
+
+    return "int8" if any(isinstance(m, Int8Linear) for m in model.modules()) else "dense"
+
+
 def machine_key(model: Transformer, model_name: str) -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -63,6 +69,8 @@ def machine_key(model: Transformer, model_name: str) -> dict:
         "dtype": str(model.dtype),
         "device": device,
         "threads": torch.get_num_threads(),
+        "weights": weight_format(model),
+        "runtime": RUNTIME_VERSION,  # a faster forward makes old curves stale
     }
 
 

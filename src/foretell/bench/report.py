@@ -166,6 +166,49 @@ def plot_acceptance(overall: list[MethodSummary], path: Path) -> None:
     plt.close(fig)
 
 
+def sweep_points(overall: list[MethodSummary], default_budget: int | None) -> list[tuple[int, MethodSummary]]:
+    """(budget, summary) for every fixed-budget dynamic tree in the run, smallest budget first."""
+    points = []
+    for s in overall:
+        head, _, budget = s.method.partition("@")
+        if head == "draft-tree" and budget.isdigit():
+            points.append((int(budget), s))
+        elif s.method == "draft-tree" and default_budget:
+            points.append((int(default_budget), s))
+    return sorted(points, key=lambda p: p[0])
+
+
+def budget_section(overall: list[MethodSummary], default_budget: int | None) -> list[str]:
+    """The fixed-budget sweep next to what the hardware-aware tuner chose, and tree vs chain."""
+    points = sweep_points(overall, default_budget)
+    by_name = {s.method: s for s in overall}
+    lines: list[str] = []
+    if len(points) >= 2:
+        best_budget, best = max(points, key=lambda p: p[1].tokens_per_s)
+        lines += ["## Tree budget sweep (all prompts)", "",
+                  "| tree | tokens verified / pass | tok/s | speedup | tau |", "|---|---:|---:|---:|---:|"]
+        rows = [(f"fixed budget {b}", s) for b, s in points]
+        if "draft-tree-auto" in by_name:
+            rows.append(("hardware-aware (draft-tree-auto)", by_name["draft-tree-auto"]))
+        for label, s in rows:
+            lines.append(f"| {label} | {_fmt(s.verified_per_pass, 1)} | {s.tokens_per_s:.2f} | "
+                         f"{_fmt(s.speedup, 2, 'x')} | {_fmt(s.tau)} |")
+        lines.append("")
+        lines.append(f"Best fixed budget: {best_budget} ({best.tokens_per_s:.2f} tok/s).")
+        auto = by_name.get("draft-tree-auto")
+        if auto is not None:
+            gap = auto.tokens_per_s / best.tokens_per_s - 1.0
+            lines.append(f" The tuner verified {_fmt(auto.verified_per_pass, 1)} tokens per pass on average and ran at "
+                         f"{auto.tokens_per_s:.2f} tok/s: {gap:+.1%} against the best fixed budget.")
+        lines.append("")
+    chain, tree = by_name.get("draft-chain"), by_name.get("draft-tree")
+    if chain is not None and tree is not None and chain.tau and tree.tau:
+        lines += [f"Dynamic tree vs chain: tau {tree.tau:.2f} vs {chain.tau:.2f}, "
+                  f"tok/s {tree.tokens_per_s:.2f} vs {chain.tokens_per_s:.2f} "
+                  f"({tree.tokens_per_s / chain.tokens_per_s:.2f}x).", ""]
+    return lines
+
+
 def write_report(out_dir: Path) -> Path:
     """Write report.md, speedup.png and acceptance.png into out_dir; return report.md."""
     out_dir = Path(out_dir)
@@ -182,6 +225,7 @@ def write_report(out_dir: Path) -> Path:
                   "The memory column is one method's weights plus its KV caches.", ""]
     for name, summaries in groups.items():
         parts += [f"## {name}", "", markdown_table(summaries), ""]
+    parts += budget_section(groups[OVERALL], (summary.get("settings") or {}).get("tree_budget"))
     parts += ["![speedup](speedup.png)", "", "![acceptance](acceptance.png)", ""]
     report = out_dir / "report.md"
     report.write_text("\n".join(parts))

@@ -35,6 +35,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
+# Bumped whenever the forward's cost changes, so measured cost curves (budget.py) are redone.
+RUNTIME_VERSION = 2
+
 # Decode steps and verification passes of up to this many tokens use plain matmul attention:
 # PyTorch's fused CPU attention costs ~0.4-0.7 ms of fixed overhead per call at one token,
 # five times the matmuls themselves (measured here), and a forward calls it once per layer.
