@@ -88,14 +88,17 @@ class Engine:
         device = self.target.device
         generator = make_generator(params.seed, device)
         cache = self.target.new_cache(capacity)
+        prompt_hidden: dict[int, torch.Tensor] = {}
         if len(ids) > 1:
-            self.target(
+            prompt_hidden = self.target(
                 torch.tensor(ids[:-1], device=device), torch.arange(len(ids) - 1, device=device), cache,
-                logits_rows=slice(0, 0),
-            )
+                hidden_layers=self._drafter_layers, logits_rows=slice(0, 0),
+            ).hidden
             cache.commit_prefix(len(ids) - 1)
         if self.drafter is not None:
             self.drafter.start(ids, capacity, params, generator)
+        if prompt_hidden:
+            self.drafter.observe(prompt_hidden)
         drafter_cache = getattr(self.drafter, "cache", None)
         stats.cache_bytes = cache.nbytes() + (drafter_cache.nbytes() if drafter_cache is not None else 0)
         stats.prefill_seconds = time.perf_counter() - t0
@@ -108,7 +111,9 @@ class Engine:
             t1 = time.perf_counter()
             proposal = self.drafter.propose(ids, n) if n > 0 else empty_proposal()
             t2 = time.perf_counter()
-            verdict = self._verify(ids[-1], proposal, cache, params, generator)
+            verdict, committed_hidden = self._verify(ids[-1], proposal, cache, params, generator)
+            if committed_hidden:
+                self.drafter.observe(committed_hidden)
             t3 = time.perf_counter()
             stats.draft_seconds += t2 - t1
             stats.verify_seconds += t3 - t2
@@ -142,6 +147,11 @@ class Engine:
                 return
             yield Chunk(delta, new)
 
+    @property
+    def _drafter_layers(self) -> tuple[int, ...]:
+        """Target hidden layers the drafter reads (its optional `target_layers`); () costs nothing extra."""
+        return tuple(getattr(self.drafter, "target_layers", ())) if self.drafter is not None else ()
+
     def _draft_budget(self, room: int) -> int:
         """Tokens the drafter may propose (for a tree: its depth); never past the token limit."""
         if getattr(self.drafter, "sizes_itself", False):
@@ -149,17 +159,23 @@ class Engine:
         return min(self.length_policy.next_length(), self.max_draft, room - 1)
 
     def _verify(self, last_token: int, proposal, cache, params: SamplingParams, generator):
-        """One target pass over [last, drafts...]; keep the accepted slots in the cache."""
+        """One target pass over [last, drafts...]; keep the accepted slots in the cache.
+
+        Returns the verdict and, for a drafter with `target_layers`, those layers' hidden rows of
+        the slots just committed (the root, then the accepted drafts), in sequence order.
+        """
         device = self.target.device
+        layers = self._drafter_layers
         inputs = torch.tensor([last_token, *proposal.tokens.tolist()], device=device)
         if proposal.is_chain:
             positions = torch.arange(cache.length, cache.length + len(inputs), device=device)
-            logits = self.target(inputs, positions, cache).logits
-            verdict = verify(logits, proposal, params, generator)
+            out = self.target(inputs, positions, cache, hidden_layers=layers)
+            verdict = verify(out.logits, proposal, params, generator)
             cache.commit_prefix(1 + verdict.accepted)
-            return verdict
+            return verdict, {layer: h[: 1 + verdict.accepted] for layer, h in out.hidden.items()}
         positions = slot_positions(proposal.parents, cache.length).to(device)
-        logits = self.target(inputs, positions, cache, tree_mask=attention_mask(proposal.parents)).logits
-        verdict = verify(logits, proposal, params, generator)
-        cache.commit_slots(accepted_slots(verdict.path))
-        return verdict
+        out = self.target(inputs, positions, cache, tree_mask=attention_mask(proposal.parents), hidden_layers=layers)
+        verdict = verify(out.logits, proposal, params, generator)
+        slots = accepted_slots(verdict.path)
+        cache.commit_slots(slots)
+        return verdict, {layer: h[slots.to(h.device)] for layer, h in out.hidden.items()}

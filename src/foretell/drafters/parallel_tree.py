@@ -1,0 +1,130 @@
+"""The parallel-head drafter: one head forward per step gives D distributions, grown into a tree.
+
+It reads the target's hidden states through the engine's hook (`target_layers` / `observe`):
+the rows of newly committed tokens wait in `_pending` until the next proposal feeds them to
+the head, together with the D - 1 placeholders, in a single forward.
+
+The per-depth distributions q_1..q_D do not depend on the tree parent, so every node at depth
+d gets the same candidate children: the top-`width` tokens of q_{d+1}. The tree keeps the
+`max_nodes` nodes of highest cumulative log-probability (best first, which keeps it closed under
+ancestors). Children are chosen deterministically, so the proposal carries no q rows and the
+tree verifier treats them as point masses (the EAGLE rule): lossless greedy and sampled.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import torch
+
+from foretell.drafters.base import empty_proposal
+from foretell.errors import ForetellError
+from foretell.models.parallel_head import ParallelHead
+from foretell.sampling import processed_probs
+from foretell.types import Proposal, SamplingParams
+
+
+@dataclass(frozen=True)
+class HeadTreeShape:
+    max_nodes: int = 16  # the verification budget (nodes, root excluded)
+    depth: int = 4  # at most the head's depth D
+    width: int = 3  # children per node
+
+    def __post_init__(self):
+        if min(self.max_nodes, self.depth, self.width) < 1:
+            raise ForetellError(
+                f"parallel-head tree max_nodes, depth and width must be >= 1, got {self.max_nodes}, {self.depth}, {self.width}"
+            )
+
+
+def grow_tree(q: torch.Tensor, max_nodes: int, width: int) -> tuple[list[int], list[int]]:
+    """Tokens and parents of the best-first tree over per-depth distributions q [depth, V].
+
+    A candidate's score is its parent's plus log q_d(token). Candidates are enumerated lazily
+    (a node's best child, a node's next sibling), so the nodes come out in non-increasing score
+    order: the first max_nodes are the best ones, and a parent always precedes its children.
+    Zero-probability tokens (cut by top-k / top-p) are never proposed.
+    """
+    depth = q.shape[0]
+    k = min(width, q.shape[-1])
+    top = torch.topk(q.float(), k, dim=-1)
+    logq = top.values.clamp_min(0.0).log().tolist()  # [depth][k], descending per row
+    best = top.indices.tolist()
+    tokens: list[int] = []
+    parents: list[int] = []
+    scores: list[float] = []
+    order = 0  # tie-break: first pushed, first popped (deterministic)
+    heap = [(-logq[0][0], order, -1, 0, 0)]  # (-score, order, parent, depth index, rank)
+    while heap and len(tokens) < max_nodes:
+        neg, _, parent, d, r = heapq.heappop(heap)
+        if neg == math.inf:  # zero probability: so are the siblings ranked below
+            continue
+        node = len(tokens)
+        tokens.append(best[d][r])
+        parents.append(parent)
+        scores.append(-neg)
+        base = scores[parent] if parent >= 0 else 0.0
+        if r + 1 < k:
+            order += 1
+            heapq.heappush(heap, (-(base + logq[d][r + 1]), order, parent, d, r + 1))
+        if d + 1 < depth:
+            order += 1
+            heapq.heappush(heap, (-(scores[node] + logq[d + 1][0]), order, node, d + 1, 0))
+    return tokens, parents
+
+
+class ParallelHeadDrafter:
+    name = "parallel-head"
+    sizes_itself = True  # its tree shape sets depth and size, not the engine's length policy
+
+    def __init__(self, head: ParallelHead, shape: HeadTreeShape = HeadTreeShape()):
+        if shape.depth > head.config.depth:
+            raise ForetellError(f"tree depth {shape.depth} exceeds the parallel head's depth {head.config.depth}")
+        self.head = head
+        self.shape = shape
+        self.max_nodes = shape.max_nodes
+        self.target_layers = head.config.fuse_layers  # the engine hands us these rows after each commit
+        self.cache = None
+        self.params = SamplingParams()
+        self._pending: list[torch.Tensor] = []  # feature rows observed, not yet fed to the head
+        self._observed = 0  # rows observed this generation = tokens in the target's cache
+
+    def start(self, prompt_ids, capacity: int, params: SamplingParams, generator) -> None:
+        need = capacity + self.head.config.depth  # room for the placeholders past the context
+        if self.cache is None or self.cache.capacity < need:
+            self.cache = self.head.new_cache(need)
+        self.cache.truncate(0)
+        self.params = params
+        self._pending = []
+        self._observed = 0
+
+    def observe(self, hidden: dict[int, torch.Tensor]) -> None:
+        rows = self.head.features(hidden)
+        self._pending.append(rows)
+        self._observed += rows.shape[0]
+
+    def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
+        """max_tokens caps the tree's depth (tokens left to generate)."""
+        if self._observed != len(tokens) - 1:
+            raise RuntimeError(
+                f"the parallel head saw {self._observed} target rows for {len(tokens) - 1} committed tokens; "
+                "the engine must hand over every committed row (observe) before propose"
+            )
+        depth = min(self.shape.depth, max_tokens)
+        if depth <= 0 or not self._pending:  # a one-token prompt has no target rows yet
+            return empty_proposal()
+        features = torch.cat(self._pending)
+        self._pending = []
+        start = self.cache.length
+        next_tokens = torch.tensor(tokens[start + 1 :], dtype=torch.long, device=self.head.device)
+        logits = self.head(features, next_tokens, self.cache, num_placeholders=depth - 1)
+        self.cache.commit_prefix(features.shape[0])
+        drafted, parents = grow_tree(self._q(logits), self.shape.max_nodes, self.shape.width)
+        return Proposal(tokens=torch.tensor(drafted, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long))
+
+    def _q(self, logits: torch.Tensor) -> torch.Tensor:
+        # Rank under the user's temperature / top-k / top-p; greedy ranks by softmax.
+        params = self.params if not self.params.greedy else SamplingParams(temperature=1.0)
+        return processed_probs(logits, params)

@@ -1,0 +1,323 @@
+"""A parallel draft head (JetSpec, seed 003): one light transformer forward drafts D tokens.
+
+Input row i, for each committed position i: a linear fusion of the target's hidden states at i
+(a few of its layers, e.g. low / middle / high) and the target's own embedding of token i + 1,
+so row i predicts token i + 2. After the last context row come D - 1 placeholder rows (one
+learned mask embedding) at the following positions. Attention is causal throughout: a
+placeholder sees the whole context and the placeholders before it. One forward thus yields D
+distributions: depth 1 from the last context row, depths 2..D from the placeholders. Drafted
+tokens are never fed back, so each depth's distribution is the same for every tree parent.
+
+The head keeps its own KV cache over the context rows only: a forward writes the placeholders'
+slots too, but the caller commits just the context rows, so the next forward overwrites them.
+The target's embedding and output layer are shared (frozen, not copied, not saved).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from foretell.errors import ForetellError
+from foretell.hot_vocab import HotVocab
+from foretell.kv_cache import KVCache
+from foretell.models.config import ModelConfig
+from foretell.models.transformer import DecoderLayer, RMSNorm, Transformer, rope_tables
+
+FORMAT = "foretell-parallel-head"
+FORMAT_VERSION = 1
+CONFIG_FILE = "parallel_head.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def default_fuse_layers(target_num_layers: int) -> tuple[int, ...]:
+    """Low, middle and high target layers (EAGLE-3's choice), deduplicated for shallow targets."""
+    L = target_num_layers
+    return tuple(sorted({max(1, min(2, L)), max(1, L // 2), max(1, L - 2)}))
+
+
+@dataclass(frozen=True)
+class ParallelHeadConfig:
+    hidden_size: int  # the target's: the head reads its embeddings and feeds its output layer
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    target_num_layers: int  # checked at load: fuse_layers index this target's layers
+    fuse_layers: tuple[int, ...]  # target hidden layers fused into each input row (0 = embeddings, L = final norm)
+    num_layers: int = 1
+    depth: int = 4  # D: tokens drafted per forward (1 context row + D - 1 placeholders)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    attention_bias: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "fuse_layers", tuple(int(x) for x in self.fuse_layers))
+        if self.num_layers < 1 or self.depth < 1:
+            raise ForetellError(f"a parallel head needs num_layers >= 1 and depth >= 1, got {self.num_layers} and {self.depth}")
+        layers = self.fuse_layers
+        if not layers or len(set(layers)) != len(layers) or min(layers) < 0 or max(layers) > self.target_num_layers:
+            raise ForetellError(
+                f"fuse_layers must be distinct target layers in 0..{self.target_num_layers}, got {list(layers)}"
+            )
+
+    @classmethod
+    def for_target(
+        cls, target: ModelConfig, num_layers: int = 1, depth: int = 4, fuse_layers: Sequence[int] | None = None
+    ) -> "ParallelHeadConfig":
+        """Sizes taken from the target (hidden size, heads, MLP width, RoPE)."""
+        return cls(
+            hidden_size=target.hidden_size,
+            num_attention_heads=target.num_attention_heads,
+            num_key_value_heads=target.num_key_value_heads,
+            head_dim=target.head_dim,
+            intermediate_size=target.intermediate_size,
+            vocab_size=target.vocab_size,
+            target_num_layers=target.num_hidden_layers,
+            fuse_layers=tuple(fuse_layers) if fuse_layers is not None else default_fuse_layers(target.num_hidden_layers),
+            num_layers=num_layers,
+            depth=depth,
+            rms_norm_eps=target.rms_norm_eps,
+            rope_theta=target.rope_theta,
+            attention_bias=target.attention_bias,
+        )
+
+    def layer_config(self) -> ModelConfig:
+        """The ModelConfig DecoderLayer is built from."""
+        return ModelConfig(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers, num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta, attention_bias=self.attention_bias,
+        )
+
+    def check_target(self, target: ModelConfig) -> None:
+        mine = (self.hidden_size, self.vocab_size, self.target_num_layers)
+        theirs = (target.hidden_size, target.vocab_size, target.num_hidden_layers)
+        if mine != theirs:
+            raise ForetellError(
+                f"this parallel head was built for a target with hidden size {mine[0]}, vocabulary {mine[1]} and "
+                f"{mine[2]} layers, but the target has {theirs[0]}, {theirs[1]} and {theirs[2]}; use a head trained for this target"
+            )
+
+
+@dataclass(frozen=True)
+class TargetParts:
+    """The target's modules the head shares. A plain dataclass, so nn.Module neither registers
+    nor saves them: they stay the target's (frozen) weights."""
+
+    embed_tokens: nn.Embedding
+    lm_head: nn.Module  # the full output layer, or the hot-vocabulary rows of it
+    hot: HotVocab | None = None
+
+
+class ParallelHead(nn.Module):
+    def __init__(self, config: ParallelHeadConfig, target: Transformer, hot: HotVocab | None = None):
+        super().__init__()
+        config.check_target(target.config)
+        self.config = config
+        lm_head = hot.head(target.lm_head) if hot is not None else target.lm_head
+        self.shared = TargetParts(target.embed_tokens, lm_head, hot)
+        H = config.hidden_size
+        self.fuse = nn.Linear((len(config.fuse_layers) + 1) * H, H, bias=False)
+        self.mask_embedding = nn.Parameter(torch.zeros(H))
+        layer_config = config.layer_config()
+        self.layers = nn.ModuleList(DecoderLayer(layer_config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(H, config.rms_norm_eps)
+        self._rope_len = 0
+        self._cos = self._sin = None
+        self.to(dtype=target.dtype, device=target.device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fuse.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.fuse.weight.device
+
+    def new_cache(self, capacity: int) -> KVCache:
+        c = self.config
+        return KVCache(c.num_layers, c.num_key_value_heads, c.head_dim, capacity, self.dtype, self.device)
+
+    def features(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+        """[..., len(fuse_layers) * H]: the fused layers' hidden states side by side."""
+        missing = [layer for layer in self.config.fuse_layers if layer not in hidden]
+        if missing:
+            raise ForetellError(f"the parallel head needs target hidden layers {missing}, which were not provided")
+        return torch.cat([hidden[layer] for layer in self.config.fuse_layers], dim=-1)
+
+    def context_inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+        """Input rows [..., H] from target features at i and the (frozen) embedding of token i + 1."""
+        embedded = self.shared.embed_tokens(next_tokens).detach()
+        return self.fuse(torch.cat([features.to(self.dtype), embedded], dim=-1))
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        need = int(positions.max()) + 1
+        if need > self._rope_len:
+            length = max(need, 2 * self._rope_len, 256)
+            self._cos, self._sin = rope_tables(self.config.head_dim, self.config.rope_theta, length, self.device)
+            self._rope_len = length
+        return self._cos[positions].to(self.dtype)[None, None], self._sin[positions].to(self.dtype)[None, None]
+
+    def _run_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, mask) -> torch.Tensor:
+        cos, sin = self._rope(positions)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, i, mask)
+        return self.norm(x)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., H] normed rows -> [..., V] float32 logits over the full vocabulary (-inf off a hot set)."""
+        out = self.shared.lm_head(x).float()
+        return self.shared.hot.expand(out) if self.shared.hot is not None else out
+
+    def forward(
+        self, features: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache, num_placeholders: int
+    ) -> torch.Tensor:
+        """Feed n >= 1 new context rows after the cache's prefix, then `num_placeholders` placeholders.
+
+        features: [n, len(fuse_layers) * H], the target rows of positions cache.length ..
+        cache.length + n - 1; next_tokens: [n] long, the token after each of them. Writes n +
+        num_placeholders slots; the caller commits the n context rows (cache.commit_prefix(n)).
+        Returns [1 + num_placeholders, V] float32 logits: row d - 1 scores depth d, the token
+        d positions after the last committed token.
+        """
+        n = features.shape[0]
+        if n < 1:
+            raise ValueError("the parallel head needs at least one new context row per forward")
+        x = torch.cat([self.context_inputs(features, next_tokens), self.mask_embedding.expand(num_placeholders, -1)])
+        T, start = x.shape[0], cache.length
+        cache.check_room(T)
+        positions = torch.arange(start, start + T, device=self.device)
+        mask = None  # one row sees the whole cache
+        if T > 1:
+            causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
+            mask = torch.cat([torch.ones(T, start, dtype=torch.bool, device=self.device), causal], dim=1)[None, None]
+        x = self._run_layers(x[None], positions, cache, mask)[0]
+        return self.logits(x[n - 1 :])
+
+    def forward_training(
+        self, features: torch.Tensor, next_tokens: torch.Tensor, anchors: Sequence[int]
+    ) -> torch.Tensor:
+        """All depths for many anchors of whole sequences in one cache-free forward (for training).
+
+        features: [B, T, len(fuse_layers) * H] target rows of positions 0..T-1; next_tokens:
+        [B, T], the token after each (ids[1:T + 1]). Returns [B, A, D, V] logits: [b, k, d - 1]
+        is the head's distribution at depth d from anchor a = anchors[k], i.e. for token
+        ids[a + 1 + d], exactly what inference gives after committing ids[:a + 2].
+        """
+        D = self.config.depth
+        positions, mask, rows = training_layout(features.shape[1], anchors, D, self.device)
+        x = self.context_inputs(features, next_tokens)
+        B = x.shape[0]
+        x = torch.cat([x, self.mask_embedding.expand(B, len(anchors) * (D - 1), -1)], dim=1)
+        x = self._run_layers(x, positions, None, mask[None, None])
+        return self.logits(x[:, rows.reshape(-1)]).view(B, len(anchors), D, -1)
+
+
+def training_layout(
+    num_context: int, anchors: Sequence[int], depth: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Positions [S], attention mask [S, S] bool and logit rows [A, D] for forward_training.
+
+    Rows 0..T-1 are the context (causal among themselves). Then, per anchor a (in order), a block
+    of D - 1 placeholders at positions a + 1 .. a + D - 1: placeholder j of the block sees the
+    context rows 0..a and placeholders 1..j of its own block, as at inference. rows[k] lists the
+    rows scoring depths 1..D for anchor k: the context row a, then its block.
+    """
+    T, P = num_context, depth - 1
+    if any(not 0 <= a < T for a in anchors):
+        raise ValueError(f"anchors must index context rows 0..{T - 1}, got {list(anchors)}")
+    S = T + len(anchors) * P
+    mask = torch.zeros(S, S, dtype=torch.bool, device=device)
+    mask[:T, :T] = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    positions = [*range(T)]
+    rows = []
+    for k, a in enumerate(anchors):
+        first = T + k * P
+        mask[first : first + P, : a + 1] = True
+        mask[first : first + P, first : first + P] = torch.ones(P, P, dtype=torch.bool, device=device).tril()
+        positions.extend(range(a + 1, a + 1 + P))
+        rows.append([a, *range(first, first + P)])
+    return torch.tensor(positions, device=device), mask, torch.tensor(rows, device=device).view(len(anchors), depth)
+
+
+def new_parallel_head(
+    target: Transformer, config: ParallelHeadConfig | None = None, seed: int = 0, hot: HotVocab | None = None
+) -> ParallelHead:
+    """An untrained (randomly initialised) head for `target`: for tests and as training's start."""
+    config = config or ParallelHeadConfig.for_target(target.config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head = ParallelHead(config, target, hot)
+        with torch.no_grad():
+            head.mask_embedding.normal_(0.0, float(target.embed_tokens.weight.float().std()))
+    return head
+
+
+def save_parallel_head(head: ParallelHead, folder: str | Path) -> Path:
+    """Write `parallel_head.json` (format and config) and `model.safetensors` (the head's own weights)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT, "version": FORMAT_VERSION, "config": asdict(head.config)}
+    (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, str(folder / WEIGHTS_FILE))
+    return folder
+
+
+def read_head_config(folder: Path) -> ParallelHeadConfig:
+    path = folder / CONFIG_FILE
+    if not folder.is_dir():
+        raise ForetellError(f"no parallel head folder at {folder}: expected a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
+    if not path.is_file():
+        raise ForetellError(f"{folder} has no {CONFIG_FILE}: it is not a saved parallel head")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ForetellError(f"{path} is not valid JSON ({e}); save the head again") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+        raise ForetellError(f"{path} is not a {FORMAT} v{FORMAT_VERSION} file; save the head again with this foretell")
+    raw = meta.get("config")
+    names = {f.name for f in fields(ParallelHeadConfig)}
+    if not isinstance(raw, dict) or set(raw) - names:
+        raise ForetellError(f"{path} has an unreadable config; save the head again")
+    try:
+        return ParallelHeadConfig(**raw)
+    except TypeError as e:
+        raise ForetellError(f"{path} has an incomplete config ({e}); save the head again") from None
+
+
+def load_parallel_head(folder: str | Path, target: Transformer, hot: HotVocab | None = None) -> ParallelHead:
+    """Load a head saved by save_parallel_head onto `target` (its dtype and device)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = read_head_config(folder)
+    config.check_target(target.config)
+    weights = folder / WEIGHTS_FILE
+    if not weights.is_file():
+        raise ForetellError(f"{folder} has no {WEIGHTS_FILE}: the head's weights are missing")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ForetellError(f"{weights} is not a readable safetensors file ({e}); save the head again") from None
+    head = ParallelHead(config, target, hot)
+    own = head.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    wrong = [k for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or unexpected or wrong:
+        raise ForetellError(
+            f"{weights} does not match {CONFIG_FILE}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
+            f"wrong shape {wrong[:5]}; save the head again"
+        )
+    head.load_state_dict(state)
+    return head.to(dtype=target.dtype, device=target.device)

@@ -1,0 +1,371 @@
+"""The parallel draft head (JetSpec, seed 003) on tiny models: the engine's hidden-state hook,
+exact greedy output, sampled losslessness, the tree budget, saving and loading."""
+
+import heapq
+import itertools
+import math
+
+import pytest
+import torch
+
+from conftest import make_hf_model, make_tokenizer, perturbed_copy, save_model_folder
+from foretell.api import load
+from foretell.drafters.parallel_tree import HeadTreeShape, ParallelHeadDrafter, grow_tree
+from foretell.drafters.prompt_lookup import PromptLookupDrafter
+from foretell.errors import ForetellError
+from foretell.models.parallel_head import (
+    CONFIG_FILE, WEIGHTS_FILE, ParallelHeadConfig, load_parallel_head, new_parallel_head, save_parallel_head,
+    training_layout,
+)
+from foretell.tree import depths
+from foretell.types import Proposal, SamplingParams
+from test_engine_statistical import NEW, PROMPT, VOCAB, exact_marginals, worst_p_value
+
+PROMPTS = [[1, 5, 9, 12, 5, 9, 30], [1, 7, 7, 7, 7], [1, 20, 21, 22, 23, 24, 25, 20, 21, 22], [1]]
+GREEDY = SamplingParams(max_new_tokens=40, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_pair):
+    target, _ = tiny_pair
+    return load(target, drafter="none")
+
+
+def with_head(plain, shape=HeadTreeShape(), **config):
+    target = plain.target.model
+    head = new_parallel_head(target, ParallelHeadConfig.for_target(target.config, **config))
+    return plain.with_drafter(ParallelHeadDrafter(head, shape))
+
+
+# --- exactness -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape, config",
+    [
+        (HeadTreeShape(), {}),
+        (HeadTreeShape(max_nodes=5, depth=2, width=2), {"num_layers": 2, "fuse_layers": (0, 1, 2)}),
+        (HeadTreeShape(max_nodes=1, depth=1, width=1), {"depth": 1}),
+        (HeadTreeShape(max_nodes=30, depth=6, width=4), {"depth": 6}),
+    ],
+)
+def test_greedy_equals_plain(plain, shape, config):
+    spec = with_head(plain, shape, **config)
+    for prompt in PROMPTS:
+        result = spec.engine.generate(prompt, GREEDY)
+        assert result.tokens == plain.engine.generate(prompt, GREEDY).tokens
+        assert result.stats.draft_tokens_verified > 0
+
+
+def test_greedy_equals_plain_near_the_token_limit(plain):
+    """The tree's depth shrinks to the tokens left; short limits must still be exact."""
+    spec = with_head(plain)
+    for limit in (1, 2, 3, 5):
+        params = SamplingParams(max_new_tokens=limit, ignore_eos=True)
+        for prompt in PROMPTS:
+            assert spec.engine.generate(prompt, params).tokens == plain.engine.generate(prompt, params).tokens
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    root = tmp_path_factory.mktemp("micro_head")
+    target = make_hf_model("llama", VOCAB, seed=11, init_std=0.5)
+    save_model_folder(root / "t", target, make_tokenizer(VOCAB))
+    return target, load(root / "t", drafter="none")
+
+
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)], ids=["t1.0", "t0.7-top_p0.9"]
+)
+def test_sampled_output_follows_the_target(micro, params):
+    """Exact marginals of the first NEW tokens by enumeration vs 1500 seeded engine runs."""
+    hf_target, pipe = micro
+    spec = with_head(pipe, HeadTreeShape(max_nodes=8, depth=3, width=3))
+    counts = torch.zeros(NEW, VOCAB)
+    accepted = 0
+    for seed in range(1500):
+        p = SamplingParams(**{**params.__dict__, "seed": seed, "max_new_tokens": NEW, "ignore_eos": True})
+        result = spec.engine.generate(PROMPT, p)
+        counts[torch.arange(NEW), torch.tensor(result.tokens)] += 1
+        accepted += sum(result.stats.accepted_per_position)
+    assert accepted > 500, "the test should exercise accepted tree paths"
+    assert worst_p_value(counts, exact_marginals(hf_target, params)) > 1e-3 / NEW
+
+
+# --- the engine hook -----------------------------------------------------------------------
+
+
+class OracleChain:
+    """A chain drafter reading hidden states: proposes a known continuation with planted errors."""
+
+    name = "oracle"
+    target_layers = (0, 1, 2)
+
+    def __init__(self, continuation: list[int], prompt_len: int):
+        self.continuation, self.prompt_len = continuation, prompt_len
+        self.observed: list[dict[int, torch.Tensor]] = []
+        self.steps = 0
+
+    def start(self, prompt_ids, capacity, params, generator):
+        self.observed, self.steps = [], 0
+
+    def observe(self, hidden):
+        self.observed.append(hidden)
+
+    def propose(self, tokens, max_tokens):
+        done = len(tokens) - self.prompt_len
+        drafts = self.continuation[done : done + min(3, max_tokens)]
+        self.steps += 1
+        if len(drafts) == 3 and self.steps % 2:
+            drafts[1] = (drafts[1] + 1) % 48  # rejected at position 2 every other step
+        return Proposal(tokens=torch.tensor(drafts, dtype=torch.long))
+
+
+class RecordingHead(ParallelHeadDrafter):
+    def start(self, *args):
+        super().start(*args)
+        self.observed = []
+
+    def observe(self, hidden):
+        self.observed.append(hidden)
+        super().observe(hidden)
+
+
+def assert_rows_match_full_forward(target, ids: list[int], observed: list[dict], layers):
+    """The observed rows, concatenated, are the target's hidden states of ids[:-1]."""
+    full = target.forward_sequences(torch.tensor([ids[:-1]]), hidden_layers=layers, with_logits=False).hidden
+    for layer in layers:
+        rows = torch.cat([h[layer] for h in observed])
+        assert rows.shape == (len(ids) - 1, target.config.hidden_size)
+        torch.testing.assert_close(rows, full[layer][0], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_hook_hands_over_committed_rows_chain(plain, prompt):
+    expected = plain.engine.generate(prompt, GREEDY).tokens
+    drafter = OracleChain(expected, len(prompt))
+    result = plain.with_drafter(drafter).engine.generate(prompt, GREEDY)
+    assert result.tokens == expected
+    assert 0 < result.stats.acceptance_rate < 1
+    assert_rows_match_full_forward(plain.target.model, prompt + result.tokens, drafter.observed, (0, 1, 2))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_hook_hands_over_committed_rows_tree(plain, temperature):
+    target = plain.target.model
+    config = ParallelHeadConfig.for_target(target.config, fuse_layers=(0, 1, 2))
+    drafter = RecordingHead(new_parallel_head(target, config))
+    spec = plain.with_drafter(drafter)
+    params = SamplingParams(temperature=temperature, seed=3, max_new_tokens=40, ignore_eos=True)
+    for prompt in PROMPTS[:3]:
+        result = spec.engine.generate(prompt, params)
+        assert_rows_match_full_forward(target, prompt + result.tokens, drafter.observed, (0, 1, 2))
+
+
+def test_drafters_without_target_layers_request_no_hidden_states(plain, monkeypatch):
+    target = plain.target.model
+    requested = []
+    original = type(target).forward
+
+    def spy(self, *args, **kwargs):
+        requested.append(tuple(kwargs.get("hidden_layers", ())))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(target), "forward", spy)
+    plain.with_drafter(PromptLookupDrafter(), gamma=3).engine.generate(PROMPTS[2], GREEDY)
+    assert requested and all(r == () for r in requested)
+    requested.clear()
+    with_head(plain, fuse_layers=(1, 2)).engine.generate(PROMPTS[2], GREEDY)
+    assert requested and all(r == (1, 2) for r in requested)
+
+
+# --- the head model ------------------------------------------------------------------------
+
+
+def test_training_forward_matches_inference(plain):
+    """forward_training's depth-d logits at anchor a equal an inference forward after ids[:a + 2]."""
+    target = plain.target.model
+    head = new_parallel_head(target, ParallelHeadConfig.for_target(target.config, num_layers=2, depth=4))
+    ids = PROMPTS[2] + [5, 6, 7]
+    hidden = target.forward_sequences(torch.tensor([ids[:-1]]), hidden_layers=head.config.fuse_layers).hidden
+    features, next_tokens = head.features(hidden), torch.tensor([ids[1:]])
+    anchors = [0, 3, len(ids) - 2]
+    with torch.no_grad():
+        trained = head.forward_training(features, next_tokens, anchors)[0]
+        for k, a in enumerate(anchors):
+            cache = head.new_cache(32)
+            inferred = head(features[0, : a + 1], next_tokens[0, : a + 1], cache, num_placeholders=3)
+            torch.testing.assert_close(trained[k], inferred, atol=1e-4, rtol=1e-4)
+
+
+def test_training_layout_by_hand():
+    positions, mask, rows = training_layout(3, [0, 2], depth=3)
+    assert positions.tolist() == [0, 1, 2, 1, 2, 3, 4]
+    assert rows.tolist() == [[0, 3, 4], [2, 5, 6]]
+    assert mask.int().tolist() == [
+        [1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0, 0],  # anchor 0's placeholders see context row 0 only
+        [1, 0, 0, 1, 1, 0, 0],
+        [1, 1, 1, 0, 0, 1, 0],  # anchor 2's see rows 0..2, never another block
+        [1, 1, 1, 0, 0, 1, 1],
+    ]
+
+
+def test_save_load_round_trip(plain, tmp_path, tiny_pair):
+    target = plain.target.model
+    head = new_parallel_head(target, ParallelHeadConfig.for_target(target.config, num_layers=2, fuse_layers=(0, 2)), seed=5)
+    save_parallel_head(head, tmp_path / "head")
+    loaded = load_parallel_head(tmp_path / "head", target)
+    assert loaded.config == head.config
+    own = head.state_dict()
+    assert {k.split(".")[0] for k in own} == {"fuse", "mask_embedding", "layers", "norm"}  # no target weights
+    for k, v in loaded.state_dict().items():
+        assert torch.equal(v, own[k])
+    assert loaded.shared.lm_head is target.lm_head  # shared, not copied
+    # Through the public API: head=PATH picks the parallel-head drafter.
+    pipe = load(tiny_pair[0], head=tmp_path / "head", warm_up=False)
+    assert pipe.engine.drafter.name == "parallel-head"
+    for prompt in PROMPTS:
+        assert pipe.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
+
+
+def test_load_errors(plain, tmp_path, tiny_pair):
+    target = plain.target.model
+    with pytest.raises(ForetellError, match="no parallel head folder"):
+        load_parallel_head(tmp_path / "nowhere", target)
+    folder = save_parallel_head(new_parallel_head(target), tmp_path / "head")
+    (folder / WEIGHTS_FILE).write_bytes(b"not a safetensors file at all")
+    with pytest.raises(ForetellError, match="not a readable safetensors"):
+        load_parallel_head(folder, target)
+    (folder / WEIGHTS_FILE).unlink()
+    with pytest.raises(ForetellError, match="weights are missing"):
+        load_parallel_head(folder, target)
+    (folder / CONFIG_FILE).write_text("{ broken")
+    with pytest.raises(ForetellError, match="not valid JSON"):
+        load_parallel_head(folder, target)
+    (folder / CONFIG_FILE).unlink()
+    with pytest.raises(ForetellError, match=f"no {CONFIG_FILE}"):
+        load_parallel_head(folder, target)
+    # Heads for another target of the same sizes load; other sizes, or weights not matching the config, do not.
+    other = load(tiny_pair[1], drafter="none", warm_up=False).target.model  # same sizes: loads fine
+    load_parallel_head(save_parallel_head(new_parallel_head(other), tmp_path / "o"), target)
+    wide = ParallelHeadConfig.for_target(target.config)
+    wide = ParallelHeadConfig(**{**wide.__dict__, "hidden_size": 32})
+    with pytest.raises(ForetellError, match="built for a target with hidden size 32"):
+        load_parallel_head(save_config_only(wide, tmp_path / "w"), target)
+    two_layers = new_parallel_head(target, ParallelHeadConfig.for_target(target.config, num_layers=2))
+    save_parallel_head(two_layers, tmp_path / "two")
+    (tmp_path / "two" / CONFIG_FILE).write_text((folder.parent / "o" / CONFIG_FILE).read_text())  # says 1 layer
+    with pytest.raises(ForetellError, match="does not match"):
+        load_parallel_head(tmp_path / "two", target)
+    with pytest.raises(ForetellError, match="needs head=PATH"):
+        load(tiny_pair[0], drafter="parallel-head", warm_up=False)
+    with pytest.raises(ForetellError, match="fuse_layers"):
+        ParallelHeadConfig.for_target(target.config, fuse_layers=(1, 7))
+    with pytest.raises(ForetellError, match="exceeds the parallel head's depth"):
+        ParallelHeadDrafter(new_parallel_head(target), HeadTreeShape(depth=5))
+
+
+def save_config_only(config: ParallelHeadConfig, folder):
+    import json
+    from dataclasses import asdict
+
+    folder.mkdir()
+    (folder / CONFIG_FILE).write_text(json.dumps({"format": "foretell-parallel-head", "version": 1, "config": asdict(config)}))
+    (folder / WEIGHTS_FILE).write_bytes(b"")
+    return folder
+
+
+# --- the tree budget -----------------------------------------------------------------------
+
+
+def brute_force_best(q: torch.Tensor, max_nodes: int, width: int) -> list[float]:
+    """Scores of the max_nodes best nodes of the full width-ary tree of depth len(q)."""
+    logq = torch.topk(q, width, dim=-1).values.log().tolist()
+    scores = []
+    for d in range(1, len(q) + 1):
+        for ranks in itertools.product(range(width), repeat=d):
+            scores.append(sum(logq[i][r] for i, r in enumerate(ranks)))
+    return heapq.nlargest(max_nodes, scores)
+
+
+@pytest.mark.parametrize("max_nodes, depth, width", [(16, 4, 3), (5, 4, 3), (40, 3, 2), (7, 1, 3), (10, 5, 1)])
+def test_grow_tree_respects_caps_and_keeps_the_best_nodes(max_nodes, depth, width):
+    q = torch.softmax(torch.randn(depth, 12, generator=torch.Generator().manual_seed(max_nodes)) * 2, -1)
+    tokens, parents = grow_tree(q, max_nodes, width)
+    parents_t = torch.tensor(parents)
+    assert len(tokens) == min(max_nodes, sum(width**d for d in range(1, depth + 1)))
+    assert all(p < i for i, p in enumerate(parents)), "parents precede children"
+    assert int(depths(parents_t).max()) <= depth
+    for node in [-1, *range(len(tokens))]:
+        children = [i for i, p in enumerate(parents) if p == node]
+        assert len(children) <= width
+        assert len({tokens[c] for c in children}) == len(children), "siblings are distinct tokens"
+        d = 0 if node < 0 else int(depths(parents_t)[node])
+        assert all(tokens[c] in torch.topk(q[d], width).indices.tolist() for c in children)
+    score = [0.0] * len(tokens)
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        score[i] = (score[p] if p >= 0 else 0.0) + math.log(q[int(depths(parents_t)[i]) - 1, t])
+    assert sorted(score, reverse=True) == pytest.approx(brute_force_best(q, max_nodes, width))
+
+
+def test_grow_tree_skips_zero_probability_tokens():
+    q = torch.tensor([[0.7, 0.3, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    tokens, parents = grow_tree(q, 16, 3)
+    assert tokens == [0, 0, 1, 0] and parents == [-1, 0, -1, 2]
+
+
+def test_proposals_respect_the_budget_in_generation(plain):
+    shape = HeadTreeShape(max_nodes=6, depth=3, width=2)
+    spec = with_head(plain, shape)
+    drafter = spec.engine.drafter
+    seen = []
+    propose = drafter.propose
+    drafter.propose = lambda tokens, n: seen.append(propose(tokens, n)) or seen[-1]
+    spec.engine.generate(PROMPTS[0], SamplingParams(temperature=0.8, seed=1, max_new_tokens=30, ignore_eos=True))
+    assert seen and all(p.size <= 6 and p.depth <= 3 for p in seen)
+    assert any(p.size == 6 for p in seen)
+
+
+# --- a briefly trained head ----------------------------------------------------------------
+
+
+def test_a_briefly_trained_head_gets_accepted(plain):
+    """60 steps on the target's own greedy continuations beat an untrained head's acceptance."""
+    target = plain.target.model
+    g = torch.Generator().manual_seed(0)
+    prompts = [[1] + torch.randint(3, 48, (5,), generator=g).tolist() for _ in range(30)]
+    seqs = [p + plain.engine.generate(p, GREEDY).tokens for p in prompts]
+    train, held_out = torch.tensor(seqs[:24]), prompts[24:]
+    torch.manual_seed(0)
+    head = new_parallel_head(target)
+    D = head.config.depth
+    with torch.no_grad():
+        hidden = target.forward_sequences(train[:, :-1], hidden_layers=head.config.fuse_layers, with_logits=False).hidden
+    features, next_tokens = head.features(hidden), train[:, 1:]
+    anchors = list(range(next_tokens.shape[1]))
+    label_at = torch.tensor(anchors)[:, None] + 1 + torch.arange(1, D + 1)  # [A, D]: ids[a + 1 + d]
+    valid = label_at < train.shape[1]
+    labels = train[:, label_at.clamp(max=train.shape[1] - 1)][:, valid]
+    optimizer = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    for _ in range(60):
+        logits = head.forward_training(features, next_tokens, anchors)[:, valid]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    def accepted(head):
+        spec = plain.with_drafter(ParallelHeadDrafter(head))
+        total = 0
+        for prompt in held_out:
+            result = spec.engine.generate(prompt, GREEDY)
+            assert result.tokens == plain.engine.generate(prompt, GREEDY).tokens
+            total += sum(result.stats.accepted_per_position)
+        return total
+
+    with torch.no_grad():
+        trained, untrained = accepted(head), accepted(new_parallel_head(target))
+    assert trained > untrained and trained > 0
