@@ -66,9 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--plot", default="cost_curve.png", help="PNG to write (default: %(default)s)")
     add_bench_parser(sub)
     from foretell.train.commands import add_distill_parser, add_eval_draft_parser
+    from foretell.train.head_commands import add_train_parser
 
     add_distill_parser(sub)
     add_eval_draft_parser(sub)
+    add_train_parser(sub)
     return parser
 
 
@@ -242,11 +244,17 @@ def cmd_eval_draft(args) -> None:
     run(args)
 
 
+def cmd_train(args) -> None:
+    from foretell.train.head_commands import cmd_train as run
+
+    run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         {"generate": cmd_generate, "models": cmd_models, "cost": cmd_cost, "bench": cmd_bench,
-         "distill": cmd_distill, "eval-draft": cmd_eval_draft}[args.command](args)
+         "distill": cmd_distill, "eval-draft": cmd_eval_draft, "train": cmd_train}[args.command](args)
     except ForetellError as e:
         print(f"foretell: error: {e}", file=sys.stderr)
         return 2

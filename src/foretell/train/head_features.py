@@ -1,0 +1,121 @@
+"""The target's features for parallel-head training, extracted once: fused hidden states and top-k p.
+
+Per training token: the hidden states of the head's fuse_layers side by side (bf16, the head's
+input), and the target's top-k next-token log-probabilities with their ids (the soft targets,
+as teacher.py keeps them). Both come from one target forward per batch. The arrays are .npy
+memory maps (bounded RAM, readable at any row); meta.json counts the sequences written, so an
+interrupted pass continues where it stopped. Disk: N x T x (len(fuse_layers) x H x 2 + 8k) bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from foretell.errors import ForetellError
+from foretell.models.transformer import Transformer
+from foretell.train.data import TokenData
+from foretell.train.teacher import read_meta, write_meta
+
+ARRAYS = ("features", "logp", "ids")
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    top_k: int = 32  # target log-probs kept per token (the rest is one tail bucket in the KL)
+    batch_size: int = 4  # sequences per target forward
+    dtype: str = "float32"  # the target's dtype for this pass (bfloat16 is ~2x faster on bf16 CPUs)
+
+
+@dataclass
+class FeatureCache:
+    """features: [N, T, F] int16 holding bf16 bits (F = len(fuse_layers) * H); logp: [N, T, k]
+    float32 top-k log p, descending; ids: [N, T, k] int32 their token ids."""
+
+    features: np.ndarray
+    logp: np.ndarray
+    ids: np.ndarray
+
+    def sequence(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sequence i's features [T, F] bf16, top-k log p [T, k] and ids [T, k] long."""
+        features = torch.from_numpy(np.array(self.features[i])).view(torch.bfloat16)  # a copy: the map is read-only
+        return features, torch.from_numpy(np.array(self.logp[i])), torch.from_numpy(self.ids[i].astype(np.int64))
+
+    @classmethod
+    def open(cls, folder: Path) -> FeatureCache:
+        meta = read_meta(folder)
+        if meta is None or meta["done"] != meta["num_sequences"]:
+            raise ForetellError(f"feature cache in {folder} is missing or incomplete; rerun the command to finish it")
+        try:
+            return cls(*(np.load(folder / f"{name}.npy", mmap_mode="r") for name in ARRAYS))
+        except (OSError, ValueError) as e:
+            raise ForetellError(f"feature cache in {folder} is corrupt ({e}); delete the folder and rerun") from None
+
+
+@torch.no_grad()
+def extract_batch(target: Transformer, input_ids: torch.Tensor, fuse_layers: tuple[int, ...], k: int):
+    """Fused hidden states [B, T, F] bf16, top-k log p [B, T, k] float32 and their ids, from one forward."""
+    out = target.forward_sequences(input_ids.to(target.device), hidden_layers=fuse_layers)
+    features = torch.cat([out.hidden[layer] for layer in fuse_layers], dim=-1).to(torch.bfloat16)
+    logits = out.logits.float()
+    top, ids = logits.topk(k, dim=-1)
+    return features, top - torch.logsumexp(logits, dim=-1, keepdim=True), ids
+
+
+def cache_bytes(num_sequences: int, seq_len: int, feature_size: int, top_k: int) -> int:
+    return num_sequences * seq_len * (2 * feature_size + 8 * top_k)
+
+
+def cache_settings(data: TokenData, fuse_layers: tuple[int, ...], top_k: int, fingerprint: dict) -> dict:
+    """What a cache must have been made with to be reused (fingerprint: the target's weights and the data)."""
+    n, t = data.input_ids.shape
+    return {"num_sequences": n, "seq_len": t, "top_k": top_k, "fuse_layers": list(fuse_layers), "fingerprint": fingerprint}
+
+
+def open_if_complete(folder: Path, want: dict) -> FeatureCache | None:
+    meta = read_meta(folder)
+    if meta is None or meta["done"] != meta["num_sequences"] or {key: meta.get(key) for key in want} != want:
+        return None
+    return FeatureCache.open(folder)
+
+
+def build_feature_cache(target: Transformer, data: TokenData, fuse_layers: tuple[int, ...], folder: Path,
+                        cfg: FeatureConfig, fingerprint: dict) -> FeatureCache:
+    """Fill (or finish) the cache in `folder`; `fingerprint` names the target and data it belongs to."""
+    n, t = data.input_ids.shape
+    k = min(cfg.top_k, target.config.vocab_size)
+    f = len(fuse_layers) * target.config.hidden_size
+    want = cache_settings(data, fuse_layers, k, fingerprint)
+    meta = read_meta(folder)
+    if meta is not None and {key: meta.get(key) for key in want} != want:
+        raise ForetellError(f"feature cache in {folder} was made for another target, data or head; "
+                            "delete it or use another --out")
+    folder.mkdir(parents=True, exist_ok=True)
+    if meta is None:
+        for name, shape, dtype in (("features", (n, t, f), np.int16), ("logp", (n, t, k), np.float32),
+                                   ("ids", (n, t, k), np.int32)):
+            np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=dtype, shape=shape).flush()
+        meta = {**want, "done": 0}
+        write_meta(folder, meta)
+    if meta["done"] < n:
+        print(f"foretell train: target features for {n} sequences x {t} tokens "
+              f"({cache_bytes(n, t, f, k) / 2**30:.2f} GiB) -> {folder}")
+    arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r+") for name in ARRAYS}
+    target.eval()
+    with tqdm(total=n, initial=meta["done"], desc="target features", unit="seq") as bar:
+        for start in range(meta["done"], n, cfg.batch_size):
+            end = min(start + cfg.batch_size, n)
+            features, logp, ids = extract_batch(target, data.input_ids[start:end], fuse_layers, k)
+            arrays["features"][start:end] = features.cpu().view(torch.int16).numpy()
+            arrays["logp"][start:end] = logp.cpu().numpy()
+            arrays["ids"][start:end] = ids.cpu().numpy().astype(np.int32)
+            for a in arrays.values():
+                a.flush()
+            meta["done"] = end  # only after the rows are on disk
+            write_meta(folder, meta)
+            bar.update(end - start)
+    return FeatureCache.open(folder)

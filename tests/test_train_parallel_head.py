@@ -1,0 +1,249 @@
+"""`foretell train parallel-head` on tiny models: anchors, loss, resume, per-depth eval, loading, CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import make_hf_model, make_tokenizer, save_model_folder
+from foretell.api import load
+from foretell.cli import main
+from foretell.errors import ForetellError
+from foretell.models.loading import build_model
+from foretell.models.parallel_head import ParallelHeadConfig, load_parallel_head, new_parallel_head
+from foretell.train.data import DataConfig, TokenData
+from foretell.train.head_eval import depth_acceptance
+from foretell.train.head_features import FeatureCache
+from foretell.train.head_pipeline import HeadShape, ParallelHeadTrainConfig, run_parallel_head
+from foretell.train.head_train import HeadLossConfig, anchor_candidates, sample_anchors, valid_depths
+from foretell.train.trainer import TrainConfig
+from foretell.types import SamplingParams
+
+VOCAB = 48
+SEQ_LEN = 32
+
+
+def write_dataset(path: Path, rows: int, seed: int) -> Path:
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(rows):
+            q = [rng.randrange(3, VOCAB - 3) for _ in range(rng.randrange(2, 6))]
+            answer = " ".join(f"w{(i * 7) % 45}" for i in q + q[::-1])
+            f.write(json.dumps({"question": " ".join(f"w{i}" for i in q), "answer": answer}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train_head")
+    target = save_model_folder(root / "target", make_hf_model("llama", VOCAB, seed=0, layers=3), make_tokenizer(VOCAB))
+    return root, target, write_dataset(root / "train.jsonl", 48, 0), write_dataset(root / "test.jsonl", 12, 1)
+
+
+def config(setup, out: Path, **train) -> ParallelHeadTrainConfig:
+    root, target, data, held_out = setup
+    return ParallelHeadTrainConfig(
+        target=str(target), out=out, data=DataConfig(str(data), seq_len=SEQ_LEN), eval_data=str(held_out),
+        eval_sequences=0, shape=HeadShape(depth=4), loss=HeadLossConfig(anchors=8),
+        train=TrainConfig(**{"steps": 6, "batch_size": 4, "micro_batch_size": 1, "lr": 3e-3, "checkpoint_every": 2,
+                             **train}),
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(setup):
+    """One run of 40 steps, evaluated on the held-out file."""
+    root = setup[0]
+    cfg = replace(config(setup, root / "trained", steps=40, warmup_steps=4), eval_sequences=12)
+    return cfg, run_parallel_head(cfg)
+
+
+# --- anchors -------------------------------------------------------------------------------
+
+
+def test_anchors_and_valid_depths_by_hand():
+    mask = torch.tensor([False, False, True, True, True, False, False])  # tokens 3, 4, 5 are trained
+    assert anchor_candidates(mask).tolist() == [1, 2, 3]  # depth 1 of anchor a is token a + 2
+    assert valid_depths(mask, torch.tensor([1, 3]), 3).tolist() == [[True, True, True], [True, False, False]]
+    picked = sample_anchors(torch.ones(40, dtype=torch.bool), 5, seed=3)
+    assert picked.tolist() == sorted(set(picked.tolist())) and len(picked) == 5
+    assert torch.equal(picked, sample_anchors(torch.ones(40, dtype=torch.bool), 5, seed=3))
+
+
+# --- training ------------------------------------------------------------------------------
+
+
+def test_features_are_the_targets_hidden_states_and_distributions(trained):
+    cfg, _ = trained
+    cache = FeatureCache.open(cfg.out / "features")
+    data = TokenData.load(cfg.out / "data" / "train.safetensors")
+    target = build_model(Path(cfg.target), torch.float32)
+    layers = ParallelHeadConfig.for_target(target.config).fuse_layers
+    out = target.forward_sequences(data.input_ids[:2], hidden_layers=layers)
+    for i in range(2):
+        features, logp, ids = cache.sequence(i)
+        expected = torch.cat([out.hidden[layer][i] for layer in layers], -1)
+        torch.testing.assert_close(features.float(), expected, atol=0.05, rtol=0.01)  # bf16 storage
+        assert torch.equal(ids[:, 0], out.logits[i].argmax(-1))
+        torch.testing.assert_close(logp[:, 0], torch.log_softmax(out.logits[i], -1).max(-1).values)
+
+
+def test_loss_decreases(trained):
+    cfg, _ = trained
+    log = [json.loads(line) for line in (cfg.out / "train" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 41))
+    first, last = sum(r["loss"] for r in log[:5]) / 5, sum(r["loss"] for r in log[-5:]) / 5
+    assert last < 0.7 * first, (first, last)
+    assert (cfg.out / "train" / "loss.png").stat().st_size > 0
+
+
+def test_only_the_head_trains(trained):
+    cfg, head_dir = trained
+    target = build_model(Path(cfg.target), torch.float32)
+    reference = load_file(str(Path(cfg.target) / "model.safetensors"))
+    assert torch.equal(target.embed_tokens.weight, reference["model.embed_tokens.weight"])
+    saved = load_file(str(head_dir / "model.safetensors"))
+    assert {k.split(".")[0] for k in saved} == {"fuse", "mask_embedding", "layers", "norm"}
+    untrained = new_parallel_head(target, load_parallel_head(head_dir, target).config, seed=cfg.train.seed).state_dict()
+    assert all(not torch.equal(saved[k], untrained[k]) for k in ("fuse.weight", "mask_embedding"))
+
+
+def test_resumed_run_matches_an_uninterrupted_one(setup, tmp_path):
+    whole = run_parallel_head(config(setup, tmp_path / "whole"))
+    split_cfg = config(setup, tmp_path / "split")
+    run_parallel_head(replace(split_cfg, stop_after=3))
+    assert not (tmp_path / "split" / "head").exists()
+    split = run_parallel_head(split_cfg)
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(split / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    log = [json.loads(line) for line in (tmp_path / "split" / "train" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
+    # Other settings in the same folder are refused rather than mixed into the run.
+    with pytest.raises(ForetellError, match="other settings"):
+        run_parallel_head(config(setup, tmp_path / "split", lr=1e-2))
+
+
+# --- evaluation and use --------------------------------------------------------------------
+
+
+def test_per_depth_eval_is_in_range_and_beats_an_untrained_head(trained):
+    cfg, head_dir = trained
+    result = json.loads((cfg.out / "eval.json").read_text())
+    assert result["depth"] == [1, 2, 3, 4] and result["sequences"] == 12
+    for key in ("top1", "expected_acceptance", "chain_top1"):
+        assert len(result[key]) == 4 and all(0.0 <= v <= 1.0 for v in result[key])
+    assert all(c <= t + 1e-9 for c, t in zip(result["chain_top1"], result["top1"]))
+    assert all(n > 0 for n in result["anchors"])
+    target = build_model(Path(cfg.target), torch.float32)
+    data = TokenData.load(cfg.out / "data" / "train.safetensors")
+    data = TokenData(data.input_ids[:12], data.loss_mask[:12])
+    trained_eval = depth_acceptance(target, load_parallel_head(head_dir, target), data)
+    untrained_eval = depth_acceptance(target, new_parallel_head(target, load_parallel_head(head_dir, target).config), data)
+    assert trained_eval["top1"][0] > untrained_eval["top1"][0]
+    assert trained_eval["expected_acceptance"][0] > untrained_eval["expected_acceptance"][0]
+
+
+def test_trained_head_decodes_exactly_like_plain_greedy(trained):
+    cfg, head_dir = trained
+    spec = load(cfg.target, head=head_dir, warm_up=False)
+    plain = load(cfg.target, drafter="none", warm_up=False)
+    params = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    accepted = 0
+    for prompt in ([1, 5, 9, 12, 5, 9, 30], [1, 20, 21, 22, 23], [1, 7, 3]):
+        result = spec.engine.generate(prompt, params)
+        assert result.tokens == plain.engine.generate(prompt, params).tokens
+        accepted += sum(result.stats.accepted_per_position)
+    assert accepted > 0
+
+
+# --- command line --------------------------------------------------------------------------
+
+
+def test_cli_end_to_end(setup, tmp_path, capsys):
+    root, target, data, held_out = setup
+    out = tmp_path / "cli"
+    argv = ["train", "parallel-head", "--target", str(target), "--data", str(data), "--eval-data", str(held_out),
+            "--seq-len", str(SEQ_LEN), "--steps", "4", "--batch-size", "2", "--anchors", "4", "--depth", "2",
+            "--fuse-layers", "0,3", "--depth-decay", "0.5", "--topk-teacher", "8", "--eval-sequences", "4",
+            "--checkpoint-every", "2", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| depth |" in printed and f"head: {out / 'head'}" in printed
+    assert json.loads((out / "eval.json").read_text())["depth"] == [1, 2]
+    assert load_parallel_head(out / "head", build_model(target, torch.float32)).config.fuse_layers == (0, 3)
+    assert main(argv) == 0  # a finished run is skipped, and evaluated again
+    assert "already trained" in capsys.readouterr().out
+
+
+def test_cli_help_documents_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "parallel-head", "--help"])
+    text = capsys.readouterr().out
+    for option in ("--data", "--eval-data", "--depth", "--fuse-layers", "--anchors", "--depth-decay", "--steps",
+                   "--checkpoint-every", "--resume", "--out"):
+        assert option in text
+
+
+def test_cli_errors_are_one_line(setup, tmp_path, capsys):
+    root, target, data, _ = setup
+    base = ["train", "parallel-head", "--target", str(target), "--seq-len", str(SEQ_LEN), "--out", str(tmp_path / "e")]
+    cases = [
+        (["--data", str(tmp_path / "missing.jsonl")], "no data"),
+        (["--data", str(data), "--depth-decay", "1.5"], "--depth-decay must be in (0, 1]"),
+        (["--data", str(data), "--steps", "0"], "--steps must be >= 1"),
+        (["--data", str(data), "--fuse-layers", "1,x"], "comma-separated"),
+        (["--data", str(data), "--fuse-layers", "1,9", "--eval-sequences", "0"], "fuse_layers must be distinct"),
+        (["--data", str(data), "--lr", "-1"], "--lr must be > 0"),
+    ]
+    for extra, message in cases:
+        assert main(base + extra) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines[-1].startswith("foretell: error:") and message in lines[-1], lines
+
+
+def test_an_interrupted_feature_pass_continues_where_it_stopped(trained, tmp_path):
+    import shutil
+
+    import numpy as np
+
+    from foretell.train.head_features import FeatureConfig, build_feature_cache
+    from foretell.train.teacher import read_meta, write_meta
+
+    cfg, _ = trained
+    folder = tmp_path / "features"
+    shutil.copytree(cfg.out / "features", folder)
+    before = FeatureCache.open(folder)
+    expected = [before.sequence(i) for i in range(len(before.features))]
+    meta = read_meta(folder)
+    write_meta(folder, {**meta, "done": 8})  # as if stopped after 8 sequences, the rest never written
+    for name in ("features", "logp", "ids"):
+        array = np.load(folder / f"{name}.npy", mmap_mode="r+")
+        array[8:] = 0
+        array.flush()
+    target = build_model(Path(cfg.target), torch.float32)
+    layers = tuple(meta["fuse_layers"])
+    data = TokenData.load(cfg.out / "data" / "train.safetensors")
+    after = build_feature_cache(target, data, layers, folder, FeatureConfig(top_k=meta["top_k"]), meta["fingerprint"])
+    for i, rows in enumerate(expected):
+        assert all(torch.equal(a, b) for a, b in zip(rows, after.sequence(i)))
+    with pytest.raises(ForetellError, match="another target, data or head"):
+        build_feature_cache(target, data, layers[:1], folder, FeatureConfig(top_k=meta["top_k"]), meta["fingerprint"])
+
+
+def test_both_sources_give_half_the_sequences_each(monkeypatch):
+    from foretell.train import head_pipeline
+
+    def fake(cfg, tokenizer):
+        fill = {"gsm8k": 1, "sharegpt": 2}[cfg.source]
+        n = cfg.num_sequences
+        return TokenData(torch.full((n, cfg.seq_len), fill), torch.ones(n, cfg.seq_len, dtype=torch.bool))
+
+    monkeypatch.setattr(head_pipeline, "build_token_data", fake)
+    data = head_pipeline.token_data(DataConfig("both", "train", 6, 8), tokenizer=None)
+    assert data.input_ids[:, 0].tolist() == [1, 1, 1, 2, 2, 2]
