@@ -12,19 +12,21 @@ from foretell.budget import HardwareAwareLength, cost_curve
 from foretell.drafters.base import Drafter
 from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+from foretell.drafters.hidden_tree import HiddenStateDrafter, HiddenStateOptions
 from foretell.drafters.length_policy import DraftLengthPolicy, make_length_policy
 from foretell.drafters.parallel_tree import HeadTreeShape, ParallelHeadDrafter
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.engine import Chunk, Engine, GenerationResult
 from foretell.errors import ForetellError
 from foretell.hot_vocab import HotVocab, default_hot_vocab
+from foretell.models.hidden_draft import load_hidden_draft
 from foretell.models.loading import LoadedModel, load_model
 from foretell.models.parallel_head import load_parallel_head
 from foretell.models.quant import apply_quant, resolve_quant
 from foretell.text import encode_prompt, stop_token_ids
 from foretell.types import SamplingParams
 
-DRAFTERS = ("none", "draft-model", "draft-tree", "prompt-lookup", "parallel-head")
+DRAFTERS = ("none", "draft-model", "draft-tree", "prompt-lookup", "parallel-head", "hidden-state")
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
@@ -97,6 +99,8 @@ def load(
     cache_dir: Path | None = None,
     head: str | Path | None = None,
     head_tree: HeadTreeShape | None = None,
+    hidden_draft: str | Path | None = None,
+    hidden_options: HiddenStateOptions | None = None,
 ) -> Pipeline:
     """Load a target and a drafter: none | draft-model | draft-tree (both need `draft`) | prompt-lookup
     | parallel-head (needs `head`).
@@ -111,14 +115,22 @@ def load(
     `warm_up` runs a few throw-away forwards so the first generation is not the slow one.
     `head` is a saved parallel head folder for the parallel-head drafter (the default drafter
     when it is given), `head_tree` its tree budget (default 16 nodes, depth 4, width 3).
+    `hidden_draft` is a saved hidden-state draft folder for the hidden-state drafter (seed 000;
+    the default drafter when it is given), `hidden_options` its tree and ablation switches.
     """
-    drafter = drafter or ("draft-model" if draft else "parallel-head" if head else "prompt-lookup")
+    drafter = drafter or (
+        "draft-model" if draft else "parallel-head" if head else "hidden-state" if hidden_draft else "prompt-lookup"
+    )
     if drafter not in DRAFTERS:
         raise ForetellError(f"unknown drafter {drafter!r}; use one of {', '.join(DRAFTERS)}")
     if drafter in ("draft-model", "draft-tree") and not draft:
         raise ForetellError(f"the {drafter} drafter needs a draft model: pass draft=... (CLI: --draft)")
     if (drafter == "parallel-head") != (head is not None):
         raise ForetellError("the parallel-head drafter needs head=PATH (CLI: --head), and head is only for that drafter")
+    if (drafter == "hidden-state") != (hidden_draft is not None):
+        raise ForetellError(
+            "the hidden-state drafter needs hidden_draft=PATH (CLI: --hidden-draft), and hidden_draft is only for that drafter"
+        )
     if not 1 <= gamma <= 16:
         raise ForetellError(f"gamma (draft length) must be between 1 and 16, got {gamma}")
     tgt = load_model(target, dtype, device, cache_dir)
@@ -143,10 +155,13 @@ def load(
     elif drafter == "parallel-head":
         hot = draft_hot_vocab(tgt, tgt, hot_vocab, cache_dir)  # the head shares the target's output layer
         the_drafter = ParallelHeadDrafter(load_parallel_head(head, tgt.model, hot), head_tree or HeadTreeShape())
+    elif drafter == "hidden-state":
+        hot = draft_hot_vocab(tgt, tgt, hot_vocab, cache_dir)  # the draft shares the target's output layer
+        the_drafter = HiddenStateDrafter(load_hidden_draft(hidden_draft, tgt.model, hot), hidden_options or HiddenStateOptions())
     if (auto_budget or draft_quant not in ("none", "auto")) and drafter not in ("draft-model", "draft-tree"):
         raise ForetellError("auto_budget and draft_quant need a draft-model or draft-tree drafter")
-    if hot_vocab and drafter not in ("draft-model", "draft-tree", "parallel-head"):
-        raise ForetellError("hot_vocab needs a draft-model, draft-tree or parallel-head drafter")
+    if hot_vocab and drafter not in ("draft-model", "draft-tree", "parallel-head", "hidden-state"):
+        raise ForetellError("hot_vocab needs a draft-model, draft-tree, parallel-head or hidden-state drafter")
     engine = Engine(
         target=tgt.model,
         tokenizer=tgt.tokenizer,

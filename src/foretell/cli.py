@@ -15,8 +15,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="target: preset name, .gguf file or HF folder (default: %(default)s)")
     p.add_argument("--draft", help="draft model for --drafter draft-model: preset, .gguf file or HF folder")
     p.add_argument("--drafter", choices=DRAFTERS,
-                   help="default: draft-model if --draft is given, parallel-head if --head is, else prompt-lookup")
+                   help="default: draft-model if --draft is given, parallel-head if --head is, "
+                        "hidden-state if --hidden-draft is, else prompt-lookup")
     p.add_argument("--head", help="a saved parallel draft head folder, for --drafter parallel-head")
+    p.add_argument("--hidden-draft", help="a saved hidden-state draft folder, for --drafter hidden-state")
     p.add_argument("--gamma", type=int, default=4, help="draft tokens per step (the base for adaptive policies)")
     p.add_argument(
         "--length-policy", default="fixed", choices=("fixed", "rejection-rate", "additive"),
@@ -147,7 +149,7 @@ def cmd_generate(args) -> None:
         args.model, draft=args.draft, drafter=args.drafter, dtype=args.dtype, device=args.device,
         gamma=args.gamma, length_policy=args.length_policy, tree=tree_shape(args),
         auto_budget=args.auto_budget, hot_vocab=args.hot_vocab,
-        draft_quant=args.draft_quant, head=args.head,
+        draft_quant=args.draft_quant, head=args.head, hidden_draft=args.hidden_draft,
     )
     drafter = pipe.engine.drafter.name if pipe.engine.drafter else "none"
     result = None

@@ -1,0 +1,363 @@
+"""The hidden-state drafter (seed 000): token-info tree sampling, resampling and fusion.
+
+One chain of draft steps serves the whole tree. The draft (models/hidden_draft.py) sees the
+target's final-normed hidden states of the committed tokens (engine hook), predicts the state
+of the last committed token (the root), then keeps predicting from its own predictions:
+`depth` steps give logits L_1..L_depth for depths 1..depth, independent of any token.
+Tokens enter only here: the children of a node holding token t at depth d come from
+softmax(L_{d+1} + E(t)) (the root is depth 0). The tree is grown best first: every node offers
+its top-`width` children, and the `max_nodes` nodes of highest cumulative log-probability are
+kept (that set is closed under ancestors, so the tree "follows the most probable path in depth").
+
+Resampling: after the verification, the committed tokens tell which path was accepted (a
+nodes) and which token b the target supplied at depth a + 1. The logits L_{a+2}.. of the last
+chain are still valid predictions for the positions after b (they never depended on tokens),
+so a subtree below b comes from them plus E(b) without any draft forward. It is built only
+when triggered (`resample_when` / `resample_threshold`) and spans at most `resample_depth` levels.
+
+Fusion: the resampled subtree hangs below the new root b, exactly where the next regular tree
+hangs, so the next proposal merges both into one tree (a trie: shared prefixes once, siblings
+distinct) and prunes it to `max_nodes` by score. The target verifies them in its one pass.
+Without fusion the resampled subtree is proposed alone (a verification pass with no draft
+forward) and the regular tree follows at the step after.
+
+Children are chosen deterministically (top-k, pruning), so proposals carry no q rows: the tree
+verifier treats them as point masses (the EAGLE rule), lossless for greedy and sampled decoding.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from foretell.drafters.base import empty_proposal
+from foretell.errors import ForetellError
+from foretell.models.hidden_draft import HiddenDraft
+from foretell.models.token_info import TokenInfoTable
+from foretell.sampling import processed_probs
+from foretell.types import Proposal, SamplingParams
+
+RESAMPLE_TRIGGERS = ("unsure", "plausible", "always")
+
+
+@dataclass(frozen=True)
+class HiddenStateOptions:
+    """Tree shape (defaults from the seed: depth 5, branching 3) and the ablation switches."""
+
+    depth: int = 5  # draft steps per regular proposal = maximum tree depth
+    width: int = 3  # children offered per node (top-k)
+    max_nodes: int = 24  # the verification budget (nodes, root excluded)
+    token_info: bool = True  # add E(node token) to the children's logits
+    resample: bool = True  # build a subtree from the last chain's logits after a rejection
+    fuse: bool = True  # verify it with the next regular tree in one pass (else alone, first)
+    resample_depth: int = 3  # levels of a resampled subtree (the seed: 3-5)
+    # Trigger, on the draft's distribution at the rejected position (the children of the last
+    # accepted node): "unsure" = its top probability < threshold (the draft had no clear
+    # favourite there, so the target's token carries the most news); "plausible" = it gave the
+    # target's token >= threshold; "always".
+    resample_when: str = "unsure"
+    resample_threshold: float = 0.2
+    token_info_cache: int = 0  # precompute E for this many output tokens (0 = compute per node)
+
+    def __post_init__(self):
+        if min(self.depth, self.width, self.max_nodes, self.resample_depth) < 1:
+            raise ForetellError(
+                "hidden-state tree depth, width, max_nodes and resample_depth must be >= 1, got "
+                f"{self.depth}, {self.width}, {self.max_nodes}, {self.resample_depth}"
+            )
+        if self.resample_when not in RESAMPLE_TRIGGERS:
+            raise ForetellError(f"resample_when must be one of {', '.join(RESAMPLE_TRIGGERS)}, got {self.resample_when!r}")
+        if not 0.0 <= self.resample_threshold <= 1.0:
+            raise ForetellError(f"resample_threshold must be in [0, 1], got {self.resample_threshold}")
+        if self.token_info_cache < 0:
+            raise ForetellError(f"token_info_cache must be >= 0, got {self.token_info_cache}")
+
+
+Tree = tuple[list[int], list[int], list[float]]  # tokens, parents, cumulative log-probabilities
+
+
+def grow_info_tree(
+    child_probs: Callable[[int, int], torch.Tensor], num_levels: int, root_token: int, max_nodes: int, width: int,
+    out_ids: list[int] | None = None,
+) -> Tree:
+    """The best-first tree below `root_token`.
+
+    child_probs(level, token) -> [V_out] probabilities of the children (at depth level + 1) of a
+    node holding `token` at depth `level`; out_ids maps output columns to token ids (hot vocab).
+    Nodes come out in non-increasing score order, parents first, so the first max_nodes are the
+    best nodes of the full width-ary tree. A node's children are computed only when its own
+    score comes up in the queue (an upper bound on theirs), so nodes past the budget cost nothing.
+    Zero-probability children (cut by top-k / top-p) are never proposed.
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    scores: list[float] = []
+    if num_levels < 1:
+        return tokens, parents, scores
+    EXPAND, ADD = 0, 1
+    heap: list[tuple] = [(0.0, 0, EXPAND, (-1, root_token, 0))]  # (-score, order, kind, payload)
+    order = 1  # unique: ties pop first-pushed first, and payloads are never compared
+    while heap and len(tokens) < max_nodes:
+        neg, _, kind, payload = heapq.heappop(heap)
+        if kind == ADD:
+            token, parent, level = payload
+            tokens.append(token)
+            parents.append(parent)
+            scores.append(-neg)
+            if level < num_levels:  # expand later, when its score (>= its children's) comes up
+                heapq.heappush(heap, (neg, order, EXPAND, (len(tokens) - 1, token, level)))
+                order += 1
+            continue
+        node, token, level = payload
+        q = child_probs(level, token)
+        top = torch.topk(q.float(), min(width, q.shape[-1]))
+        for value, column in zip(top.values.tolist(), top.indices.tolist()):
+            if value <= 0.0:
+                break
+            child = out_ids[column] if out_ids is not None else column
+            heapq.heappush(heap, (neg - math.log(value), order, ADD, (child, node, level + 1)))
+            order += 1
+    return tokens, parents, scores
+
+
+def merge_trees(trees: list[Tree], max_nodes: int) -> tuple[list[int], list[int], list[float], list[int]]:
+    """Union of trees under one root as a trie, pruned to the max_nodes best nodes.
+
+    A node on several trees keeps its best score. Returns tokens, parents, scores and, per
+    node, a bit mask of the trees that held it. Every tree's child scores <= its parent's, so
+    ranking by (score desc, depth) keeps the selection closed under ancestors.
+    """
+    index: dict[tuple[int, int], int] = {}
+    tokens: list[int] = []
+    parents: list[int] = []
+    scores: list[float] = []
+    sources: list[int] = []
+    level: list[int] = []
+    for s, (tree_tokens, tree_parents, tree_scores) in enumerate(trees):
+        local: list[int] = []
+        for token, parent, score in zip(tree_tokens, tree_parents, tree_scores):
+            key = (local[parent] if parent >= 0 else -1, token)
+            i = index.get(key)
+            if i is None:
+                i = index[key] = len(tokens)
+                tokens.append(token)
+                parents.append(key[0])
+                scores.append(score)
+                sources.append(0)
+                level.append(1 if key[0] < 0 else level[key[0]] + 1)
+            scores[i] = max(scores[i], score)
+            sources[i] |= 1 << s
+            local.append(i)
+    keep = sorted(range(len(tokens)), key=lambda i: (-scores[i], level[i], i))[:max_nodes]
+    new = {old: n for n, old in enumerate(keep)}
+    return (
+        [tokens[i] for i in keep],
+        [new[parents[i]] if parents[i] >= 0 else -1 for i in keep],
+        [scores[i] for i in keep],
+        [sources[i] for i in keep],
+    )
+
+
+def follow(tokens: list[int], parents: list[int], path_tokens: list[int]) -> list[int]:
+    """Nodes of the tree matching a prefix of path_tokens from the root (siblings are distinct)."""
+    child = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
+    path: list[int] = []
+    node = -1
+    for token in path_tokens:
+        node = child.get((node, token), -2)
+        if node == -2:
+            break
+        path.append(node)
+    return path
+
+
+@dataclass
+class _Chain:
+    """The last regular proposal: its chain's logits and the tree it proposed, kept for resampling."""
+
+    root_len: int  # len(tokens) when proposed: the root was tokens[root_len - 1]
+    root_token: int
+    logits: torch.Tensor  # [depth, V_out]: row d - 1 = depth-d logits
+    tokens: list[int]
+    parents: list[int]
+
+
+@dataclass
+class HiddenStateStats:
+    """Counters for reports and ablations (reset by start)."""
+
+    chains: int = 0  # regular proposals (each `depth` draft steps)
+    resampled_subtrees: int = 0
+    resampled_nodes: int = 0  # nodes of resampled subtrees that made it into a proposal
+    accepted_resampled_only: int = 0  # accepted nodes that only a resampled subtree had proposed
+    resample_seconds: float = 0.0
+
+
+class HiddenStateDrafter:
+    name = "hidden-state"
+    sizes_itself = True  # its options set depth and size, not the engine's length policy
+
+    def __init__(self, draft: HiddenDraft, options: HiddenStateOptions = HiddenStateOptions()):
+        self.draft = draft
+        self.options = options
+        self.max_nodes = options.max_nodes
+        self.target_layers = (draft.target_layer,)  # the engine hands us these rows after each commit
+        self.cache = None
+        self.params = SamplingParams()
+        self.stats = HiddenStateStats()
+        ids = draft.output_ids
+        self._out_ids = ids.tolist() if ids is not None else None
+        self._pending: list[torch.Tensor] = []  # target rows observed, not yet fed to the draft
+        self._observed = 0  # rows observed this generation = tokens in the target's cache
+        self._chain: _Chain | None = None  # the last regular proposal, for resampling
+        self._last: tuple[int, list[int], list[int], list[bool]] | None = None  # root_len, tokens, parents, resampled-only
+        self._info_memo: dict[int, torch.Tensor] = {}
+        self.info_table: TokenInfoTable | None = None
+        if options.token_info and options.token_info_cache and draft.token_info is not None:
+            columns = self._out_ids if self._out_ids is not None else range(draft.config.vocab_size)
+            chosen = list(columns)[: options.token_info_cache]
+            with torch.inference_mode():
+                self.info_table = TokenInfoTable.build(chosen, lambda t: draft.info(torch.tensor(t, dtype=torch.long)))
+
+    def start(self, prompt_ids, capacity: int, params: SamplingParams, generator) -> None:
+        need = capacity + self.options.depth  # room for the chain's own predictions past the context
+        if self.cache is None or self.cache.capacity < need:
+            self.cache = self.draft.new_cache(need)
+        self.cache.truncate(0)
+        self.params = params
+        self.stats = HiddenStateStats()
+        self._pending, self._observed = [], 0
+        self._chain = self._last = None
+
+    def observe(self, hidden: dict[int, torch.Tensor]) -> None:
+        layer = self.draft.target_layer
+        if layer not in hidden:
+            raise ForetellError(f"the hidden-state draft needs target hidden layer {layer}, which was not provided")
+        self._pending.append(hidden[layer])
+        self._observed += hidden[layer].shape[0]
+
+    def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
+        """max_tokens caps the tree's depth (tokens left to generate)."""
+        if self._observed != len(tokens) - 1:
+            raise RuntimeError(
+                f"the hidden-state draft saw {self._observed} target rows for {len(tokens) - 1} committed tokens; "
+                "the engine must hand over every committed row (observe) before propose"
+            )
+        self._info_memo = {}
+        self._account(tokens)
+        depth = min(self.options.depth, max_tokens)
+        if depth <= 0:
+            return empty_proposal()
+        resampled = self._resample(tokens, depth) if self.options.resample else None
+        self._chain = None
+        if resampled is not None and (not self.options.fuse or not self._pending):
+            return self._proposal(len(tokens), [resampled], only_resampled=True)
+        if not self._pending:  # a one-token prompt: no target rows yet
+            return empty_proposal()
+        logits = self._run_chain(depth)
+        root = tokens[-1]
+        regular = grow_info_tree(
+            lambda level, token: self._child_probs(logits[level], token), depth, root,
+            self.options.max_nodes, self.options.width, self._out_ids,
+        )
+        self.stats.chains += 1
+        trees = [regular] if resampled is None else [regular, resampled]
+        proposal = self._proposal(len(tokens), trees)
+        self._chain = _Chain(len(tokens), root, logits, self._last[1], self._last[2])
+        return proposal
+
+    # --- pieces --------------------------------------------------------------------------
+
+    def _run_chain(self, depth: int) -> torch.Tensor:
+        """Feed the pending target rows, then `depth - 1` own predictions: [depth, V_out] logits."""
+        rows = torch.cat(self._pending)
+        self._pending = []
+        context = self.cache.length + rows.shape[0]
+        predicted = [self.draft.step(rows, self.cache)[-1:]]  # the root's state, from the context
+        self.cache.commit_prefix(rows.shape[0])
+        for _ in range(depth - 1):
+            predicted.append(self.draft.step(predicted[-1], self.cache))
+            self.cache.commit_prefix(1)
+        self.cache.truncate(context)  # keep target rows only; predictions are overwritten next time
+        return self.draft.logits(torch.cat(predicted))
+
+    def _info(self, token: int) -> torch.Tensor | None:
+        if not self.options.token_info or self.draft.token_info is None:
+            return None
+        row = self._info_memo.get(token)
+        if row is None:
+            row = self.info_table.get(token) if self.info_table is not None else None
+            if row is None:
+                row = self.draft.info(torch.tensor([token], dtype=torch.long))[0]
+            self._info_memo[token] = row
+        return row
+
+    def _child_probs(self, level_logits: torch.Tensor, token: int) -> torch.Tensor:
+        info = self._info(token)
+        logits = level_logits if info is None else level_logits + info
+        # Rank under the user's temperature / top-k / top-p; greedy ranks by softmax.
+        params = self.params if not self.params.greedy else SamplingParams(temperature=1.0)
+        return processed_probs(logits, params)
+
+    def _resample(self, tokens: list[int], depth: int) -> tuple[list[int], list[int], list[float]] | None:
+        """A subtree below the new root from the last chain's cached logits (no draft forward), or None."""
+        chain = self._chain
+        if chain is None:
+            return None
+        t0 = time.perf_counter()
+        new = tokens[chain.root_len :]  # the accepted path, then the target's token b
+        path = follow(chain.tokens, chain.parents, new)
+        a = len(path)
+        levels = min(self.options.resample_depth, chain.logits.shape[0] - (a + 1), depth)
+        if a != len(new) - 1 or levels < 1:
+            return None
+        b = new[-1]
+        parent_token = chain.root_token if a == 0 else new[a - 1]
+        if not self._triggered(self._child_probs(chain.logits[a], parent_token), b):
+            return None
+        cached = chain.logits[a + 1 :]
+        tree = grow_info_tree(
+            lambda level, token: self._child_probs(cached[level], token), levels, b,
+            self.options.max_nodes, self.options.width, self._out_ids,
+        )
+        self.stats.resampled_subtrees += 1
+        self.stats.resample_seconds += time.perf_counter() - t0
+        return tree if tree[0] else None
+
+    def _triggered(self, q: torch.Tensor, bonus: int) -> bool:
+        """q: the draft's distribution at the rejected position (over output columns)."""
+        when, threshold = self.options.resample_when, self.options.resample_threshold
+        if when == "always":
+            return True
+        if when == "unsure":
+            return float(q.max()) < threshold
+        column = bonus if self._out_ids is None else self._column(bonus)
+        return column is not None and float(q[column]) >= threshold
+
+    def _column(self, token: int) -> int | None:
+        i = bisect.bisect_left(self._out_ids, token)  # hot ids are sorted
+        return i if i < len(self._out_ids) and self._out_ids[i] == token else None
+
+    def _proposal(self, root_len: int, trees: list, only_resampled: bool = False) -> Proposal:
+        tokens, parents, _, sources = merge_trees(trees, self.options.max_nodes)
+        resampled_only = [only_resampled or s == 0b10 for s in sources]
+        self.stats.resampled_nodes += sum(s & 0b10 > 0 or only_resampled for s in sources)
+        self._last = (root_len, tokens, parents, resampled_only)
+        if not tokens:
+            return empty_proposal()
+        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long))
+
+    def _account(self, tokens: list[int]) -> None:
+        """Count accepted nodes of the last proposal that only a resampled subtree had proposed."""
+        if self._last is None:
+            return
+        root_len, last_tokens, last_parents, resampled_only = self._last
+        path = follow(last_tokens, last_parents, tokens[root_len:])
+        self.stats.accepted_resampled_only += sum(resampled_only[i] for i in path)
+        self._last = None

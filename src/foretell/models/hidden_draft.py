@@ -1,0 +1,323 @@
+"""The hidden-state draft model (seed 000): one decoder layer autoregressing on hidden states.
+
+Its inputs and outputs live in one space: the target's *final-normed* last-layer hidden states
+(hook layer L = num_layers, the rows the target's output layer reads). We chose the normed
+states over the pre-norm residual stream because (a) the engine's hook already hands them
+over, (b) their scale is fixed by the norm, so feeding the draft's own predictions back is
+well conditioned, and (c) logits are then just the frozen output layer applied to them.
+
+Row i of the draft's input is the hidden state at position i; its output, after the draft's
+own RMSNorm (initialised to the target's final norm weight), predicts the hidden state at
+position i + 1. Drafting continues from its own predictions, so no token ever enters the
+draft: a token only shapes the *sampling*, through token-info E(t) (token_info.py).
+
+The draft keeps its own KV cache over target rows only; the caller commits those, and rows of
+its own predictions are written past them and forgotten (truncate) after each chain.
+The target's embedding (for E) and output layer are shared (frozen, not copied, not saved).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from foretell.errors import ForetellError
+from foretell.hot_vocab import HotVocab
+from foretell.kv_cache import KVCache
+from foretell.models.config import ModelConfig
+from foretell.models.token_info import TokenInfo
+from foretell.models.transformer import DecoderLayer, RMSNorm, Transformer, rope_tables
+
+FORMAT = "foretell-hidden-draft"
+FORMAT_VERSION = 1
+CONFIG_FILE = "hidden_draft.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class HiddenDraftConfig:
+    hidden_size: int  # the target's: the draft reads and predicts its hidden states
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    target_num_layers: int  # the draft reads hook layer target_num_layers (the final-normed states)
+    token_info_rank: int = 256  # r of W_1 [H, r], W_2 [r, V]; 0 = no token-info weights
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    attention_bias: bool = False
+
+    def __post_init__(self):
+        if self.token_info_rank < 0:
+            raise ForetellError(f"token_info_rank must be >= 0 (0 = no token-info), got {self.token_info_rank}")
+
+    @classmethod
+    def for_target(cls, target: ModelConfig, token_info_rank: int = 256) -> "HiddenDraftConfig":
+        """Sizes taken from the target (hidden size, heads, MLP width, RoPE)."""
+        return cls(
+            hidden_size=target.hidden_size,
+            num_attention_heads=target.num_attention_heads,
+            num_key_value_heads=target.num_key_value_heads,
+            head_dim=target.head_dim,
+            intermediate_size=target.intermediate_size,
+            vocab_size=target.vocab_size,
+            target_num_layers=target.num_hidden_layers,
+            token_info_rank=token_info_rank,
+            rms_norm_eps=target.rms_norm_eps,
+            rope_theta=target.rope_theta,
+            attention_bias=target.attention_bias,
+        )
+
+    def layer_config(self) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=1, num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta, attention_bias=self.attention_bias,
+        )
+
+    def check_target(self, target: ModelConfig) -> None:
+        mine = (self.hidden_size, self.vocab_size, self.target_num_layers)
+        theirs = (target.hidden_size, target.vocab_size, target.num_hidden_layers)
+        if mine != theirs:
+            raise ForetellError(
+                f"this hidden-state draft was built for a target with hidden size {mine[0]}, vocabulary {mine[1]} and "
+                f"{mine[2]} layers, but the target has {theirs[0]}, {theirs[1]} and {theirs[2]}; "
+                "use a hidden-state draft trained for this target"
+            )
+
+
+@dataclass(frozen=True)
+class SharedParts:
+    """The target's modules the draft uses. A plain dataclass, so nn.Module neither registers
+    nor saves them: they stay the target's (frozen) weights."""
+
+    embed_tokens: nn.Embedding  # W_E of token-info
+    lm_head: nn.Module  # the full output layer, or its hot-vocabulary rows
+    hot: HotVocab | None = None
+
+
+class HiddenDraft(nn.Module):
+    def __init__(self, config: HiddenDraftConfig, target: Transformer, hot: HotVocab | None = None):
+        super().__init__()
+        config.check_target(target.config)
+        self.config = config
+        self.layer = DecoderLayer(config.layer_config())
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        r = config.token_info_rank
+        self.token_info = TokenInfo(config.hidden_size, r, config.vocab_size) if r > 0 else None
+        # Cutting the hot rows builds an nn.Linear, whose init draws from the RNG; keep the
+        # stream untouched so a seed gives the same weights with or without a hot vocabulary.
+        with torch.random.fork_rng(devices=[]):
+            lm_head = hot.head(target.lm_head) if hot is not None else target.lm_head
+        self.shared = SharedParts(target.embed_tokens, lm_head, hot)
+        self._rope_len = 0
+        self._cos = self._sin = None
+        self.to(dtype=target.dtype, device=target.device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    @property
+    def target_layer(self) -> int:
+        """The hook layer the draft reads: the target's final-normed hidden states."""
+        return self.config.target_num_layers
+
+    @property
+    def output_ids(self) -> torch.Tensor | None:
+        """Full-vocabulary id of each output column (the hot ids), or None when columns are ids."""
+        return self.shared.hot.ids if self.shared.hot is not None else None
+
+    def new_cache(self, capacity: int) -> KVCache:
+        c = self.config
+        return KVCache(1, c.num_key_value_heads, c.head_dim, capacity, self.dtype, self.device)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        need = int(positions.max()) + 1
+        if need > self._rope_len:
+            length = max(need, 2 * self._rope_len, 256)
+            self._cos, self._sin = rope_tables(self.config.head_dim, self.config.rope_theta, length, self.device)
+            self._rope_len = length
+        return self._cos[positions].to(self.dtype)[None, None], self._sin[positions].to(self.dtype)[None, None]
+
+    def _layer(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, mask) -> torch.Tensor:
+        cos, sin = self._rope(positions)
+        return self.norm(self.layer(x, cos, sin, cache, 0, mask))
+
+    def step(self, hidden: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Feed T >= 1 hidden rows [T, H] at positions cache.length ..; return [T, H] predictions.
+
+        Output row i predicts the (final-normed) hidden state one position after input row i.
+        Writes T cache slots without committing them (the caller commits or truncates).
+        """
+        T, start = hidden.shape[0], cache.length
+        if T < 1:
+            raise ValueError("the hidden-state draft needs at least one row per step")
+        cache.check_room(T)
+        positions = torch.arange(start, start + T, device=self.device)
+        mask = None  # one row sees the whole cache
+        if T > 1:
+            causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
+            mask = torch.cat([torch.ones(T, start, dtype=torch.bool, device=self.device), causal], dim=1)[None, None]
+        return self._layer(hidden.to(self.dtype)[None], positions, cache, mask)[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] predicted states -> [..., V_out] float32 logits (V_out: hot ids, or the vocabulary)."""
+        return self.shared.lm_head(hidden.to(self.dtype)).float()
+
+    def info(self, tokens: torch.Tensor) -> torch.Tensor:
+        """E(t) for [n] token ids (full-vocabulary ids) -> [n, V_out] float32; zeros without token-info."""
+        n = tokens.shape[0]
+        if self.token_info is None:
+            width = self.shared.hot.size if self.shared.hot is not None else self.config.vocab_size
+            return torch.zeros(n, width, device=self.device)
+        embedded = self.shared.embed_tokens(tokens.to(self.device)).detach()  # W_E is frozen
+        if self.shared.hot is not None:
+            return self.token_info.hot_forward(embedded, self.shared.hot.ids)
+        return self.token_info(embedded)
+
+    def forward_training(self, hidden: torch.Tensor, steps: int) -> torch.Tensor:
+        """Unroll `steps` draft steps from every position of whole sequences (cache-free, for training).
+
+        hidden: [B, T, H] target final-normed states of positions 0..T-1. Returns [B, T, steps, H]:
+        [b, t, j] is the draft's prediction of the state at position t + j + 1 after seeing the
+        target's rows 0..t and then its own j previous predictions, exactly what inference gives
+        (compare with the rows [t + j + 1] of `hidden` where they exist). Step j recomputes the
+        blocks before it (one layer, so this costs steps^2 / 2 layer passes; fine for k <= 5).
+        """
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        B, T, _ = hidden.shape
+        blocks = [hidden.to(self.dtype)]
+        preds = []
+        for j in range(steps):
+            positions, mask = unrolled_layout(T, j + 1, self.device)
+            out = self._layer(torch.cat(blocks, dim=1), positions, None, mask[None, None])
+            pred = out[:, j * T :]
+            preds.append(pred)
+            blocks.append(pred)
+        return torch.stack(preds, dim=2)
+
+
+def unrolled_layout(num_context: int, num_blocks: int, device: torch.device | str = "cpu"):
+    """Positions [S] and mask [S, S] bool (S = num_blocks * T) for forward_training.
+
+    Block 0 holds the target rows 0..T-1 (causal). Block j >= 1, row t, is the draft's j-th own
+    prediction from anchor t, at position t + j: it sees target rows 0..t and rows t of blocks
+    1..j, as at inference.
+    """
+    T = num_context
+    S = num_blocks * T
+    eye = torch.eye(T, dtype=torch.bool, device=device)
+    mask = torch.zeros(S, S, dtype=torch.bool, device=device)
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    positions = []
+    for j in range(num_blocks):
+        rows = slice(j * T, (j + 1) * T)
+        mask[rows, :T] = causal
+        for i in range(1, j + 1):
+            mask[rows, i * T : (i + 1) * T] = eye
+        positions.append(torch.arange(T, device=device) + j)
+    return torch.cat(positions), mask
+
+
+def new_hidden_draft(
+    target: Transformer,
+    config: HiddenDraftConfig | None = None,
+    seed: int = 0,
+    hot: HotVocab | None = None,
+    init_from_layer: int | None = None,
+) -> HiddenDraft:
+    """An untrained draft for `target` (tests, and training's start).
+
+    init_from_layer: copy that target decoder layer's weights (0-based; the seed suggests a
+    middle one, e.g. num_layers // 2) instead of a random initialisation. The output norm
+    starts as the target's final norm either way, so predictions begin on the right scale.
+    """
+    config = config or HiddenDraftConfig.for_target(target.config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        draft = HiddenDraft(config, target, hot)
+        if draft.token_info is not None:  # small W_1 so that E starts near 0 once W_2 moves
+            nn.init.normal_(draft.token_info.down.weight, 0.0, config.hidden_size**-0.5)
+    with torch.no_grad():
+        draft.norm.weight.copy_(target.norm.weight)
+        if init_from_layer is not None:
+            if not 0 <= init_from_layer < len(target.layers):
+                raise ForetellError(
+                    f"init_from_layer must be a target layer in 0..{len(target.layers) - 1}, got {init_from_layer}"
+                )
+            draft.layer.load_state_dict(target.layers[init_from_layer].state_dict())
+    return draft
+
+
+def save_hidden_draft(draft: HiddenDraft, folder: str | Path) -> Path:
+    """Write `hidden_draft.json` (format and config) and `model.safetensors` (the draft's own weights)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT, "version": FORMAT_VERSION, "config": asdict(draft.config)}
+    (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    save_file({k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()}, str(folder / WEIGHTS_FILE))
+    return folder
+
+
+def read_hidden_draft_config(folder: Path) -> HiddenDraftConfig:
+    path = folder / CONFIG_FILE
+    if not folder.is_dir():
+        raise ForetellError(f"no hidden-state draft folder at {folder}: expected a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
+    if not path.is_file():
+        raise ForetellError(f"{folder} has no {CONFIG_FILE}: it is not a saved hidden-state draft")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ForetellError(f"{path} is not valid JSON ({e}); save the hidden-state draft again") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+        raise ForetellError(f"{path} is not a {FORMAT} v{FORMAT_VERSION} file; save the draft again with this foretell")
+    raw = meta.get("config")
+    names = {f.name for f in fields(HiddenDraftConfig)}
+    if not isinstance(raw, dict) or set(raw) - names:
+        raise ForetellError(f"{path} has an unreadable config; save the hidden-state draft again")
+    try:
+        return HiddenDraftConfig(**raw)
+    except TypeError as e:
+        raise ForetellError(f"{path} has an incomplete config ({e}); save the hidden-state draft again") from None
+
+
+def load_hidden_draft(folder: str | Path, target: Transformer, hot: HotVocab | None = None) -> HiddenDraft:
+    """Load a draft saved by save_hidden_draft onto `target` (its dtype and device)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = read_hidden_draft_config(folder)
+    config.check_target(target.config)
+    weights = folder / WEIGHTS_FILE
+    if not weights.is_file():
+        raise ForetellError(f"{folder} has no {WEIGHTS_FILE}: the hidden-state draft's weights are missing")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ForetellError(f"{weights} is not a readable safetensors file ({e}); save the draft again") from None
+    draft = HiddenDraft(config, target, hot)
+    own = draft.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    wrong = [k for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or unexpected or wrong:
+        raise ForetellError(
+            f"{weights} does not match {CONFIG_FILE}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
+            f"wrong shape {wrong[:5]}; save the draft again"
+        )
+    draft.load_state_dict(state)
+    return draft.to(dtype=target.dtype, device=target.device)
