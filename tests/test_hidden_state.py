@@ -134,6 +134,40 @@ def test_sampled_output_follows_the_target(micro, params, options):
     assert worst_p_value(counts, exact_marginals(hf_target, params)) > 1e-3 / NEW
 
 
+def test_the_same_test_rejects_a_biased_tree_verifier(micro, monkeypatch):
+    """Power check: a verifier that accepts a child whenever it is the target's argmax is caught."""
+    import foretell.engine
+    from foretell.sampling import processed_probs, sample
+    from foretell.tree import children_lists
+    from foretell.types import Verification
+
+    exact_verify = foretell.engine.verify
+
+    def biased(target_logits, proposal, params, generator):
+        if proposal.is_chain:  # the empty proposal of the last step
+            return exact_verify(target_logits, proposal, params, generator)
+        p = processed_probs(target_logits, params)
+        tokens, children = proposal.tokens.tolist(), children_lists(proposal.parents)
+        path, node = [], -1
+        while True:
+            best = int(p[node + 1].argmax())
+            match = next((c for c in children[node + 1] if tokens[c] == best), None)
+            if match is None:
+                return Verification(len(path), sample(p[node + 1], generator), path)
+            path.append(match)
+            node = match
+
+    monkeypatch.setattr(foretell.engine, "verify", biased)
+    hf_target, pipe = micro
+    params = SamplingParams(temperature=1.0)
+    spec, _ = with_hidden(pipe, HiddenStateOptions(depth=3, max_nodes=8, resample_when="always"), rank=8)
+    counts = torch.zeros(NEW, VOCAB)
+    for seed in range(1500):
+        p = SamplingParams(temperature=1.0, seed=seed, max_new_tokens=NEW, ignore_eos=True)
+        counts[torch.arange(NEW), torch.tensor(spec.engine.generate(PROMPT, p).tokens)] += 1
+    assert worst_p_value(counts, exact_marginals(hf_target, params)) < 1e-6
+
+
 # --- token-info ----------------------------------------------------------------------------
 
 
@@ -406,21 +440,23 @@ def test_load_errors(plain, tmp_path, tiny_pair):
 
 
 def test_a_briefly_trained_draft_gets_accepted(plain):
-    """40 steps of 0.7 * MSE(hidden) + 0.3 * KL(logits) on the target's own greedy continuations
-    beat an untrained draft's acceptance on held-out prompts."""
+    """30 steps of 0.7 * MSE(hidden) + 0.3 * KL(logits), unrolled 3 steps, on the target's own
+    features over random token sequences, beat an untrained draft's acceptance on held-out
+    prompts. (Not its greedy continuations: in a random tiny model those are short cycles, which
+    a draft memorises without learning anything that transfers.)"""
     target = plain.target.model
     L = target.config.num_hidden_layers
     g = torch.Generator().manual_seed(0)
-    prompts = [[1] + torch.randint(3, 48, (5,), generator=g).tolist() for _ in range(30)]
-    seqs = torch.tensor([p + plain.engine.generate(p, GREEDY).tokens for p in prompts[:24]])
-    held_out = prompts[24:]
+    seqs = torch.cat([torch.ones(96, 1, dtype=torch.long), torch.randint(3, 48, (96, 23), generator=g)], dim=1)
+    held_out = [[1] + torch.randint(3, 48, (5,), generator=g).tolist() for _ in range(6)]
     with torch.no_grad():
         out = target.forward_sequences(seqs, hidden_layers=(L,))
     hidden, target_logp = out.hidden[L], out.logits.float().log_softmax(-1)
-    draft = new_hidden_draft(target, HiddenDraftConfig.for_target(target.config, token_info_rank=32), init_from_layer=1)
+    torch.manual_seed(0)
+    draft = new_hidden_draft(target, HiddenDraftConfig.for_target(target.config, token_info_rank=32))
     steps, T = 3, seqs.shape[1]
-    optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
-    for _ in range(40):
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=1e-2)
+    for _ in range(30):
         pred = draft.forward_training(hidden[:, :-1], steps)  # [B, T-1, steps, H]: [t, j] predicts position t + j + 1
         loss = 0.0
         for j in range(steps):
@@ -445,4 +481,4 @@ def test_a_briefly_trained_draft_gets_accepted(plain):
 
     with torch.no_grad():
         trained, untrained = accepted(draft), accepted(new_hidden_draft(target))
-    assert trained > untrained and trained > 0
+    assert trained > 1.2 * untrained and trained > 0

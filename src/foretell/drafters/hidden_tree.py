@@ -222,7 +222,7 @@ class HiddenStateDrafter:
         if options.token_info and options.token_info_cache and draft.token_info is not None:
             columns = self._out_ids if self._out_ids is not None else range(draft.config.vocab_size)
             chosen = list(columns)[: options.token_info_cache]
-            with torch.inference_mode():
+            with torch.no_grad():  # not inference_mode: the rows may meet autograd tensors later
                 self.info_table = TokenInfoTable.build(chosen, lambda t: draft.info(torch.tensor(t, dtype=torch.long)))
 
     def start(self, prompt_ids, capacity: int, params: SamplingParams, generator) -> None:
