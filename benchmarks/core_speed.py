@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM
 
 import foretell
 from foretell.bench.datasets import spec_bench_path
+from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.models.loading import parse_dtype, resolve_model_dir
 from foretell.types import GenerationStats, SamplingParams
@@ -196,28 +197,32 @@ def run_part(title: str, methods: dict[str, tuple[Runner, str | None]], prompts:
 
 
 def part_a(args, dtype: torch.dtype, prompts: list[Prompt]):
-    pipe = foretell.load(QWEN_TARGET, draft=QWEN_DRAFT, drafter="draft-model", dtype=dtype, gamma=args.gamma)
-    # The same draft with int8 weights (lossless: the target still verifies every token).
-    pipe_q = foretell.load(QWEN_TARGET, draft=QWEN_DRAFT, drafter="draft-model", dtype=dtype, gamma=args.gamma,
-                           draft_quant="int8", hot_vocab=args.hot_vocab)
+    # The draft with int8 weights (lossless: the target still verifies every token); with
+    # --bf16-draft also the same draft in bf16, sharing the target's weights.
+    pipe = foretell.load(QWEN_TARGET, draft=QWEN_DRAFT, drafter="draft-model", dtype=dtype, gamma=args.gamma,
+                         draft_quant="int8", hot_vocab=args.hot_vocab)
     hf_target, hf_draft = load_hf(QWEN_TARGET, dtype), load_hf(QWEN_DRAFT, dtype)
     stop = pipe.engine.stop_ids
     hot = f", hot vocab {args.hot_vocab}" if args.hot_vocab else ""
-    n = ["foretell plain 1.5B", f"foretell draft 0.5B, gamma {args.gamma}",
-         f"foretell draft 0.5B int8{hot}, gamma {args.gamma}",
-         "transformers plain 1.5B", "transformers assisted 0.5B"]
+    plain, draft = "foretell plain 1.5B", f"foretell draft 0.5B int8{hot}, gamma {args.gamma}"
+    hf_plain, hf_assisted = "transformers plain 1.5B", "transformers assisted 0.5B"
     methods = {
-        n[0]: (foretell_runner(pipe.with_drafter(None)), None),
-        n[1]: (foretell_runner(pipe), n[0]),
-        # Share the bf16 pipeline's target weights: only the drafter differs.
-        n[2]: (foretell_runner(pipe.with_drafter(pipe_q.engine.drafter, gamma=args.gamma)), n[0]),
-        n[3]: (hf_runner(hf_target, stop), n[0]),
-        n[4]: (hf_runner(hf_target, stop, assistant_model=hf_draft), n[3]),
+        plain: (foretell_runner(pipe.with_drafter(None)), None),
+        draft: (foretell_runner(pipe), plain),
+        hf_plain: (hf_runner(hf_target, stop), plain),
+        hf_assisted: (hf_runner(hf_target, stop, assistant_model=hf_draft), hf_plain),
     }
-    del pipe_q  # its target copy is no longer referenced by any method
+    pairs = [(draft, plain), (hf_assisted, hf_plain), (plain, hf_plain), (draft, hf_assisted)]
+    if args.bf16_draft:
+        bf16 = foretell.load(QWEN_DRAFT, drafter="none", dtype=dtype).target.model
+        bf16_draft = f"foretell draft 0.5B bf16, gamma {args.gamma}"
+        drafter = DraftModelDrafter(bf16, pipe.target.config.vocab_size)
+        methods[bf16_draft] = (foretell_runner(pipe.with_drafter(drafter, gamma=args.gamma)), plain)
+        pairs += [(bf16_draft, plain), (bf16_draft, hf_assisted)]
+    names = list(methods)
     ids = [pipe.encode(p.text, chat=True) for p in prompts]
-    pairs = [(2, 0), (1, 0), (4, 3), (0, 3), (2, 4), (1, 4)]
-    return *run_part("Qwen", methods, prompts, ids, args.max_new_tokens), pairs, n
+    index_pairs = [(names.index(a), names.index(b)) for a, b in pairs]
+    return *run_part("Qwen", methods, prompts, ids, args.max_new_tokens), index_pairs, names
 
 
 def part_b(args, dtype: torch.dtype, prompts: list[Prompt]):
@@ -277,10 +282,11 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompts-per-category", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--gamma", type=int, default=3,
-                   help="draft length (fixed policy) for the 0.5B draft and prompt lookup; 3 was fastest of 3/4/5 here")
-    p.add_argument("--hot-vocab", type=int, default=0,
-                   help="hot vocabulary size for the int8 draft (0 = the full vocabulary)")
+    p.add_argument("--gamma", type=int, default=4,
+                   help="draft length (fixed policy) for the 0.5B draft and prompt lookup (default: %(default)s)")
+    p.add_argument("--hot-vocab", type=int, default=32768,
+                   help="hot vocabulary size for the int8 draft (0 = the full vocabulary; default: %(default)s)")
+    p.add_argument("--bf16-draft", action="store_true", help="also time the draft with bf16 weights (no int8, full vocabulary)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--skip-qwen", action="store_true", help="skip part A (Qwen2.5-Coder 1.5B + 0.5B)")
     p.add_argument("--skip-smollm", action="store_true", help="skip part B (SmolLM2-135M)")

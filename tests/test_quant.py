@@ -32,9 +32,10 @@ def test_select_rows_keeps_exactly_those_rows():
     layer = torch.nn.Linear(32, 50, bias=False)
     rows = torch.tensor([0, 7, 49])
     x = torch.randn(4, 32)
-    assert torch.equal(select_rows(layer, rows)(x), layer(x)[:, rows])
+    # Equal up to float rounding: a 3-row matmul may block its sums differently from a 50-row one.
+    assert torch.allclose(select_rows(layer, rows)(x), layer(x)[:, rows], atol=1e-6)
     quant = Int8Linear.from_weight(layer.weight)
-    assert torch.equal(select_rows(quant, rows)(x), quant(x)[:, rows])
+    assert torch.allclose(select_rows(quant, rows)(x), quant(x)[:, rows], atol=1e-6)
 
 
 def test_quantize_replaces_every_projection_and_unties_the_head(tiny_pair):
