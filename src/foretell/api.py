@@ -154,7 +154,10 @@ def load(
         the_drafter = PromptLookupDrafter()
     elif drafter == "parallel-head":
         hot = draft_hot_vocab(tgt, tgt, hot_vocab, cache_dir)  # the head shares the target's output layer
-        the_drafter = ParallelHeadDrafter(load_parallel_head(head, tgt.model, hot), head_tree or HeadTreeShape())
+        parallel_head = load_parallel_head(head, tgt.model, hot)
+        # Default tree: as deep as the head drafts, up to the default depth.
+        shape = head_tree or HeadTreeShape(depth=min(HeadTreeShape().depth, parallel_head.config.depth))
+        the_drafter = ParallelHeadDrafter(parallel_head, shape)
     elif drafter == "hidden-state":
         hot = draft_hot_vocab(tgt, tgt, hot_vocab, cache_dir)  # the draft shares the target's output layer
         the_drafter = HiddenStateDrafter(load_hidden_draft(hidden_draft, tgt.model, hot), hidden_options or HiddenStateOptions())
