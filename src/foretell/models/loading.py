@@ -19,6 +19,7 @@ import torch
 from foretell.errors import ForetellError
 from foretell.models.config import ModelConfig
 from foretell.models.presets import PRESETS, assemble_chunks, locate_single_gguf
+from foretell.models.trained import TRAINED_DRAFTS
 from foretell.models.transformer import Transformer
 
 DONE_MARKER = "foretell-converted.json"
@@ -63,6 +64,12 @@ def resolve_model_dir(spec: str | Path, cache_dir: Path | None = None) -> Path:
             return convert_gguf(gguf, out)
         finally:
             gguf.unlink(missing_ok=True)  # the safetensors folder replaces it
+    if spec_str in TRAINED_DRAFTS:
+        trained = TRAINED_DRAFTS[spec_str]
+        folder = trained.model_dir(cache_dir)
+        if not (folder / "config.json").is_file():
+            raise ForetellError(f"the draft {spec_str!r} has not been trained on this machine yet: run `{trained.command}`")
+        return folder
     path = Path(spec_str).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         stat = path.stat()
@@ -72,7 +79,8 @@ def resolve_model_dir(spec: str | Path, cache_dir: Path | None = None) -> Path:
     if path.is_dir():
         return path
     raise ForetellError(
-        f"no model {spec_str!r}: give a preset ({', '.join(PRESETS)}), a .gguf file or a Hugging Face folder"
+        f"no model {spec_str!r}: give a preset ({', '.join(PRESETS)}), a trained draft ({', '.join(TRAINED_DRAFTS)}), "
+        "a .gguf file or a Hugging Face folder"
     )
 
 

@@ -74,6 +74,9 @@ def add_eval_draft_parser(sub) -> None:
     e.add_argument("--num-sequences", type=int, default=o.num_sequences, help="sequences for alpha (default: %(default)s)")
     e.add_argument("--seq-len", type=int, default=o.seq_len, help="(default: %(default)s)")
     e.add_argument("--prompts", type=int, default=o.prompts, help="prompts to decode for real, 0 = none (default: %(default)s)")
+    e.add_argument("--prompts-from", choices=("data", "spec-bench"), default="data",
+                   help="decode held-out prompts of --data, or Spec-Bench first turns spread over its 6 categories "
+                   "(default: %(default)s)")
     e.add_argument("--max-new-tokens", type=int, default=o.max_new_tokens, help="(default: %(default)s)")
     e.add_argument("--gamma", type=int, default=o.gamma, help="draft tokens per step (default: %(default)s)")
     e.add_argument("--temperature", type=float, default=o.temperature, help="(default: %(default)s)")
@@ -155,7 +158,8 @@ def cmd_eval_draft(args) -> None:
     if args.temperature <= 0:
         raise ForetellError("--temperature must be > 0: alpha compares sampling distributions")
     opts = EvalOptions(args.num_sequences, args.seq_len, args.prompts, args.max_new_tokens, args.gamma,
-                       args.temperature, args.seed, args.dtype)
+                       args.temperature, args.seed, args.dtype,
+                       prompt_source=None if args.prompts_from == "data" else args.prompts_from)
     rows = compare_drafts(args.target, parse_drafts(args.draft), args.data, opts)
     print(format_table(rows))
     if args.json:

@@ -42,7 +42,14 @@ def token_acceptance(target: Transformer, drafts: dict[str, Transformer], data: 
 
 
 def eval_prompts(source: str, count: int) -> list[list[dict]]:
-    """The first `count` held-out conversations, cut before their first answer."""
+    """The first `count` held-out conversations, cut before their first answer; for
+    "spec-bench", first turns spread over its categories (ceil(count / 6) per category)."""
+    if source == "spec-bench":
+        from foretell.bench.datasets import load_prompts
+
+        per_category = -(-count // 6)
+        rows = load_prompts(["spec-bench"], per_category)
+        return [[{"role": "user", "content": r["prompt"]}] for r in rows][:count]
     prompts = []
     for messages in conversations(source, "test"):
         first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
@@ -131,6 +138,7 @@ class EvalOptions:
     seed: int = 0
     dtype: str = "float32"
     batch_size: int = 4
+    prompt_source: str | None = None  # where the decoded prompts come from (None: the held-out data; or spec-bench)
 
 
 def compare_drafts(target: str | Path, drafts: dict[str, Path], source: str, opts: EvalOptions) -> list[dict]:
@@ -151,7 +159,8 @@ def compare_drafts(target: str | Path, drafts: dict[str, Path], source: str, opt
     del models
     rows = [{"draft": name, "path": str(draft_dirs[name]), "alpha": round(alphas[name], 4)} for name in drafts]
     if opts.prompts:
-        results = speculative_decoding(target_dir, draft_dirs, eval_prompts(source, opts.prompts), opts.gamma,
+        prompts = eval_prompts(opts.prompt_source or source, opts.prompts)
+        results = speculative_decoding(target_dir, draft_dirs, prompts, opts.gamma,
                                        opts.max_new_tokens, opts.temperature, opts.seed, opts.dtype)
         for row in rows:
             row.update(results[row["draft"]].to_dict())
