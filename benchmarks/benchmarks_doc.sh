@@ -21,7 +21,7 @@ $F cost smollm2-135m --plot docs/img/cost_smollm2.png > runs/docs/cost_smollm2.t
 DIRS=(runs/docs/smollm2)
 if [ "${SKIP_QWEN:-0}" != 1 ]; then
   $F bench --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b "${COMMON[@]}" \
-    --methods plain,draft-chain,draft-tree,draft-tree@8,draft-tree@16,draft-tree@32,draft-tree-auto \
+    --methods plain,draft-chain,draft-tree,draft-tree@8,draft-tree@16,draft-tree-auto \
     --out runs/docs/qwen
   $F cost qwen2.5-coder-1.5b qwen2.5-coder-0.5b --plot docs/img/cost_qwen.png > runs/docs/cost_qwen.txt
   DIRS+=(runs/docs/qwen)

@@ -18,8 +18,7 @@ The target's embedding (for E) and output layer are shared (frozen, not copied, 
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,13 +28,12 @@ from foretell.errors import ForetellError
 from foretell.hot_vocab import HotVocab
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
+from foretell.models.module_folder import WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module
 from foretell.models.token_info import TokenInfo
 from foretell.models.transformer import DecoderLayer, RMSNorm, Transformer, rope_tables
 
-FORMAT = "foretell-hidden-draft"
-FORMAT_VERSION = 1
-CONFIG_FILE = "hidden_draft.json"
-WEIGHTS_FILE = "model.safetensors"
+FOLDER_FORMAT = FolderFormat(name="foretell-hidden-draft", version=1, config_file="hidden_draft.json", what="hidden-state draft")
+FORMAT, FORMAT_VERSION, CONFIG_FILE = FOLDER_FORMAT.name, FOLDER_FORMAT.version, FOLDER_FORMAT.config_file
 
 
 @dataclass(frozen=True)
@@ -262,62 +260,19 @@ def new_hidden_draft(
 
 
 def save_hidden_draft(draft: HiddenDraft, folder: str | Path) -> Path:
-    """Write `hidden_draft.json` (format and config) and `model.safetensors` (the draft's own weights)."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    meta = {"format": FORMAT, "version": FORMAT_VERSION, "config": asdict(draft.config)}
-    (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    save_file({k: v.detach().cpu().contiguous() for k, v in draft.state_dict().items()}, str(folder / WEIGHTS_FILE))
-    return folder
+    """Write hidden_draft.json (format and config) and model.safetensors (the draft's own weights)."""
+    return save_module(draft, draft.config, folder, FOLDER_FORMAT)
 
 
 def read_hidden_draft_config(folder: Path) -> HiddenDraftConfig:
-    path = folder / CONFIG_FILE
-    if not folder.is_dir():
-        raise ForetellError(f"no hidden-state draft folder at {folder}: expected a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
-    if not path.is_file():
-        raise ForetellError(f"{folder} has no {CONFIG_FILE}: it is not a saved hidden-state draft")
-    try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ForetellError(f"{path} is not valid JSON ({e}); save the hidden-state draft again") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
-        raise ForetellError(f"{path} is not a {FORMAT} v{FORMAT_VERSION} file; save the draft again with this foretell")
-    raw = meta.get("config")
-    names = {f.name for f in fields(HiddenDraftConfig)}
-    if not isinstance(raw, dict) or set(raw) - names:
-        raise ForetellError(f"{path} has an unreadable config; save the hidden-state draft again")
-    try:
-        return HiddenDraftConfig(**raw)
-    except TypeError as e:
-        raise ForetellError(f"{path} has an incomplete config ({e}); save the hidden-state draft again") from None
+    return read_config(folder, HiddenDraftConfig, FOLDER_FORMAT)
 
 
 def load_hidden_draft(folder: str | Path, target: Transformer, hot: HotVocab | None = None) -> HiddenDraft:
     """Load a draft saved by save_hidden_draft onto `target` (its dtype and device)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     config = read_hidden_draft_config(folder)
     config.check_target(target.config)
-    weights = folder / WEIGHTS_FILE
-    if not weights.is_file():
-        raise ForetellError(f"{folder} has no {WEIGHTS_FILE}: the hidden-state draft's weights are missing")
-    try:
-        state = load_file(str(weights))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ForetellError(f"{weights} is not a readable safetensors file ({e}); save the draft again") from None
     draft = HiddenDraft(config, target, hot)
-    own = draft.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    wrong = [k for k in own if k in state and state[k].shape != own[k].shape]
-    if missing or unexpected or wrong:
-        raise ForetellError(
-            f"{weights} does not match {CONFIG_FILE}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
-            f"wrong shape {wrong[:5]}; save the draft again"
-        )
-    draft.load_state_dict(state)
+    load_weights(draft, folder, FOLDER_FORMAT)
     return draft.to(dtype=target.dtype, device=target.device)

@@ -15,8 +15,7 @@ The target's embedding and output layer are shared (frozen, not copied, not save
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -27,12 +26,11 @@ from foretell.errors import ForetellError
 from foretell.hot_vocab import HotVocab
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
+from foretell.models.module_folder import WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module
 from foretell.models.transformer import DecoderLayer, RMSNorm, Transformer, rope_tables
 
-FORMAT = "foretell-parallel-head"
-FORMAT_VERSION = 1
-CONFIG_FILE = "parallel_head.json"
-WEIGHTS_FILE = "model.safetensors"
+FOLDER_FORMAT = FolderFormat(name="foretell-parallel-head", version=1, config_file="parallel_head.json", what="parallel head")
+FORMAT, FORMAT_VERSION, CONFIG_FILE = FOLDER_FORMAT.name, FOLDER_FORMAT.version, FOLDER_FORMAT.config_file
 
 
 def default_fuse_layers(target_num_layers: int) -> tuple[int, ...]:
@@ -262,62 +260,19 @@ def new_parallel_head(
 
 
 def save_parallel_head(head: ParallelHead, folder: str | Path) -> Path:
-    """Write `parallel_head.json` (format and config) and `model.safetensors` (the head's own weights)."""
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    meta = {"format": FORMAT, "version": FORMAT_VERSION, "config": asdict(head.config)}
-    (folder / CONFIG_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, str(folder / WEIGHTS_FILE))
-    return folder
+    """Write parallel_head.json (format and config) and model.safetensors (the head's own weights)."""
+    return save_module(head, head.config, folder, FOLDER_FORMAT)
 
 
 def read_head_config(folder: Path) -> ParallelHeadConfig:
-    path = folder / CONFIG_FILE
-    if not folder.is_dir():
-        raise ForetellError(f"no parallel head folder at {folder}: expected a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
-    if not path.is_file():
-        raise ForetellError(f"{folder} has no {CONFIG_FILE}: it is not a saved parallel head")
-    try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ForetellError(f"{path} is not valid JSON ({e}); save the head again") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
-        raise ForetellError(f"{path} is not a {FORMAT} v{FORMAT_VERSION} file; save the head again with this foretell")
-    raw = meta.get("config")
-    names = {f.name for f in fields(ParallelHeadConfig)}
-    if not isinstance(raw, dict) or set(raw) - names:
-        raise ForetellError(f"{path} has an unreadable config; save the head again")
-    try:
-        return ParallelHeadConfig(**raw)
-    except TypeError as e:
-        raise ForetellError(f"{path} has an incomplete config ({e}); save the head again") from None
+    return read_config(folder, ParallelHeadConfig, FOLDER_FORMAT)
 
 
 def load_parallel_head(folder: str | Path, target: Transformer, hot: HotVocab | None = None) -> ParallelHead:
     """Load a head saved by save_parallel_head onto `target` (its dtype and device)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     config = read_head_config(folder)
     config.check_target(target.config)
-    weights = folder / WEIGHTS_FILE
-    if not weights.is_file():
-        raise ForetellError(f"{folder} has no {WEIGHTS_FILE}: the head's weights are missing")
-    try:
-        state = load_file(str(weights))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ForetellError(f"{weights} is not a readable safetensors file ({e}); save the head again") from None
     head = ParallelHead(config, target, hot)
-    own = head.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    wrong = [k for k in own if k in state and state[k].shape != own[k].shape]
-    if missing or unexpected or wrong:
-        raise ForetellError(
-            f"{weights} does not match {CONFIG_FILE}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
-            f"wrong shape {wrong[:5]}; save the head again"
-        )
-    head.load_state_dict(state)
+    load_weights(head, folder, FOLDER_FORMAT)
     return head.to(dtype=target.dtype, device=target.device)

@@ -1,0 +1,80 @@
+"""Small trained modules (a parallel head, a hidden-state draft) stored as a folder: a JSON file
+with format, version and typed config, plus `model.safetensors` with the module's own weights.
+One implementation so every kind gets the same checks and the same one-line errors."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from foretell.errors import ForetellError
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class FolderFormat:
+    name: str  # e.g. "foretell-parallel-head"
+    version: int
+    config_file: str  # e.g. "parallel_head.json"
+    what: str  # how errors name it, e.g. "parallel head"
+
+
+def save_module(module: torch.nn.Module, config: Any, folder: str | Path, fmt: FolderFormat) -> Path:
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"format": fmt.name, "version": fmt.version, "config": asdict(config)}
+    (folder / fmt.config_file).write_text(json.dumps(meta, indent=2) + "\n")
+    save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}, str(folder / WEIGHTS_FILE))
+    return folder
+
+
+def read_config(folder: Path, config_cls: type, fmt: FolderFormat):
+    path = folder / fmt.config_file
+    if not folder.is_dir():
+        raise ForetellError(f"no {fmt.what} folder at {folder}: expected a folder with {fmt.config_file} and {WEIGHTS_FILE}")
+    if not path.is_file():
+        raise ForetellError(f"{folder} has no {fmt.config_file}: it is not a saved {fmt.what}")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ForetellError(f"{path} is not valid JSON ({e}); save the {fmt.what} again") from None
+    if not isinstance(meta, dict) or meta.get("format") != fmt.name or meta.get("version") != fmt.version:
+        raise ForetellError(f"{path} is not a {fmt.name} v{fmt.version} file; save the {fmt.what} again with this foretell")
+    raw = meta.get("config")
+    names = {f.name for f in fields(config_cls)}
+    if not isinstance(raw, dict) or set(raw) - names:
+        raise ForetellError(f"{path} has an unreadable config; save the {fmt.what} again")
+    try:
+        return config_cls(**raw)
+    except TypeError as e:
+        raise ForetellError(f"{path} has an incomplete config ({e}); save the {fmt.what} again") from None
+
+
+def load_weights(module: torch.nn.Module, folder: Path, fmt: FolderFormat) -> None:
+    """Fill `module` from the folder's weights, refusing missing, extra or misshapen tensors."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    weights = folder / WEIGHTS_FILE
+    if not weights.is_file():
+        raise ForetellError(f"{folder} has no {WEIGHTS_FILE}: the {fmt.what}'s weights are missing")
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ForetellError(f"{weights} is not a readable safetensors file ({e}); save the {fmt.what} again") from None
+    own = module.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    wrong = [k for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or unexpected or wrong:
+        raise ForetellError(
+            f"{weights} does not match {fmt.config_file}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
+            f"wrong shape {wrong[:5]}; save the {fmt.what} again"
+        )
+    module.load_state_dict(state)
