@@ -203,3 +203,14 @@ def test_budget_section_compares_tuner_with_best_fixed_budget():
     assert "-2.0% against the best fixed budget" in text
     assert "tau 3.90 vs 3.00" in text and "(1.06x)" in text
     assert budget_section(overall[:2], default_budget=None) == []  # no trees, no section
+
+
+def test_adaptive_chain_length_methods_are_exact(bench_setup, tmp_path):
+    prompts, _, encode, models, _ = bench_setup
+    names = ["plain", "draft-chain-rejection", "draft-chain-additive"]
+    rows = read_rows(run_bench(prompts, build_methods(names, models, MethodOptions(gamma=3)), encode,
+                               config(tmp_path / "out")))
+    assert all(r["greedy_equal_to_plain"] for r in rows)
+    for name in names[1:]:
+        lengths = {r["mean_verified_drafts"] for r in rows if r["method"] == name}
+        assert lengths and all(v > 0 for v in lengths)

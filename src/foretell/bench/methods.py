@@ -289,6 +289,12 @@ METHODS: dict[str, MethodSpec] = {
     "draft-tree-static": MethodSpec(_foretell("draft-tree-static", lambda m, o: _tree(
         m, TreeShape(kind="static", branching=o.tree_branching), o)), True, "foretell, draft model, static top-k tree"),
     "draft-chain-auto": MethodSpec(_chain_auto, True, "foretell, draft model, hardware-aware chain length"),
+    "draft-chain-rejection": MethodSpec(
+        lambda m, o: ForetellMethod("draft-chain-rejection", m.pipeline(), _chain(m, o), o, length_policy="rejection-rate"),
+        True, "foretell, draft model, seed 001's rejection-rate draft length (base --gamma)"),
+    "draft-chain-additive": MethodSpec(
+        lambda m, o: ForetellMethod("draft-chain-additive", m.pipeline(), _chain(m, o), o, length_policy="additive"),
+        True, "foretell, draft model, transformers' +2/-1 draft length (base --gamma)"),
     "draft-tree-auto": MethodSpec(_tree_auto, True, "foretell, dynamic tree, hardware-aware depth and size"),
     "hf-plain": MethodSpec(lambda m, o: HFMethod("hf-plain", m, o), help="transformers generate"),
     "hf-assisted": MethodSpec(lambda m, o: HFMethod("hf-assisted", m, o, assisted=True), True,
