@@ -22,7 +22,14 @@ def test_trained_name_resolves_to_the_distill_output(tmp_path):
     assert resolve_model_dir(draft.name, cache_dir=tmp_path) == folder
 
 
-@pytest.mark.skipif(not spec_bench_path().is_file(), reason="Spec-Bench data (../shared/data) is not on this machine")
+def have_spec_bench() -> bool:
+    try:
+        return spec_bench_path().is_file()
+    except ForetellError:  # raised when the data folder is absent
+        return False
+
+
+@pytest.mark.skipif(not have_spec_bench(), reason="Spec-Bench data (../shared/data) is not on this machine")
 def test_spec_bench_prompts_cover_every_category():
     prompts = eval_prompts("spec-bench", 12)
     assert len(prompts) == 12
