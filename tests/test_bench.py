@@ -201,7 +201,8 @@ def test_budget_section_compares_tuner_with_best_fixed_budget():
     assert "| fixed budget 8 |" in text and "| fixed budget 16 |" in text
     assert "Best fixed budget: 8 (9.00 tok/s)" in text
     assert "-2.0% against the best fixed budget" in text
-    assert "tau 3.90 vs 3.00" in text and "(1.06x)" in text
+    assert "Dynamic tree vs chain: tau 3.90 vs 3.00" in text and "(1.06x)" in text
+    assert "Hardware-aware dynamic tree vs chain: tau 3.40 vs 3.00" in text and "(1.10x)" in text
     assert budget_section(overall[:2], default_budget=None) == []  # no trees, no section
 
 

@@ -201,11 +201,13 @@ def budget_section(overall: list[MethodSummary], default_budget: int | None) -> 
             lines.append(f" The tuner verified {_fmt(auto.verified_per_pass, 1)} tokens per pass on average and ran at "
                          f"{auto.tokens_per_s:.2f} tok/s: {gap:+.1%} against the best fixed budget.")
         lines.append("")
-    chain, tree = by_name.get("draft-chain"), by_name.get("draft-tree")
-    if chain is not None and tree is not None and chain.tau and tree.tau:
-        lines += [f"Dynamic tree vs chain: tau {tree.tau:.2f} vs {chain.tau:.2f}, "
-                  f"tok/s {tree.tokens_per_s:.2f} vs {chain.tokens_per_s:.2f} "
-                  f"({tree.tokens_per_s / chain.tokens_per_s:.2f}x).", ""]
+    chain = by_name.get("draft-chain")
+    for name, label in (("draft-tree", "Dynamic tree"), ("draft-tree-auto", "Hardware-aware dynamic tree")):
+        tree = by_name.get(name)
+        if chain is not None and tree is not None and chain.tau and tree.tau:
+            lines += [f"{label} vs chain: tau {tree.tau:.2f} vs {chain.tau:.2f}, "
+                      f"tok/s {tree.tokens_per_s:.2f} vs {chain.tokens_per_s:.2f} "
+                      f"({tree.tokens_per_s / chain.tokens_per_s:.2f}x).", ""]
     return lines
 
 
