@@ -15,7 +15,7 @@ from foretell.drafters.hidden_tree import HiddenStateDrafter, HiddenStateOptions
 from foretell.errors import ForetellError
 from foretell.hot_vocab import HotVocab
 from foretell.models.hidden_draft import (
-    CONFIG_FILE, WEIGHTS_FILE, HiddenDraftConfig, load_hidden_draft, new_hidden_draft, save_hidden_draft,
+    CONFIG_FILE, HiddenDraftConfig, load_hidden_draft, new_hidden_draft, save_hidden_draft,
     unrolled_layout,
 )
 from foretell.tree import depths
@@ -402,23 +402,10 @@ def test_save_load_round_trip(plain, tmp_path, tiny_pair):
 
 def test_load_errors(plain, tmp_path, tiny_pair):
     target = plain.target.model
-    with pytest.raises(ForetellError, match="no hidden-state draft folder"):
-        load_hidden_draft(tmp_path / "nowhere", target)
+    # Damaged folders in general: tests/test_module_folder.py. Here: this kind's own checks.
     folder = save_hidden_draft(new_hidden_draft(target), tmp_path / "hd")
-    (folder / WEIGHTS_FILE).write_bytes(b"not a safetensors file at all")
-    with pytest.raises(ForetellError, match="not a readable safetensors"):
-        load_hidden_draft(folder, target)
-    (folder / WEIGHTS_FILE).unlink()
-    with pytest.raises(ForetellError, match="weights are missing"):
-        load_hidden_draft(folder, target)
-    (folder / CONFIG_FILE).write_text("{ broken")
-    with pytest.raises(ForetellError, match="not valid JSON"):
-        load_hidden_draft(folder, target)
     (folder / CONFIG_FILE).write_text('{"format": "foretell-parallel-head", "version": 1, "config": {}}')
     with pytest.raises(ForetellError, match="not a foretell-hidden-draft v1 file"):
-        load_hidden_draft(folder, target)
-    (folder / CONFIG_FILE).unlink()
-    with pytest.raises(ForetellError, match=f"no {CONFIG_FILE}"):
         load_hidden_draft(folder, target)
     wide = HiddenDraftConfig(**{**HiddenDraftConfig.for_target(target.config).__dict__, "hidden_size": 32})
     with pytest.raises(ForetellError, match="built for a target with hidden size 32"):

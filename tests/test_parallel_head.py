@@ -233,21 +233,7 @@ def test_save_load_round_trip(plain, tmp_path, tiny_pair):
 
 def test_load_errors(plain, tmp_path, tiny_pair):
     target = plain.target.model
-    with pytest.raises(ForetellError, match="no parallel head folder"):
-        load_parallel_head(tmp_path / "nowhere", target)
-    folder = save_parallel_head(new_parallel_head(target), tmp_path / "head")
-    (folder / WEIGHTS_FILE).write_bytes(b"not a safetensors file at all")
-    with pytest.raises(ForetellError, match="not a readable safetensors"):
-        load_parallel_head(folder, target)
-    (folder / WEIGHTS_FILE).unlink()
-    with pytest.raises(ForetellError, match="weights are missing"):
-        load_parallel_head(folder, target)
-    (folder / CONFIG_FILE).write_text("{ broken")
-    with pytest.raises(ForetellError, match="not valid JSON"):
-        load_parallel_head(folder, target)
-    (folder / CONFIG_FILE).unlink()
-    with pytest.raises(ForetellError, match=f"no {CONFIG_FILE}"):
-        load_parallel_head(folder, target)
+    # Damaged folders in general: tests/test_module_folder.py. Here: this kind's own checks.
     # Heads for another target of the same sizes load; other sizes, or weights not matching the config, do not.
     other = load(tiny_pair[1], drafter="none", warm_up=False).target.model  # same sizes: loads fine
     load_parallel_head(save_parallel_head(new_parallel_head(other), tmp_path / "o"), target)
@@ -257,7 +243,7 @@ def test_load_errors(plain, tmp_path, tiny_pair):
         load_parallel_head(save_config_only(wide, tmp_path / "w"), target)
     two_layers = new_parallel_head(target, ParallelHeadConfig.for_target(target.config, num_layers=2))
     save_parallel_head(two_layers, tmp_path / "two")
-    (tmp_path / "two" / CONFIG_FILE).write_text((folder.parent / "o" / CONFIG_FILE).read_text())  # says 1 layer
+    (tmp_path / "two" / CONFIG_FILE).write_text((tmp_path / "o" / CONFIG_FILE).read_text())  # says 1 layer
     with pytest.raises(ForetellError, match="does not match"):
         load_parallel_head(tmp_path / "two", target)
     with pytest.raises(ForetellError, match="needs head=PATH"):
