@@ -19,7 +19,7 @@ from tqdm import tqdm
 from foretell.errors import ForetellError
 from foretell.models.transformer import Transformer
 from foretell.train.data import TokenData
-from foretell.train.teacher import read_meta, write_meta
+from foretell.train.teacher import open_arrays, read_meta, topk_of_logits, write_meta
 
 ARRAYS = ("features", "logp", "ids")
 
@@ -47,13 +47,7 @@ class FeatureCache:
 
     @classmethod
     def open(cls, folder: Path) -> FeatureCache:
-        meta = read_meta(folder)
-        if meta is None or meta["done"] != meta["num_sequences"]:
-            raise ForetellError(f"feature cache in {folder} is missing or incomplete; rerun the command to finish it")
-        try:
-            return cls(*(np.load(folder / f"{name}.npy", mmap_mode="r") for name in ARRAYS))
-        except (OSError, ValueError) as e:
-            raise ForetellError(f"feature cache in {folder} is corrupt ({e}); delete the folder and rerun") from None
+        return cls(*open_arrays(folder, ARRAYS, "feature cache", "the command"))
 
 
 @torch.no_grad()
@@ -61,9 +55,8 @@ def extract_batch(target: Transformer, input_ids: torch.Tensor, fuse_layers: tup
     """Fused hidden states [B, T, F] bf16, top-k log p [B, T, k] float32 and their ids, from one forward."""
     out = target.forward_sequences(input_ids.to(target.device), hidden_layers=fuse_layers)
     features = torch.cat([out.hidden[layer] for layer in fuse_layers], dim=-1).to(torch.bfloat16)
-    logits = out.logits.float()
-    top, ids = logits.topk(k, dim=-1)
-    return features, top - torch.logsumexp(logits, dim=-1, keepdim=True), ids
+    logp, ids, _ = topk_of_logits(out.logits, k)
+    return features, logp, ids
 
 
 def cache_bytes(num_sequences: int, seq_len: int, feature_size: int, top_k: int) -> int:

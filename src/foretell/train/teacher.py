@@ -49,13 +49,18 @@ class TeacherCache:
 
     @classmethod
     def open(cls, folder: Path) -> TeacherCache:
-        meta = read_meta(folder)
-        if meta is None or meta["done"] != meta["num_sequences"]:
-            raise ForetellError(f"teacher cache in {folder} is missing or incomplete; rerun the distill command to finish it")
-        try:
-            return cls(*(np.load(folder / f"{n}.npy", mmap_mode="r") for n in ("logp", "ids", "lse")))
-        except (OSError, ValueError) as e:
-            raise ForetellError(f"teacher cache in {folder} is corrupt ({e}); delete the folder and rerun") from None
+        return cls(*open_arrays(folder, ("logp", "ids", "lse"), "teacher cache", "the distill command"))
+
+
+def open_arrays(folder: Path, names: tuple[str, ...], what: str, command: str) -> list[np.ndarray]:
+    """Memory-map the finished arrays `names` of a cache folder, or fail saying how to repair it."""
+    meta = read_meta(folder)
+    if meta is None or meta["done"] != meta["num_sequences"]:
+        raise ForetellError(f"{what} in {folder} is missing or incomplete; rerun {command} to finish it")
+    try:
+        return [np.load(folder / f"{name}.npy", mmap_mode="r") for name in names]
+    except (OSError, ValueError) as e:
+        raise ForetellError(f"{what} in {folder} is corrupt ({e}); delete the folder and rerun") from None
 
 
 def read_meta(folder: Path) -> dict | None:
@@ -76,7 +81,12 @@ def write_meta(folder: Path, meta: dict) -> None:
 @torch.no_grad()
 def topk_log_probs(target: Transformer, input_ids: torch.Tensor, k: int):
     """p's top-k log-probabilities [B, T, k], their ids and the log-normaliser [B, T], in float32."""
-    logits = target.forward_sequences(input_ids.to(target.device)).logits.float()
+    return topk_of_logits(target.forward_sequences(input_ids.to(target.device)).logits, k)
+
+
+def topk_of_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k log-probabilities [..., k], their ids and the log-normaliser [...], in float32."""
+    logits = logits.float()
     lse = torch.logsumexp(logits, dim=-1)
     top, ids = logits.topk(k, dim=-1)
     return top - lse[..., None], ids, lse
