@@ -86,6 +86,35 @@ def tiny_pair(tmp_path_factory):
     return save_model_folder(root / "target", target, tok), save_model_folder(root / "draft", draft, tok)
 
 
+# Prompts and greedy settings for end-to-end tests on the tiny pair (incl. a one-token prompt).
+PROMPTS = [[1, 5, 9, 12, 5, 9, 30], [1, 7, 7, 7, 7], [1, 20, 21, 22, 23, 24, 25, 20, 21, 22], [1]]
+
+
+def greedy_params(max_new_tokens: int = 40):
+    from foretell.types import SamplingParams
+
+    return SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_pair):
+    """Plain greedy decoding of the tiny target: the reference every drafter must match."""
+    from foretell.api import load
+
+    return load(tiny_pair[0], drafter="none", warm_up=False)
+
+
+def accepted_drafts(plain, drafter, prompts) -> int:
+    """Drafts accepted over `prompts`, checking that every greedy output equals plain decoding."""
+    spec, params = plain.with_drafter(drafter), greedy_params()
+    total = 0
+    for prompt in prompts:
+        result = spec.engine.generate(prompt, params)
+        assert result.tokens == plain.engine.generate(prompt, params).tokens
+        total += sum(result.stats.accepted_per_position)
+    return total
+
+
 def spec_bench_prompts(per_category: int) -> list[str]:
     """Spec-Bench first turns from ../shared when present, else from the sample copied into tests/data."""
     from foretell.bench.datasets import load_spec_bench

@@ -3,19 +3,13 @@
 import pytest
 import torch
 
+from conftest import PROMPTS, greedy_params
 from foretell.api import load
 from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.types import SamplingParams
 
-PROMPTS = [[1, 5, 9, 12, 5, 9, 30], [1, 7, 7, 7, 7], [1, 20, 21, 22, 23, 24, 25, 20, 21, 22], [1]]
-GREEDY = SamplingParams(max_new_tokens=40, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def plain(tiny_pair):
-    target, _ = tiny_pair
-    return load(target, drafter="none")
+GREEDY = greedy_params()
 
 
 def plain_tokens(pipe, prompt):

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from conftest import make_hf_model, make_tokenizer, save_model_folder
+from conftest import PROMPTS, accepted_drafts, greedy_params, make_hf_model, make_tokenizer, save_model_folder
 from foretell.api import load
 from foretell.drafters.hidden_tree import HiddenStateDrafter, HiddenStateOptions, follow, grow_info_tree, merge_trees
 from foretell.errors import ForetellError
@@ -22,14 +22,7 @@ from foretell.tree import depths
 from foretell.types import SamplingParams
 from test_engine_statistical import NEW, PROMPT, VOCAB, exact_marginals, worst_p_value
 
-PROMPTS = [[1, 5, 9, 12, 5, 9, 30], [1, 7, 7, 7, 7], [1, 20, 21, 22, 23, 24, 25, 20, 21, 22], [1]]
-GREEDY = SamplingParams(max_new_tokens=40, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def plain(tiny_pair):
-    target, _ = tiny_pair
-    return load(target, drafter="none", warm_up=False)
+GREEDY = greedy_params()
 
 
 def make_draft(target, rank=16, hot=None, seed=0, info_scale=1.0, init_from_layer=None):
@@ -458,13 +451,7 @@ def test_a_briefly_trained_draft_gets_accepted(plain):
         optimizer.step()
 
     def accepted(draft):
-        spec = plain.with_drafter(HiddenStateDrafter(draft))
-        total = 0
-        for prompt in held_out:
-            result = spec.engine.generate(prompt, GREEDY)
-            assert result.tokens == plain.engine.generate(prompt, GREEDY).tokens
-            total += sum(result.stats.accepted_per_position)
-        return total
+        return accepted_drafts(plain, HiddenStateDrafter(draft), held_out)
 
     with torch.no_grad():
         trained, untrained = accepted(draft), accepted(new_hidden_draft(target))

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import make_hf_model, make_tokenizer, perturbed_copy, save_model_folder
+from conftest import PROMPTS, accepted_drafts, greedy_params, make_hf_model, make_tokenizer, perturbed_copy, save_model_folder
 from foretell.api import load
 from foretell.drafters.parallel_tree import HeadTreeShape, ParallelHeadDrafter, grow_tree
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
@@ -21,14 +21,7 @@ from foretell.tree import depths
 from foretell.types import Proposal, SamplingParams
 from test_engine_statistical import NEW, PROMPT, VOCAB, exact_marginals, worst_p_value
 
-PROMPTS = [[1, 5, 9, 12, 5, 9, 30], [1, 7, 7, 7, 7], [1, 20, 21, 22, 23, 24, 25, 20, 21, 22], [1]]
-GREEDY = SamplingParams(max_new_tokens=40, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def plain(tiny_pair):
-    target, _ = tiny_pair
-    return load(target, drafter="none")
+GREEDY = greedy_params()
 
 
 def with_head(plain, shape=HeadTreeShape(), **config):
@@ -344,13 +337,7 @@ def test_a_briefly_trained_head_gets_accepted(plain):
         optimizer.step()
 
     def accepted(head):
-        spec = plain.with_drafter(ParallelHeadDrafter(head))
-        total = 0
-        for prompt in held_out:
-            result = spec.engine.generate(prompt, GREEDY)
-            assert result.tokens == plain.engine.generate(prompt, GREEDY).tokens
-            total += sum(result.stats.accepted_per_position)
-        return total
+        return accepted_drafts(plain, ParallelHeadDrafter(head), held_out)
 
     with torch.no_grad():
         trained, untrained = accepted(head), accepted(new_parallel_head(target))
