@@ -22,7 +22,7 @@ from foretell.hot_vocab import HotVocab, default_hot_vocab
 from foretell.models.hidden_draft import load_hidden_draft
 from foretell.models.loading import LoadedModel, load_model
 from foretell.models.parallel_head import load_parallel_head
-from foretell.models.quant import apply_quant, resolve_quant
+from foretell.models.quant import apply_quant
 from foretell.text import encode_prompt, stop_token_ids
 from foretell.types import SamplingParams
 
@@ -140,7 +140,7 @@ def load(
     if drafter in ("draft-model", "draft-tree"):
         drf = load_model(draft, dtype, device, cache_dir)
         check_same_tokenizer(tgt.tokenizer, drf.tokenizer, str(target), str(draft))
-        apply_quant(drf.model, resolve_quant(draft_quant, device))
+        apply_quant(drf.model, draft_quant)
         target_cost = cost_curve(tgt.model, str(target), cache_dir) if auto_budget else None
         hot = draft_hot_vocab(tgt, drf, hot_vocab, cache_dir)
         if drafter == "draft-model":
