@@ -273,7 +273,7 @@ def brute_force_best(q: torch.Tensor, max_nodes: int, width: int) -> list[float]
 @pytest.mark.parametrize("max_nodes, depth, width", [(16, 4, 3), (5, 4, 3), (40, 3, 2), (7, 1, 3), (10, 5, 1)])
 def test_grow_tree_respects_caps_and_keeps_the_best_nodes(max_nodes, depth, width):
     q = torch.softmax(torch.randn(depth, 12, generator=torch.Generator().manual_seed(max_nodes)) * 2, -1)
-    tokens, parents = grow_tree(q, max_nodes, width)
+    tokens, parents, _ = grow_tree(q, max_nodes, width)
     parents_t = torch.tensor(parents)
     assert len(tokens) == min(max_nodes, sum(width**d for d in range(1, depth + 1)))
     assert all(p < i for i, p in enumerate(parents)), "parents precede children"
@@ -292,7 +292,7 @@ def test_grow_tree_respects_caps_and_keeps_the_best_nodes(max_nodes, depth, widt
 
 def test_grow_tree_skips_zero_probability_tokens():
     q = torch.tensor([[0.7, 0.3, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
-    tokens, parents = grow_tree(q, 16, 3)
+    tokens, parents, _ = grow_tree(q, 16, 3)
     assert tokens == [0, 0, 1, 0] and parents == [-1, 0, -1, 2]
 
 

@@ -15,14 +15,17 @@ from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
 from foretell.drafters.hidden_tree import HiddenStateDrafter, HiddenStateOptions
 from foretell.drafters.length_policy import DraftLengthPolicy, make_length_policy
 from foretell.drafters.parallel_tree import HeadTreeShape, ParallelHeadDrafter
+from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.engine import Chunk, Engine, GenerationResult
 from foretell.errors import ForetellError
+from foretell.lossy import check_lossy_threshold
 from foretell.hot_vocab import HotVocab, default_hot_vocab
 from foretell.models.hidden_draft import load_hidden_draft
 from foretell.models.loading import LoadedModel, load_model
 from foretell.models.parallel_head import load_parallel_head
 from foretell.models.quant import apply_quant
+from foretell.result_cache import ResultCache
 from foretell.text import encode_prompt, stop_token_ids
 from foretell.types import SamplingParams
 
@@ -101,6 +104,8 @@ def load(
     head_tree: HeadTreeShape | None = None,
     hidden_draft: str | Path | None = None,
     hidden_options: HiddenStateOptions | None = None,
+    lossy_threshold: float | None = None,
+    result_cache: bool = False,
 ) -> Pipeline:
     """Load a target and a drafter: none | draft-model | draft-tree (both need `draft`) | prompt-lookup
     | parallel-head (needs `head`).
@@ -114,9 +119,14 @@ def load(
     CPU; lossless: only acceptance can change); "auto" means int8 on CPU, none elsewhere.
     `warm_up` runs a few throw-away forwards so the first generation is not the slow one.
     `head` is a saved parallel head folder for the parallel-head drafter (the default drafter
-    when it is given), `head_tree` its tree budget (default 16 nodes, depth 4, width 3).
+    when it is given), `head_tree` its tree budget (default 16 nodes, depth 4, width 3); with
+    `auto_budget` the adaptive scheduler picks each step's budget, depth and width instead.
     `hidden_draft` is a saved hidden-state draft folder for the hidden-state drafter (seed 000;
     the default drafter when it is given), `hidden_options` its tree and ablation switches.
+    `lossy_threshold` (opt-in, LOSSY: the output no longer follows the target exactly): a draft
+    token whose draft path probability exceeds it is accepted without the target's check; in (0, 1].
+    `result_cache` (lossless) offers continuations committed earlier (this and previous requests)
+    as an extra branch of a tree drafter's proposal.
     """
     drafter = drafter or (
         "draft-model" if draft else "parallel-head" if head else "hidden-state" if hidden_draft else "prompt-lookup"
@@ -131,6 +141,14 @@ def load(
         raise ForetellError(
             "the hidden-state drafter needs hidden_draft=PATH (CLI: --hidden-draft), and hidden_draft is only for that drafter"
         )
+    lossy_threshold = check_lossy_threshold(lossy_threshold)
+    if lossy_threshold is not None and drafter in ("none", "prompt-lookup"):
+        raise ForetellError(
+            f"lossy_threshold needs a drafter with draft probabilities (draft-model, draft-tree, parallel-head, "
+            f"hidden-state); the {drafter} drafter has none"
+        )
+    if result_cache and drafter not in ("draft-tree", "parallel-head", "hidden-state"):
+        raise ForetellError(f"result_cache needs a tree drafter (draft-tree, parallel-head, hidden-state), not {drafter}")
     if not 1 <= gamma <= 16:
         raise ForetellError(f"gamma (draft length) must be between 1 and 16, got {gamma}")
     tgt = load_model(target, dtype, device, cache_dir)
@@ -157,12 +175,15 @@ def load(
         parallel_head = load_parallel_head(head, tgt.model, hot)
         # Default tree: as deep as the head drafts, up to the default depth.
         shape = head_tree or HeadTreeShape(depth=min(HeadTreeShape().depth, parallel_head.config.depth))
-        the_drafter = ParallelHeadDrafter(parallel_head, shape)
+        scheduler = AdaptiveTreeScheduler(cost_curve(tgt.model, str(target), cache_dir)) if auto_budget else None
+        the_drafter = ParallelHeadDrafter(parallel_head, shape, scheduler)
     elif drafter == "hidden-state":
         hot = draft_hot_vocab(tgt, tgt, hot_vocab, cache_dir)  # the draft shares the target's output layer
         the_drafter = HiddenStateDrafter(load_hidden_draft(hidden_draft, tgt.model, hot), hidden_options or HiddenStateOptions())
-    if (auto_budget or draft_quant not in ("none", "auto")) and drafter not in ("draft-model", "draft-tree"):
-        raise ForetellError("auto_budget and draft_quant need a draft-model or draft-tree drafter")
+    if auto_budget and drafter not in ("draft-model", "draft-tree", "parallel-head"):
+        raise ForetellError("auto_budget needs a draft-model, draft-tree or parallel-head drafter")
+    if draft_quant not in ("none", "auto") and drafter not in ("draft-model", "draft-tree"):
+        raise ForetellError("draft_quant needs a draft-model or draft-tree drafter")
     if hot_vocab and drafter not in ("draft-model", "draft-tree", "parallel-head", "hidden-state"):
         raise ForetellError("hot_vocab needs a draft-model, draft-tree, parallel-head or hidden-state drafter")
     engine = Engine(
@@ -171,6 +192,8 @@ def load(
         stop_ids=stop_token_ids(tgt.tokenizer, tgt.config.eos_token_ids),
         drafter=the_drafter,
         length_policy=policy,
+        lossy_threshold=lossy_threshold,
+        result_cache=ResultCache() if result_cache else None,
     )
     if warm_up:
         engine.warm_up()

@@ -39,6 +39,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--lossy-threshold", type=float,
+                   help="LOSSY, off by default: accept a draft token without the target's check when its draft path "
+                        "probability exceeds this value in (0, 1] (seed 003's shortcut; output no longer exact)")
+    p.add_argument("--result-cache", action="store_true",
+                   help="tree drafters: also propose continuations committed earlier (this and previous requests; lossless)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -89,6 +94,7 @@ def add_bench_parser(sub) -> None:
     )
     b.add_argument("--model", default="smollm2-135m", help="target: preset name, .gguf file or HF folder (default: %(default)s)")
     b.add_argument("--draft", help="draft model (preset, .gguf or HF folder) for draft-chain, draft-tree*, hf-assisted")
+    b.add_argument("--head", help="a saved parallel draft head folder, for the parallel-head* methods")
     b.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"),
                    help="weights dtype, every method (default: %(default)s)")
     b.add_argument("--datasets", default="spec-bench", help=f"comma list of {', '.join(DATASETS)} (default: %(default)s)")
@@ -150,6 +156,7 @@ def cmd_generate(args) -> None:
         gamma=args.gamma, length_policy=args.length_policy, tree=tree_shape(args),
         auto_budget=args.auto_budget, hot_vocab=args.hot_vocab,
         draft_quant=args.draft_quant, head=args.head, hidden_draft=args.hidden_draft,
+        lossy_threshold=args.lossy_threshold, result_cache=args.result_cache,
     )
     drafter = pipe.engine.drafter.name if pipe.engine.drafter else "none"
     result = None
@@ -158,8 +165,8 @@ def cmd_generate(args) -> None:
             print(chunk.text, end="", flush=True)
         result = chunk.result or result
     if args.json:
-        print(json.dumps({"model": args.model, "drafter": drafter, "text": result.text, "tokens": result.tokens,
-                          "stats": result.stats.to_dict()}))
+        print(json.dumps({"model": args.model, "drafter": drafter, "lossy": args.lossy_threshold is not None,
+                          "text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}))
     else:
         print()
         print(f"[{args.model}, drafter {drafter}, {args.dtype}] {result.stats.summary()}", file=sys.stderr)
@@ -217,13 +224,13 @@ def cmd_bench(args) -> None:
     opts = MethodOptions(gamma=args.gamma, tree_depth=args.tree_depth, tree_topk=args.tree_topk,
                          tree_budget=args.tree_budget, tree_branching=branching,
                          temperature=args.temperature, seed=args.seed, threads=args.threads, hot_vocab=args.hot_vocab)
-    models = Models(args.model, args.draft, args.dtype, draft_quant=args.draft_quant)
+    models = Models(args.model, args.draft, args.dtype, draft_quant=args.draft_quant, head=args.head)
     methods = build_methods(names(args.methods) if args.methods else default_methods(bool(args.draft)), models, opts,
                             warn=lambda msg: print(msg, file=sys.stderr))
     tokenizer = models.pipeline().tokenizer
     chat = bool(getattr(tokenizer, "chat_template", None))
     out = Path(args.out or Path("runs") / "bench" / time.strftime("%Y%m%d-%H%M%S"))
-    settings = {k: getattr(args, k) for k in ("model", "draft", "dtype", "max_new_tokens", "temperature", "seed",
+    settings = {k: getattr(args, k) for k in ("model", "draft", "head", "dtype", "max_new_tokens", "temperature", "seed",
                                                 "gamma", "tree_depth", "tree_topk", "tree_budget", "branching", "hot_vocab",
                                                 "draft_quant")}
     cfg = RunConfig(out, args.max_new_tokens, greedy=args.temperature == 0, resume=args.resume,
@@ -231,6 +238,10 @@ def cmd_bench(args) -> None:
     run_bench(prompts, methods, lambda text: encode_prompt(tokenizer, text, chat), cfg)
     report = write_report(out)
     print(report.read_text())
+    if any("-lossy-" in m.name for m in methods):
+        from foretell.bench.lossy_table import write_lossy_table
+
+        print(write_lossy_table(out, tokenizer).read_text())
     print(f"foretell bench: rows in {out / 'results.jsonl'}, report in {report}", file=sys.stderr)
 
 

@@ -17,7 +17,9 @@ import torch
 from foretell.drafters.base import Drafter, empty_proposal
 from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength
 from foretell.errors import ForetellError
+from foretell.lossy import check_lossy_threshold, verify_controlled
 from foretell.models.transformer import Transformer, warm_up
+from foretell.result_cache import ResultCache, merge_branch
 from foretell.sampling import make_generator
 from foretell.text import TextStream
 from foretell.types import GenerationStats, SamplingParams
@@ -49,6 +51,19 @@ class Engine:
     drafter: Drafter | None = None
     length_policy: DraftLengthPolicy = field(default_factory=FixedLength)
     max_draft: int = 16  # upper bound on draft tokens a policy may ask for
+    # Opt-in, both off by default: LOSSY verification (lossy.py: a draft path probability above
+    # the threshold skips the target's check) and the result cache (result_cache.py).
+    lossy_threshold: float | None = None
+    result_cache: ResultCache | None = None
+
+    def __post_init__(self):
+        self.lossy_threshold = check_lossy_threshold(self.lossy_threshold)
+        if self.result_cache is not None and not getattr(self.drafter, "sizes_itself", False):
+            name = self.drafter.name if self.drafter is not None else "none"
+            raise ForetellError(
+                f"the result cache merges its branch into a tree proposal, so it needs a tree drafter "
+                f"(draft-tree, parallel-head, hidden-state), not {name}"
+            )
 
     @property
     def context_window(self) -> int:
@@ -82,7 +97,9 @@ class Engine:
                 "shorten the prompt"
             )
         t0 = time.perf_counter()
-        stats = GenerationStats(prompt_tokens=len(ids))
+        stats = GenerationStats(prompt_tokens=len(ids), lossy_threshold=self.lossy_threshold)
+        if self.result_cache is not None:
+            self.result_cache.begin(ids)
         limit = min(params.max_new_tokens, self.context_window - len(ids))
         capacity = len(ids) + limit + max(self.max_draft, getattr(self.drafter, "max_nodes", 0)) + 1
         device = self.target.device
@@ -110,8 +127,11 @@ class Engine:
             n = self._draft_budget(room) if self.drafter else 0
             t1 = time.perf_counter()
             proposal = self.drafter.propose(ids, n) if n > 0 else empty_proposal()
+            proposal, cache_nodes = self._extend_proposal(ids, proposal, n, stats)
             t2 = time.perf_counter()
             verdict, committed_hidden = self._verify(ids[-1], proposal, cache, params, generator)
+            if proposal.size and hasattr(self.drafter, "verified"):  # drafters that learn from timings
+                self.drafter.verified(verdict.accepted, time.perf_counter() - t2)
             if committed_hidden:
                 self.drafter.observe(committed_hidden)
             t3 = time.perf_counter()
@@ -123,6 +143,13 @@ class Engine:
                 depth = proposal.depth
                 stats.record(depth, verdict.accepted)
                 self.length_policy.update(depth, verdict.accepted)
+                stats.draft_passes += 1
+                stats.passes_with_accepted += int(verdict.accepted > 0)
+                stats.lossy_accepted += verdict.waived
+                if cache_nodes:
+                    from_cache = len(set(cache_nodes) & set(verdict.path or ()))
+                    stats.cache_useful += int(from_cache > 0)
+                    stats.cache_accepted_tokens += from_cache
 
             accepted = verdict.path if verdict.path is not None else range(verdict.accepted)
             new = [*proposal.tokens[list(accepted)].tolist(), verdict.next_token]
@@ -133,6 +160,8 @@ class Engine:
                     break
             new = new[:room]
             ids.extend(new)
+            if self.result_cache is not None:
+                self.result_cache.extend(ids)
             stats.new_tokens = len(ids) - prompt_len
             delta = text.update(ids[prompt_len:])
             if text.stopped:
@@ -158,6 +187,31 @@ class Engine:
             return room - 1
         return min(self.length_policy.next_length(), self.max_draft, room - 1)
 
+    def _extend_proposal(self, ids: list[int], proposal, n: int, stats: GenerationStats):
+        """The opt-in extras around the drafter's proposal: lossy mode needs its draft probabilities;
+        the result cache merges in its branch. Returns the proposal and the nodes only the cache added."""
+        if self.lossy_threshold is not None and proposal.size and proposal.draft_prob is None:
+            raise ForetellError(
+                f"lossy verification needs per-node draft probabilities (Proposal.draft_prob), which the "
+                f"{self.drafter.name} drafter does not provide; use parallel-head, draft-model, draft-tree or "
+                "hidden-state, or leave lossy_threshold off"
+            )
+        if self.result_cache is None or n <= 0:
+            return proposal, []
+        stats.cache_steps += 1
+        branch = self.result_cache.lookup(ids, n)
+        if not branch:
+            return proposal, []
+        stats.cache_hits += 1
+        merged = merge_branch(proposal, branch, getattr(self.drafter, "max_nodes", self.max_draft))
+        return merged.proposal, merged.added
+
+    def _judge(self, logits, proposal, params: SamplingParams, generator):
+        """The verification controller: lossless `verify` unless the opt-in lossy mode is on."""
+        if self.lossy_threshold is None:
+            return verify(logits, proposal, params, generator)
+        return verify_controlled(logits, proposal, params, generator, self.lossy_threshold)
+
     def _verify(self, last_token: int, proposal, cache, params: SamplingParams, generator):
         """One target pass over [last, drafts...]; keep the accepted slots in the cache.
 
@@ -170,12 +224,12 @@ class Engine:
         if proposal.is_chain:
             positions = torch.arange(cache.length, cache.length + len(inputs), device=device)
             out = self.target(inputs, positions, cache, hidden_layers=layers)
-            verdict = verify(out.logits, proposal, params, generator)
+            verdict = self._judge(out.logits, proposal, params, generator)
             cache.commit_prefix(1 + verdict.accepted)
             return verdict, {layer: h[: 1 + verdict.accepted] for layer, h in out.hidden.items()}
         positions = slot_positions(proposal.parents, cache.length).to(device)
         out = self.target(inputs, positions, cache, tree_mask=attention_mask(proposal.parents), hidden_layers=layers)
-        verdict = verify(out.logits, proposal, params, generator)
+        verdict = self._judge(out.logits, proposal, params, generator)
         slots = accepted_slots(verdict.path)
         cache.commit_slots(slots)
         return verdict, {layer: h[slots.to(h.device)] for layer, h in out.hidden.items()}

@@ -52,11 +52,15 @@ class Proposal:
         temperature / top-k / top-p as the target; siblings share their parent's row), or None
         when the drafter chose deterministically (prompt lookup, greedy or top-k drafting):
         then the verifier treats each node as a point mass (the EAGLE rule for siblings).
+    draft_prob: [N] float32 or None: the drafter's probability of each node's token given its
+        parent (the distribution it ranked or sampled by; greedy drafting: its softmax). Only the
+        opt-in lossy verification (lossy.py) reads it; None when the drafter does not provide it.
     """
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
     parents: torch.Tensor | None = None
+    draft_prob: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -85,11 +89,13 @@ class Verification:
     next_token: the token the target supplies after them: the recovered token sampled from the
         residual at the first rejection, or the bonus token when the accepted path is a leaf.
     path: node indices of the accepted path (a tree), or None for a chain.
+    waived: how many of the accepted tokens skipped the target's check (opt-in lossy mode; else 0).
     """
 
     accepted: int
     next_token: int
     path: list[int] | None = None
+    waived: int = 0
 
 
 @dataclass
@@ -106,6 +112,19 @@ class GenerationStats:
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
     finish_reason: str = ""
+    # Monitoring (seed 003): passes that verified >= 1 draft token, and those that accepted >= 1.
+    draft_passes: int = 0
+    passes_with_accepted: int = 0
+    # Opt-in lossy verification (lossy.py): None = lossless. lossy_accepted counts the accepted
+    # tokens whose target check was waived.
+    lossy_threshold: float | None = None
+    lossy_accepted: int = 0
+    # Opt-in result cache (result_cache.py): steps it was consulted, steps it added a branch,
+    # steps an added node was accepted, and the accepted tokens only its branch had proposed.
+    cache_steps: int = 0
+    cache_hits: int = 0
+    cache_useful: int = 0
+    cache_accepted_tokens: int = 0
 
     @property
     def tau(self) -> float:
@@ -122,6 +141,33 @@ class GenerationStats:
     def acceptance_rate(self) -> float:
         proposed = sum(self.proposed_per_position)
         return sum(self.accepted_per_position) / proposed if proposed else 0.0
+
+    @property
+    def accepted_tokens(self) -> int:
+        return sum(self.accepted_per_position)
+
+    @property
+    def verification_pass_rate(self) -> float:
+        """Share of target passes with drafts in which at least one draft token was accepted."""
+        return self.passes_with_accepted / self.draft_passes if self.draft_passes else 0.0
+
+    @property
+    def accepted_per_verified(self) -> float:
+        """The pass rate per draft token: accepted / verified (tree nodes off the path count as verified)."""
+        return self.accepted_tokens / self.draft_tokens_verified if self.draft_tokens_verified else 0.0
+
+    @property
+    def wasted_share(self) -> float:
+        """Draft tokens the target computed but did not accept, over all draft tokens verified."""
+        return 1.0 - self.accepted_per_verified if self.draft_tokens_verified else 0.0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cache_hits / self.cache_steps if self.cache_steps else 0.0
+
+    @property
+    def cache_useful_rate(self) -> float:
+        return self.cache_useful / self.cache_steps if self.cache_steps else 0.0
 
     @property
     def decode_seconds(self) -> float:
@@ -141,7 +187,7 @@ class GenerationStats:
                 self.accepted_per_position[i] += 1
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "prompt_tokens": self.prompt_tokens,
             "new_tokens": self.new_tokens,
             "target_passes": self.target_passes,
@@ -156,13 +202,37 @@ class GenerationStats:
             "verify_seconds": round(self.verify_seconds, 4),
             "total_seconds": round(self.total_seconds, 4),
             "finish_reason": self.finish_reason,
+            "draft_passes": self.draft_passes,
+            "verification_pass_rate": round(self.verification_pass_rate, 4),
+            "accepted_per_verified": round(self.accepted_per_verified, 4),
+            "wasted_share": round(self.wasted_share, 4),
+            "lossy_threshold": self.lossy_threshold,
         }
+        if self.lossy_threshold is not None:
+            out["lossy_accepted"] = self.lossy_accepted
+        if self.cache_steps:
+            out.update(cache_steps=self.cache_steps, cache_hit_rate=round(self.cache_hit_rate, 4),
+                       cache_useful_rate=round(self.cache_useful_rate, 4), cache_accepted_tokens=self.cache_accepted_tokens)
+        return out
 
     def summary(self) -> str:
         acc = " ".join(f"{a:.2f}" for a in self.acceptance_per_position)
-        return (
+        lossy = (
+            f"LOSSY (threshold {self.lossy_threshold:g}: {self.lossy_accepted} tokens accepted without target check) "
+            if self.lossy_threshold is not None else ""
+        )
+        monitor = (
+            f", pass rate {self.verification_pass_rate:.2f} ({self.accepted_per_verified:.2f} per draft token), "
+            f"wasted {self.wasted_share:.2f}" if self.draft_passes else ""
+        )
+        cache = (
+            f", result cache hits {self.cache_hit_rate:.2f} (useful {self.cache_useful_rate:.2f}, "
+            f"{self.cache_accepted_tokens} tokens)" if self.cache_steps else ""
+        )
+        return lossy + (
             f"{self.new_tokens} tokens in {self.total_seconds:.2f}s ({self.tokens_per_second:.1f} tok/s), "
             f"{self.target_passes} target passes, tau {self.tau:.2f}, acceptance {self.acceptance_rate:.2f}"
             + (f" [per position: {acc}]" if acc else "")
+            + monitor + cache
             + f", draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s, finish: {self.finish_reason}"
         )

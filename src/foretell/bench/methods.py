@@ -15,12 +15,18 @@ from typing import Callable, Protocol
 
 import torch
 
+from dataclasses import replace
+
 from foretell.api import Pipeline, load
+from foretell.bench.runner import MONITOR_KEYS
 from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+from foretell.drafters.parallel_tree import HeadTreeShape, ParallelHeadDrafter
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
+from foretell.lossy import check_lossy_threshold
 from foretell.errors import ForetellError
 from foretell.models.loading import parse_dtype, resolve_model_dir
+from foretell.result_cache import ResultCache
 from foretell.types import SamplingParams
 
 
@@ -62,7 +68,9 @@ class Models:
     draft: str | None = None
     dtype: str = "bfloat16"
     draft_quant: str = "none"  # applies to every foretell draft method (they share the draft's weights)
+    head: str | None = None  # a saved parallel head folder, for the parallel-head* methods
     _pipe: Pipeline | None = field(default=None, repr=False)
+    _head: object = field(default=None, repr=False)
     _hf: dict = field(default_factory=dict, repr=False)
 
     def pipeline(self) -> Pipeline:
@@ -71,6 +79,13 @@ class Models:
             quant = self.draft_quant if self.draft else "none"
             self._pipe = load(self.target, draft=self.draft, drafter=drafter, dtype=self.dtype, draft_quant=quant)
         return self._pipe
+
+    def parallel_head(self):
+        if self._head is None:
+            from foretell.models.parallel_head import load_parallel_head
+
+            self._head = load_parallel_head(self.head, self.pipeline().target.model)
+        return self._head
 
     def hf(self, which: str):
         """The transformers copy of the target or the draft (separate weights: other module classes)."""
@@ -97,9 +112,14 @@ def sampling(opts: MethodOptions, max_new_tokens: int) -> SamplingParams:
 
 
 class ForetellMethod:
-    def __init__(self, name: str, pipe: Pipeline, drafter, opts: MethodOptions, length_policy="fixed"):
+    def __init__(self, name: str, pipe: Pipeline, drafter, opts: MethodOptions, length_policy="fixed",
+                 lossy_threshold: float | None = None, result_cache: bool = False):
         self.name = name
         self.pipe = pipe.with_drafter(drafter, length_policy, gamma=opts.gamma)
+        if lossy_threshold is not None or result_cache:  # opt-in extras of the engine (lossy.py, result_cache.py)
+            engine = replace(self.pipe.engine, lossy_threshold=lossy_threshold,
+                             result_cache=ResultCache() if result_cache else None)
+            self.pipe = replace(self.pipe, engine=engine)
         self.opts = opts
         self.cache_bytes = 0
 
@@ -112,6 +132,7 @@ class ForetellMethod:
             "acceptance_per_position": s.acceptance_per_position,
             "proposed_per_position": s.proposed_per_position, "accepted_per_position": s.accepted_per_position,
             "mean_verified_drafts": s.draft_tokens_verified / s.target_passes if s.target_passes else 0.0,
+            **{k: getattr(s, k) for k in MONITOR_KEYS},
         }
 
     def memory_bytes(self) -> int:
@@ -273,6 +294,7 @@ class MethodSpec:
     build: Callable[[Models, MethodOptions], object]
     needs_draft: bool = False
     help: str = ""
+    needs_head: bool = False
 
 
 def _foretell(name: str, drafter: Callable[[Models, MethodOptions], object]):
@@ -296,6 +318,9 @@ METHODS: dict[str, MethodSpec] = {
         lambda m, o: ForetellMethod("draft-chain-additive", m.pipeline(), _chain(m, o), o, length_policy="additive"),
         True, "foretell, draft model, transformers' +2/-1 draft length (base --gamma)"),
     "draft-tree-auto": MethodSpec(_tree_auto, True, "foretell, dynamic tree, hardware-aware depth and size"),
+    "parallel-head": MethodSpec(_foretell("parallel-head", lambda m, o: _head_drafter(m)), help=
+                                "foretell, parallel draft head tree (--head); variants: parallel-head-lossy-T "
+                                "(LOSSY, threshold T), parallel-head-cache (result cache)", needs_head=True),
     "hf-plain": MethodSpec(lambda m, o: HFMethod("hf-plain", m, o), help="transformers generate"),
     "hf-assisted": MethodSpec(lambda m, o: HFMethod("hf-assisted", m, o, assisted=True), True,
                               "transformers assisted generation (its own draft-length schedule)"),
@@ -313,13 +338,17 @@ def default_methods(has_draft: bool) -> list[str]:
 
 def build_methods(names: list[str], models: Models, opts: MethodOptions, warn=print) -> list:
     """Methods in the given order; unavailable optional ones are skipped with a message via `warn`."""
-    specs = {n: _tree_fixed_budget(n) if _is_budget_variant(n) else METHODS.get(n) for n in names}
+    specs = {n: _tree_fixed_budget(n) if _is_budget_variant(n) else METHODS.get(n) or _extras_variant(n) for n in names}
     unknown = [n for n, spec in specs.items() if spec is None]
     if unknown:
-        raise ForetellError(f"unknown method(s) {', '.join(unknown)}; use {', '.join(METHODS)} or draft-tree@N")
+        raise ForetellError(f"unknown method(s) {', '.join(unknown)}; use {', '.join(METHODS)}, draft-tree@N, "
+                            f"or M-lossy-T / M-cache for M in {', '.join(EXTRAS_BASES)}")
     needing = [n for n in names if specs[n].needs_draft]
     if needing and not models.draft:
         raise ForetellError(f"method(s) {', '.join(needing)} need a draft model: pass --draft")
+    needing = [n for n in names if specs[n].needs_head]
+    if needing and not models.head:
+        raise ForetellError(f"method(s) {', '.join(needing)} need a parallel head folder: pass --head")
     built = []
     for n in names:
         method = specs[n].build(models, opts)
@@ -333,3 +362,39 @@ def build_methods(names: list[str], models: Models, opts: MethodOptions, warn=pr
 def _is_budget_variant(name: str) -> bool:
     head, _, budget = name.partition("@")
     return head == "draft-tree" and budget.isdigit() and int(budget) > 0
+
+
+def _head_drafter(models: Models) -> ParallelHeadDrafter:
+    head = models.parallel_head()
+    return ParallelHeadDrafter(head, HeadTreeShape(depth=min(HeadTreeShape().depth, head.config.depth)))
+
+
+# Methods that take the engine's opt-in extras: name-lossy-T (LOSSY verification at threshold T)
+# and name-cache (the result cache; tree drafters only).
+EXTRAS_BASES = ("parallel-head", "draft-tree", "draft-chain")
+
+
+def _extras_variant(name: str) -> MethodSpec | None:
+    """'parallel-head-lossy-0.85' or 'draft-tree-cache' -> a spec; None when the name is not one."""
+    for base in EXTRAS_BASES:
+        if not name.startswith(base + "-"):
+            continue
+        rest = name[len(base) + 1 :]
+        lossy, cache = None, False
+        if rest.startswith("lossy-"):
+            try:
+                lossy = check_lossy_threshold(float(rest[len("lossy-"):]))
+            except ValueError:
+                return None
+        elif rest == "cache" and base != "draft-chain":
+            cache = True
+        else:
+            return None
+        spec = METHODS[base]
+        drafter = {"parallel-head": lambda m, o: _head_drafter(m), "draft-tree": lambda m, o: _tree(m, _dynamic(o), o),
+                   "draft-chain": _chain}[base]
+        build = lambda m, o, d=drafter: ForetellMethod(name, m.pipeline(), d(m, o), o, lossy_threshold=lossy,  # noqa: E731
+                                                       result_cache=cache)
+        what = f"LOSSY at threshold {lossy:g}" if lossy is not None else "with the result cache"
+        return MethodSpec(build, spec.needs_draft, f"{spec.help}, {what}", spec.needs_head)
+    return None

@@ -28,6 +28,8 @@ class MethodSummary:
     memory_mb: float = 0.0
     verified_per_pass: float | None = None  # mean draft tokens verified per target pass (the budget)
     greedy_equal: tuple[int, int] = (0, 0)  # (equal, compared)
+    pass_rate: float | None = None  # share of passes with drafts that accepted >= 1 draft token
+    wasted: float | None = None  # draft tokens verified but not accepted / draft tokens verified
 
 
 def prompt_key(row: dict) -> tuple[str, str]:
@@ -69,6 +71,16 @@ def acceptance(rows: list[dict]) -> list[float]:
     return [a / p if p else 0.0 for a, p in zip(accepted, proposed)]
 
 
+def monitoring(rows: list[dict]) -> tuple[float | None, float | None]:
+    """Seed 003's monitoring metrics over rows: verification pass rate and wasted share (None without counts)."""
+    rows = [r for r in rows if r.get("draft_passes")]
+    passes = sum(r["draft_passes"] for r in rows)
+    verified = sum(r.get("draft_tokens_verified") or 0 for r in rows)
+    accepted = sum(sum(r.get("accepted_per_position") or []) for r in rows)
+    pass_rate = sum(r.get("passes_with_accepted") or 0 for r in rows) / passes if passes else None
+    return pass_rate, (1.0 - accepted / verified if verified else None)
+
+
 def summarize_group(rows: list[dict]) -> list[MethodSummary]:
     by_method: dict[str, list[dict]] = {}
     for r in rows:
@@ -87,6 +99,7 @@ def summarize_group(rows: list[dict]) -> list[MethodSummary]:
             verified_per_pass=mean_verified(mrows),
             greedy_equal=(sum(compared), len(compared)),
         ))
+        out[-1].pass_rate, out[-1].wasted = monitoring(mrows)
     return out
 
 
@@ -106,14 +119,16 @@ def _fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
 
 def markdown_table(summaries: list[MethodSummary]) -> str:
     lines = [
-        "| method | prompts | tok/s | speedup | tau | drafts verified / pass | acceptance by position | memory MB | greedy = plain |",
-        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| method | prompts | tok/s | speedup | tau | drafts verified / pass | acceptance by position | pass rate | wasted "
+        "| memory MB | greedy = plain |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for s in summaries:
         acc = " ".join(f"{a:.2f}" for a in s.acceptance[:SHOWN_POSITIONS]) or "–"
         equal = f"{s.greedy_equal[0]}/{s.greedy_equal[1]}" if s.greedy_equal[1] else "–"
         lines.append(f"| {s.method} | {s.prompts} | {s.tokens_per_s:.1f} | {_fmt(s.speedup, 2, 'x')} | "
-                     f"{_fmt(s.tau)} | {_fmt(s.verified_per_pass, 1)} | {acc} | {s.memory_mb:.1f} | {equal} |")
+                     f"{_fmt(s.tau)} | {_fmt(s.verified_per_pass, 1)} | {acc} | {_fmt(s.pass_rate)} | {_fmt(s.wasted)} | "
+                     f"{s.memory_mb:.1f} | {equal} |")
     return "\n".join(lines)
 
 
@@ -228,6 +243,8 @@ def write_report(out_dir: Path) -> Path:
     for name, summaries in groups.items():
         parts += [f"## {name}", "", markdown_table(summaries), ""]
     parts += budget_section(groups[OVERALL], (summary.get("settings") or {}).get("tree_budget"))
+    parts += ["Pass rate: share of target passes with drafts that accepted at least one draft token; wasted: "
+              "draft tokens the target verified but did not accept, over all it verified (seed 003's monitoring).", ""]
     parts += ["![speedup](speedup.png)", "", "![acceptance](acceptance.png)", ""]
     report = out_dir / "report.md"
     report.write_text("\n".join(parts))

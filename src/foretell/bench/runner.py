@@ -19,6 +19,9 @@ from typing import Callable
 from foretell.errors import ForetellError
 
 RESULTS = "results.jsonl"
+# Counters the report sums over rows (verification pass rate, wasted share, lossy, result cache).
+MONITOR_KEYS = ("draft_passes", "passes_with_accepted", "draft_tokens_verified", "lossy_accepted",
+                "cache_steps", "cache_hits", "cache_useful")
 SUMMARY = "bench.json"
 
 
@@ -90,6 +93,8 @@ def make_row(prompt: dict, method, tokens: list[int], stats: dict, seconds: floa
         "greedy_equal_to_plain": None if plain_tokens is None else tokens == plain_tokens,
         "memory_mb": round(method.memory_bytes() / 2**20, 2),
         "tokens": tokens,
+        # monitoring counters (foretell methods): pass rate, wasted share, lossy and result-cache counts
+        **{k: stats[k] for k in MONITOR_KEYS if k in stats},
     }
 
 

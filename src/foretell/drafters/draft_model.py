@@ -88,15 +88,18 @@ class DraftModelDrafter:
         feed = self._sync(tokens)
         drafted: list[int] = []
         q_rows: list[torch.Tensor] = []
+        probs: list[float] = []  # the draft's probability of each token (read by lossy verification only)
         for i in range(max_tokens):
             logits = self._step(feed)
             if self.params.greedy:
                 token = int(logits.argmax())
+                probs.append(float(torch.softmax(logits.float(), -1)[token]))
             else:
                 q = processed_probs(logits, self.params)
                 token = sample(q, self.generator)
                 q_rows.append(q)
+                probs.append(float(q[token]))
             drafted.append(token)
             feed = [token]
         q = torch.stack(q_rows) if q_rows else None  # greedy drafts are deterministic: q one-hot
-        return Proposal(tokens=torch.tensor(drafted, dtype=torch.long), q=q)
+        return Proposal(tokens=torch.tensor(drafted, dtype=torch.long), q=q, draft_prob=torch.tensor(probs))

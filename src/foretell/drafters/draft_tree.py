@@ -210,4 +210,8 @@ class DraftTreeDrafter(DraftModelDrafter):
         parents = torch.tensor([index[grown.parents[n]] if grown.parents[n] >= 0 else -1 for n in keep])
         sampled = self.shape.children == "sampled" and not self.params.greedy
         q = torch.stack([grown.q_rows[n] for n in keep]) if sampled else None
-        return Proposal(tokens=tokens, q=q, parents=parents)
+        # Each node's own draft probability: its score (cumulative log q) less its parent's.
+        draft_prob = torch.tensor([
+            math.exp(grown.scores[n] - (grown.scores[grown.parents[n]] if grown.parents[n] >= 0 else 0.0)) for n in keep
+        ])
+        return Proposal(tokens=tokens, q=q, parents=parents, draft_prob=draft_prob)

@@ -345,13 +345,17 @@ class HiddenStateDrafter:
         return i if i < len(self._out_ids) and self._out_ids[i] == token else None
 
     def _proposal(self, root_len: int, trees: list, only_resampled: bool = False) -> Proposal:
-        tokens, parents, _, sources = merge_trees(trees, self.options.max_nodes)
+        tokens, parents, scores, sources = merge_trees(trees, self.options.max_nodes)
         resampled_only = [only_resampled or s == 0b10 for s in sources]
         self.stats.resampled_nodes += sum(s & 0b10 > 0 or only_resampled for s in sources)
         self._last = (root_len, tokens, parents, resampled_only)
         if not tokens:
             return empty_proposal()
-        return Proposal(tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long))
+        # Each node's draft probability: its score less its parent's (capped: merged trees keep each node's best score).
+        draft_prob = torch.tensor([min(1.0, math.exp(s - (scores[p] if p >= 0 else 0.0))) for s, p in zip(scores, parents)])
+        return Proposal(
+            tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long), draft_prob=draft_prob
+        )
 
     def _account(self, tokens: list[int]) -> None:
         """Count accepted nodes of the last proposal that only a resampled subtree had proposed."""

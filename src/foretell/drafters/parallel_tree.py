@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from dataclasses import dataclass
 
 import torch
 
 from foretell.drafters.base import empty_proposal
+from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.parallel_head import ParallelHead
 from foretell.sampling import processed_probs
@@ -39,8 +41,8 @@ class HeadTreeShape:
             )
 
 
-def grow_tree(q: torch.Tensor, max_nodes: int, width: int) -> tuple[list[int], list[int]]:
-    """Tokens and parents of the best-first tree over per-depth distributions q [depth, V].
+def grow_tree(q: torch.Tensor, max_nodes: int, width: int) -> tuple[list[int], list[int], list[float]]:
+    """Tokens, parents and scores of the best-first tree over per-depth distributions q [depth, V].
 
     A candidate's score is its parent's plus log q_d(token). Candidates are enumerated lazily
     (a node's best child, a node's next sibling), so the nodes come out in non-increasing score
@@ -72,19 +74,37 @@ def grow_tree(q: torch.Tensor, max_nodes: int, width: int) -> tuple[list[int], l
         if d + 1 < depth:
             order += 1
             heapq.heappush(heap, (-(scores[node] + logq[d + 1][0]), order, node, d + 1, 0))
-    return tokens, parents
+    return tokens, parents, scores
+
+
+def node_probs(q: torch.Tensor, tokens: list[int], parents: list[int]) -> torch.Tensor:
+    """[N] each node's probability q_d(token) at its depth d (the draft_prob read by lossy verification)."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(depth[p] + 1 if p >= 0 else 0)
+    if not tokens:
+        return torch.empty(0)
+    return q[torch.tensor(depth), torch.tensor(tokens)].float().cpu()
 
 
 class ParallelHeadDrafter:
     name = "parallel-head"
     sizes_itself = True  # its tree shape sets depth and size, not the engine's length policy
 
-    def __init__(self, head: ParallelHead, shape: HeadTreeShape = HeadTreeShape()):
+    def __init__(
+        self, head: ParallelHead, shape: HeadTreeShape = HeadTreeShape(), scheduler: AdaptiveTreeScheduler | None = None
+    ):
+        """With a scheduler, its limits replace the fixed shape's and it picks each step's tree."""
         if shape.depth > head.config.depth:
             raise ForetellError(f"tree depth {shape.depth} exceeds the parallel head's depth {head.config.depth}")
         self.head = head
+        self.scheduler = scheduler
+        if scheduler is not None:
+            limits = scheduler.limits
+            shape = HeadTreeShape(limits.max_nodes, min(limits.max_depth, head.config.depth), limits.max_width)
         self.shape = shape
         self.max_nodes = shape.max_nodes
+        self._sent: tuple[list[int], list[float]] = ([], [])  # the last tree's parents and scores
         self.target_layers = head.config.fuse_layers  # the engine hands us these rows after each commit
         self.cache = None
         self.params = SamplingParams()
@@ -115,16 +135,30 @@ class ParallelHeadDrafter:
         depth = min(self.shape.depth, max_tokens)
         if depth <= 0 or not self._pending:  # a one-token prompt has no target rows yet
             return empty_proposal()
+        t0 = time.perf_counter()
         features = torch.cat(self._pending)
         self._pending = []
         start = self.cache.length
         next_tokens = torch.tensor(tokens[start + 1 :], dtype=torch.long, device=self.head.device)
         logits = self.head(features, next_tokens, self.cache, num_placeholders=depth - 1)
         self.cache.commit_prefix(features.shape[0])
-        drafted, parents = grow_tree(self._q(logits), self.shape.max_nodes, self.shape.width)
-        return Proposal(tokens=torch.tensor(drafted, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long))
+        drafted, parents, scores = grow_tree(self._q(logits), self.shape.max_nodes, self.shape.width)
+        if self.scheduler is not None:
+            n = self.scheduler.choose(scores, parents, time.perf_counter() - t0)
+            drafted, parents, scores = drafted[:n], parents[:n], scores[:n]  # best-first: closed under ancestors
+            self._sent = (parents, scores)
+        return Proposal(
+            tokens=torch.tensor(drafted, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long),
+            draft_prob=node_probs(self._last_q, drafted, parents),
+        )
+
+    def verified(self, accepted: int, verify_seconds: float) -> None:
+        """The engine's report on the last proposal: accepted path length and the pass's time."""
+        if self.scheduler is not None and self._sent[0]:
+            self.scheduler.record(*self._sent, accepted, verify_seconds)
 
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
         # Rank under the user's temperature / top-k / top-p; greedy ranks by softmax.
         params = self.params if not self.params.greedy else SamplingParams(temperature=1.0)
-        return processed_probs(logits, params)
+        self._last_q = processed_probs(logits, params)  # kept for the proposal's draft_prob
+        return self._last_q

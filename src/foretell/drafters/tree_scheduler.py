@@ -1,0 +1,152 @@
+"""The adaptive scheduler (JetSpec, seed 003): each step's tree budget, depth and width, chosen
+from what this machine costs now and what the drafter has recently been getting accepted.
+
+Per step the drafter grows the best-first tree up to the scheduler's caps; the scheduler then
+keeps the prefix of n nodes maximising expected tokens per second,
+
+    rate(n) = (1 + sum of the n best node values) / (draft seconds + verify seconds(n + 1)),
+
+where a node's value is its cumulative draft probability, calibrated per depth against how
+often nodes of that depth were really accepted, and verify seconds come from the target's
+measured cost curve, corrected online by the verification times the engine reports. The
+correction is what makes the choice follow load: when another process competes for the cores,
+big verification passes slow down more than small ones on a CPU, the corrected curve steepens
+and the chosen budget shrinks. Sizes far from the current choice are probed now and then (one
+step in `probe_every`, alternating a half and a double budget) so their corrections stay fresh.
+Every choice is lossless: the scheduler only picks which drafts the target verifies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from foretell.budget import CostCurve
+from foretell.errors import ForetellError
+
+
+@dataclass(frozen=True)
+class ScheduleLimits:
+    max_nodes: int = 64  # the largest tree ever verified (root excluded)
+    max_depth: int = 8  # capped further by the drafter's own depth
+    max_width: int = 4  # children per node
+    probe_every: int = 16  # steps between probes of a smaller / larger budget (0 = never)
+    decay: float = 0.9  # forgetting of old outcomes and timings
+
+    def __post_init__(self):
+        if min(self.max_nodes, self.max_depth, self.max_width) < 1:
+            raise ForetellError(
+                f"scheduler max_nodes, max_depth and max_width must be >= 1, got "
+                f"{self.max_nodes}, {self.max_depth}, {self.max_width}"
+            )
+        if self.probe_every < 0 or not 0.0 < self.decay < 1.0:
+            raise ForetellError(f"probe_every must be >= 0 and decay in (0, 1), got {self.probe_every}, {self.decay}")
+
+
+@dataclass
+class Choice:
+    """One step's decision, kept for reports."""
+
+    nodes: int
+    depth: int
+    width: int
+    expected_tokens: float
+    probe: bool = False
+
+
+def node_depths(parents: list[int]) -> list[int]:
+    """Depth of each node (1 = child of the root); parents precede their children."""
+    depth_of: list[int] = []
+    for p in parents:
+        depth_of.append(1 if p < 0 else depth_of[p] + 1)
+    return depth_of
+
+
+def tree_shape(parents: list[int]) -> tuple[int, int]:
+    """(depth, widest fan-out) of a tree given by parent indices (-1 = child of the root)."""
+    fan: dict[int, int] = {}
+    for p in parents:
+        fan[p] = fan.get(p, 0) + 1
+    return max(node_depths(parents), default=0), max(fan.values(), default=0)
+
+
+@dataclass
+class AdaptiveTreeScheduler:
+    target: CostCurve  # the target's forward seconds vs tokens, measured once on this machine
+    limits: ScheduleLimits = field(default_factory=ScheduleLimits)
+    _passed: list[float] = field(default_factory=list)  # per depth: decayed accepted nodes
+    _predicted: list[float] = field(default_factory=list)  # per depth: decayed sum of raw node probabilities
+    _correction: dict[int, float] = field(default_factory=dict)  # cost-curve size -> measured / curve
+    _steps: int = 0
+    history: list[Choice] = field(default_factory=list)
+
+    def calibration(self, depth: int) -> float:
+        """Accepted / predicted at this depth (1 with no evidence; a pseudo-count keeps it sane).
+        Depths never verified yet borrow the deepest verified one's."""
+        if not self._passed:
+            return 1.0
+        i = min(depth, len(self._passed)) - 1
+        return (self._passed[i] + 1.0) / (self._predicted[i] + 1.0)
+
+    def verify_seconds(self, tokens: int) -> float:
+        """The cost curve at `tokens`, scaled by the correction measured nearest to it."""
+        if not self._correction:
+            return self.target(tokens)
+        nearest = min(self._correction, key=lambda size: (abs(math.log(size / tokens)), size))
+        return self.target(tokens) * self._correction[nearest]
+
+    def choose(self, scores: list[float], parents: list[int], draft_seconds: float) -> int:
+        """How many of the best-first nodes to verify. scores: cumulative log-probabilities."""
+        if not scores:
+            return 0
+        depth_of = node_depths(parents)
+        best_n, best_rate, expected, best_expected = 1, -1.0, 1.0, 1.0
+        values: list[float] = []
+        for n, (score, depth, parent) in enumerate(zip(scores, depth_of, parents), start=1):
+            # A node is reached only through its parent, so it is never worth more.
+            values.append(min(math.exp(score) * self.calibration(depth), values[parent] if parent >= 0 else 1.0))
+            expected += values[-1]
+            rate = expected / (draft_seconds + self.verify_seconds(n + 1))
+            if rate > best_rate:
+                best_n, best_rate, best_expected = n, rate, expected
+        self._steps += 1
+        probe = bool(self.limits.probe_every) and self._steps % self.limits.probe_every == 0
+        if probe:  # alternate a half and a double budget, so both neighbours' timings stay current
+            up = (self._steps // self.limits.probe_every) % 2 == 0
+            best_n = min(len(scores), best_n * 2) if up else max(1, best_n // 2)
+        depth, width = tree_shape(parents[:best_n])
+        self.history.append(Choice(best_n, depth, width, best_expected, probe))
+        return best_n
+
+    def record(self, parents: list[int], scores: list[float], accepted_depth: int, verify_seconds: float) -> None:
+        """Learn from one verification: the tree sent, how deep its accepted path went, how long it took."""
+        d = self.limits.decay
+        depth_of = node_depths(parents)
+        deepest = max(depth_of, default=0)
+        while len(self._passed) < deepest:
+            self._passed.append(0.0)
+            self._predicted.append(0.0)
+        self._passed = [x * d for x in self._passed]
+        self._predicted = [x * d for x in self._predicted]
+        for score, depth in zip(scores, depth_of):
+            self._predicted[depth - 1] += math.exp(score)
+        for depth in range(1, accepted_depth + 1):
+            self._passed[depth - 1] += 1.0
+        size = min(self.target.sizes, key=lambda s: abs(math.log(s / (len(parents) + 1))))
+        ratio = verify_seconds / self.target(len(parents) + 1)
+        old = self._correction.get(size)
+        self._correction[size] = ratio if old is None else d * old + (1 - d) * ratio
+
+    def summary(self) -> dict:
+        """Mean choices over the steps so far (for reports)."""
+        steps = [c for c in self.history if not c.probe] or self.history
+        if not steps:
+            return {}
+        mean = lambda xs: round(sum(xs) / len(xs), 2)  # noqa: E731
+        return {
+            "steps": len(self.history),
+            "mean_nodes": mean([c.nodes for c in steps]),
+            "mean_depth": mean([c.depth for c in steps]),
+            "mean_width": mean([c.width for c in steps]),
+            "cost_correction": {k: round(v, 3) for k, v in sorted(self._correction.items())},
+        }

@@ -1,0 +1,167 @@
+"""The result cache: continuations the target already accepted, offered again as an extra tree branch.
+
+Every token the engine commits has passed the target's verification (or is the target's
+own token), so the committed outputs of this request and of earlier requests of the same
+engine are verified work. The cache indexes them by n-gram; when the current context ends in
+an indexed n-gram, what followed it last time becomes one branch merged into the drafter's
+tree (shared prefixes once, within the drafter's node budget), and the target checks it in
+the same pass.
+
+Lossless at any temperature: the branch depends only on committed tokens, so each of its
+nodes is a deterministic candidate (a point mass, q = one-hot). Its nodes are appended after
+the drafter's nodes, so at each parent they are tried after the drafter's own children:
+SpecInfer's rule there accepts a point-mass candidate x with the residual's probability of x
+and otherwise zeroes x in the residual, which is exact whatever rule the earlier siblings used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from foretell.errors import ForetellError
+from foretell.tree import chain_parents, children_lists
+from foretell.types import Proposal
+
+
+@dataclass
+class ResultCache:
+    max_ngram: int = 4
+    min_ngram: int = 2  # a single token is too weak a key: hits would mostly be rejected
+    max_branch: int = 8  # tokens one branch may propose
+    max_tokens: int = 1_000_000  # stored tokens over all requests; the oldest requests go first
+    _sequences: list[list[int]] = field(default_factory=list)  # committed sequences, the newest last
+    _indexed: list[int] = field(default_factory=list)  # per sequence: continuation starts indexed so far
+    _index: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)  # n-gram -> (seq no, start)
+    _first: int = 0  # sequence number of _sequences[0] (numbers stay valid as old ones are dropped)
+
+    def __post_init__(self):
+        if not 1 <= self.min_ngram <= self.max_ngram or self.max_branch < 1:
+            raise ForetellError(
+                f"result cache needs 1 <= min_ngram <= max_ngram and max_branch >= 1, "
+                f"got {self.min_ngram}, {self.max_ngram}, {self.max_branch}"
+            )
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        """A new request: its committed output will be indexed as it grows (keys may reach into the prompt)."""
+        self._sequences.append(list(prompt_ids))
+        # Continuations start in the output only: the prompt itself is prompt lookup's business.
+        self._indexed.append(len(prompt_ids))
+        self._evict()
+
+    def extend(self, committed: list[int]) -> None:
+        """The current request's committed tokens so far (prompt included)."""
+        seq = self._sequences[-1]
+        seq[len(seq):] = committed[len(seq):]
+        number = self._first + len(self._sequences) - 1
+        # Index start j (the continuation begins at seq[j]) once seq[j] exists.
+        for j in range(self._indexed[-1], len(seq)):
+            for n in range(self.min_ngram, self.max_ngram + 1):
+                if j >= n:
+                    self._index[tuple(seq[j - n : j])] = (number, j)  # the newest occurrence wins
+        self._indexed[-1] = max(self._indexed[-1], len(seq))
+
+    def lookup(self, context: list[int], max_tokens: int) -> list[int]:
+        """What followed the longest indexed suffix n-gram of `context` last time ([] when none)."""
+        limit = min(max_tokens, self.max_branch)
+        if limit <= 0:
+            return []
+        for n in range(min(self.max_ngram, len(context)), self.min_ngram - 1, -1):
+            hit = self._index.get(tuple(context[len(context) - n :]))
+            if hit is None or hit[0] < self._first:
+                continue
+            seq = self._sequences[hit[0] - self._first]
+            return seq[hit[1] : hit[1] + limit]
+        return []
+
+    def _evict(self) -> None:
+        while len(self._sequences) > 1 and sum(map(len, self._sequences)) > self.max_tokens:
+            self._sequences.pop(0)
+            self._indexed.pop(0)
+            self._first += 1
+        # Stale entries point below _first and are skipped by lookup; drop them now and then.
+        if len(self._index) > 4 * self.max_tokens:
+            self._index = {k: v for k, v in self._index.items() if v[0] >= self._first}
+
+
+@dataclass
+class Merged:
+    proposal: Proposal
+    added: list[int]  # nodes of the merged tree that only the cache proposed
+
+
+def merge_branch(proposal: Proposal, branch: list[int], max_nodes: int) -> Merged:
+    """The proposal as a tree with `branch` (tokens below the root) merged in, at most max_nodes nodes.
+
+    A branch token already present as a child of its parent is shared. New nodes go after the
+    drafter's nodes. When the budget is full, the branch may take up to a quarter of it (at
+    least one node) from the drafter's least valuable leaves: lowest path probability under
+    draft_prob, or, without it, the latest nodes (best-first drafters emit their best first).
+    """
+    n = proposal.size
+    parents = proposal.parents.tolist() if not proposal.is_chain else chain_parents(n).tolist()
+    tokens = proposal.tokens.tolist()
+    child = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
+    node, shared = -1, []
+    for token in branch:
+        nxt = child.get((node, token))
+        if nxt is None:
+            break
+        shared.append(nxt)
+        node = nxt
+    new = branch[len(shared):]
+    room = max_nodes - n
+    take = min(len(new), max(room, max(1, max_nodes // 4)))
+    new = new[:take]
+    keep = _evict_leaves(parents, proposal.draft_prob, n + len(new) - max_nodes, protected=set(shared))
+    new = new[: max_nodes - len(keep)]  # when too few leaves could go
+    if not new:
+        return Merged(proposal, [])
+    index = {old: i for i, old in enumerate(keep)}
+    kept_parents = [index[parents[i]] if parents[i] >= 0 else -1 for i in keep]
+    attach = index[node] if node >= 0 else -1
+    added = []
+    for token in new:
+        added.append(len(keep) + len(added))
+        kept_parents.append(attach)
+        attach = added[-1]
+    sel = torch.tensor(keep, dtype=torch.long)
+    extra = torch.tensor(new, dtype=torch.long)
+    q = None
+    if proposal.q is not None:  # the branch's rows are point masses on its tokens
+        one_hot = torch.nn.functional.one_hot(extra, proposal.q.shape[-1]).to(proposal.q.dtype).to(proposal.q.device)
+        q = torch.cat([proposal.q[sel.to(proposal.q.device)], one_hot])
+    draft_prob = None
+    if proposal.draft_prob is not None:  # the drafter never vouched for the branch: never waived by lossy mode
+        draft_prob = torch.cat([proposal.draft_prob[sel], torch.zeros(len(new), dtype=proposal.draft_prob.dtype)])
+    merged = Proposal(
+        tokens=torch.cat([proposal.tokens[sel], extra]), q=q,
+        parents=torch.tensor(kept_parents, dtype=torch.long), draft_prob=draft_prob,
+    )
+    return Merged(merged, added)
+
+
+def _evict_leaves(parents: list[int], draft_prob, count: int, protected: set[int]) -> list[int]:
+    """Indices kept after removing `count` leaves, lowest value first (re-checking leaves as they go)."""
+    alive = list(range(len(parents)))
+    if count <= 0:
+        return alive
+    if draft_prob is not None:
+        probs, value = draft_prob.tolist(), []
+        for i, p in enumerate(parents):
+            value.append(probs[i] * (value[p] if p >= 0 else 1.0))
+    else:
+        value = [-float(i) for i in range(len(parents))]
+    removed: set[int] = set()
+    kids = [len(c) for c in children_lists(torch.tensor(parents, dtype=torch.long))[1:]]
+    for _ in range(count):
+        leaves = [i for i in alive if kids[i] == 0 and i not in protected and i not in removed]
+        if not leaves:
+            break
+        worst = min(leaves, key=lambda i: (value[i], -i))
+        removed.add(worst)
+        if parents[worst] >= 0:
+            kids[parents[worst]] -= 1
+    return [i for i in alive if i not in removed]
+

@@ -1,0 +1,158 @@
+"""The result cache (result_cache.py): n-gram index over committed outputs, its branch merged
+into tree proposals within the node budget, lossless greedy and sampled, hit rates reported."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from conftest import PROMPTS, greedy_params
+from foretell.api import load
+from foretell.drafters.draft_model import DraftModelDrafter
+from foretell.drafters.parallel_tree import HeadTreeShape, ParallelHeadDrafter
+from foretell.errors import ForetellError
+from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head
+from foretell.result_cache import ResultCache, merge_branch
+from foretell.sampling import processed_probs, sample
+from foretell.types import Proposal, SamplingParams
+from foretell.verify import verify_tree_sampled
+
+
+def head_engine(plain, cache=True):
+    target = plain.engine.target
+    head = new_parallel_head(target, ParallelHeadConfig.for_target(target.config), seed=3)
+    engine = plain.with_drafter(ParallelHeadDrafter(head, HeadTreeShape(max_nodes=8))).engine
+    return replace(engine, result_cache=ResultCache() if cache else None)
+
+
+# --- the index ------------------------------------------------------------------------------
+
+
+def test_lookup_finds_what_followed_in_this_and_earlier_requests():
+    cache = ResultCache(max_ngram=3, min_ngram=2, max_branch=4)
+    cache.begin([1, 2])  # a prompt: indexed only where the output starts
+    cache.extend([1, 2, 3, 4, 5, 6, 7])
+    assert cache.lookup([9, 3, 4], 10) == [5, 6, 7]  # the 2-gram (3, 4)
+    assert cache.lookup([9, 1, 2], 10) == [3, 4, 5, 6]  # keys may reach into the prompt; max_branch caps
+    assert cache.lookup([9, 8, 7, 1], 10) == [] and cache.lookup([3], 10) == []  # no 1-gram keys
+    cache.begin([0])  # a later request sees the earlier one
+    cache.extend([0, 3, 4, 9])
+    assert cache.lookup([5, 3, 4], 2) == [9]  # the newest occurrence wins (its continuation is still short)
+    assert cache.lookup([2, 3, 4], 2) == [5, 6]  # a longer matching n-gram first
+    with pytest.raises(ForetellError, match="min_ngram"):
+        ResultCache(min_ngram=3, max_ngram=2)
+
+
+def test_old_requests_are_dropped_past_the_token_limit():
+    cache = ResultCache(max_tokens=6)
+    cache.begin([1, 2])
+    cache.extend([1, 2, 3, 4])
+    cache.begin([5, 6])
+    cache.extend([5, 6, 7, 8])  # 8 tokens stored: the first request goes at the next begin
+    cache.begin([9])
+    assert cache.lookup([0, 1, 2], 4) == [] and cache.lookup([0, 5, 6], 4) == [7, 8]
+
+
+# --- merging into a proposal ----------------------------------------------------------------
+
+
+def test_merge_shares_prefixes_and_appends_after_the_drafters_nodes():
+    tree = Proposal(torch.tensor([5, 6, 7]), parents=torch.tensor([-1, -1, 0]), draft_prob=torch.tensor([0.6, 0.3, 0.5]))
+    merged = merge_branch(tree, [5, 8, 9], max_nodes=8)
+    p = merged.proposal
+    assert p.tokens.tolist() == [5, 6, 7, 8, 9] and p.parents.tolist() == [-1, -1, 0, 0, 3]
+    assert merged.added == [3, 4] and p.draft_prob.tolist()[3:] == [0.0, 0.0]  # never waived by lossy mode
+    assert merge_branch(tree, [5, 7], 8).proposal is tree  # nothing new
+    chain = merge_branch(Proposal(torch.tensor([1, 2])), [1, 3], 8).proposal  # a chain becomes a tree
+    assert chain.parents.tolist() == [-1, 0, 0] and chain.tokens.tolist() == [1, 2, 3]
+
+
+def test_merge_respects_the_budget_by_evicting_the_least_likely_leaves():
+    # Path values: n0 .6, n1 .3, n2 .3 (.6 * .5), n3 .06; a full budget of 4.
+    tree = Proposal(torch.tensor([5, 6, 7, 8]), parents=torch.tensor([-1, -1, 0, 2]),
+                    draft_prob=torch.tensor([0.6, 0.3, 0.5, 0.2]))
+    merged = merge_branch(tree, [9, 10, 11], max_nodes=4)  # may take max(1, 4 // 4) = 1 node
+    assert merged.proposal.size == 4 and merged.added == [3]
+    assert merged.proposal.tokens.tolist() == [5, 6, 7, 9]  # n3 (0.06) went
+    assert merged.proposal.parents.tolist() == [-1, -1, 0, -1]
+    # Without draft probabilities the latest nodes go first; q rows stay aligned, the branch's are one-hot.
+    q = torch.softmax(torch.randn(4, 12), -1)
+    merged = merge_branch(Proposal(tree.tokens, q=q, parents=tree.parents), [5, 9], max_nodes=4)
+    p = merged.proposal
+    assert p.tokens.tolist() == [5, 6, 7, 9] and p.parents.tolist() == [-1, -1, 0, 0]
+    assert torch.equal(p.q[:3], q[:3]) and p.q[3].tolist() == [0.0] * 9 + [1.0] + [0.0] * 2
+
+
+def test_merged_tree_is_lossless_when_sampling():
+    """Sampled children (SpecInfer, q rows) then a point-mass cache child under one parent: the first
+    emitted token must follow the target's p. The same test rejects a wrongly merged tree (the cache
+    node given the drafter's q row), so the sample is large enough to see a bias."""
+    g = torch.Generator().manual_seed(0)
+    params = SamplingParams(temperature=1.0)
+    p_logits = torch.tensor([[1.5, 0.2, -0.5, 0.9, 0.0, -1.0]] * 4)
+    q = torch.softmax(torch.tensor([0.1, 1.8, 0.3, -0.4, 1.0, 0.2]), -1)
+    p = processed_probs(p_logits[0], params)
+
+    def counts(wrong: bool, n=8000):
+        out = torch.zeros(6)
+        for _ in range(n):
+            a, b = sample(q, g), sample(q, g)  # two i.i.d. sampled siblings (maybe equal)
+            drafted = Proposal(torch.tensor([a, b]), q=torch.stack([q, q]), parents=torch.tensor([-1, -1]))
+            merged = merge_branch(drafted, [3], max_nodes=8).proposal  # the cache's token 3, unless drafted
+            if wrong and merged.size == 3:
+                merged = replace(merged, q=torch.stack([q, q, q]))
+            v = verify_tree_sampled(p_logits[: merged.size + 1], merged, params, g)
+            out[merged.tokens[v.path[0]] if v.path else v.next_token] += 1
+        return out
+
+    def p_value(c):
+        expected = p.double() / p.double().sum() * c.sum()
+        return chisquare(c.double().numpy(), expected.numpy()).pvalue
+
+    assert p_value(counts(wrong=False)) > 1e-3
+    assert p_value(counts(wrong=True)) < 1e-3
+
+
+# --- through the engine ---------------------------------------------------------------------
+
+
+def test_greedy_equals_plain_and_hits_on_repeated_requests(plain):
+    engine = head_engine(plain)
+    for prompt in PROMPTS:
+        want = plain.engine.generate(prompt, greedy_params()).tokens
+        first = engine.generate(prompt, greedy_params())
+        again = engine.generate(prompt, greedy_params())  # verified work of the first request, reused
+        assert first.tokens == want and again.tokens == want
+        s = again.stats
+        assert s.cache_hits > 0 and s.cache_useful > 0 and s.cache_accepted_tokens > 0
+        assert s.tau > first.stats.tau
+        assert 0 < s.cache_useful_rate <= s.cache_hit_rate <= 1
+        d = s.to_dict()
+        assert d["cache_hit_rate"] == round(s.cache_hit_rate, 4) and "result cache hits" in s.summary()
+    assert "cache_hit_rate" not in head_engine(plain, cache=False).generate(PROMPTS[0], greedy_params()).stats.to_dict()
+
+
+def test_draft_tree_with_cache_through_load(tiny_pair, plain):
+    for kind, params in (("dynamic", greedy_params(24)),
+                         ("static", SamplingParams(temperature=1.0, seed=2, max_new_tokens=24, ignore_eos=True))):
+        from foretell.drafters.draft_tree import TreeShape
+
+        children = "sampled" if kind == "static" else "topk"
+        pipe = load(tiny_pair[0], draft=tiny_pair[1], drafter="draft-tree", dtype="float32", warm_up=False,
+                    tree=TreeShape(kind=kind, children=children), result_cache=True)
+        for prompt in PROMPTS[:3]:
+            result = pipe.engine.generate(prompt, params)
+            assert len(result.tokens) == 24 and result.stats.cache_steps > 0
+            if params.greedy:
+                assert result.tokens == plain.engine.generate(prompt, params).tokens
+
+
+def test_cache_needs_a_tree_drafter(tiny_pair, plain):
+    with pytest.raises(ForetellError, match="result_cache needs a tree drafter"):
+        load(tiny_pair[0], drafter="prompt-lookup", result_cache=True, warm_up=False)
+    chain = DraftModelDrafter(plain.engine.target, plain.engine.target.config.vocab_size)
+    with pytest.raises(ForetellError, match="needs a tree drafter .* not draft-model"):
+        replace(plain.with_drafter(chain).engine, result_cache=ResultCache())
