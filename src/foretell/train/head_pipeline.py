@@ -128,14 +128,21 @@ def evaluate(cfg: ParallelHeadTrainConfig, target, head, data: TokenData) -> dic
     return result
 
 
-def run_parallel_head(cfg: ParallelHeadTrainConfig) -> Path:
-    """Train (or finish training) the head; returns OUT/head."""
+def run_inputs(cfg) -> tuple[Path, TokenData, TokenData | None, torch.nn.Module]:
+    """A run's target folder, training data, held-out data (None without evaluation) and frozen target
+    (cfg: any kind's run config with target, out, data, eval_data, eval_sequences and train)."""
     cfg.train.micro_batches(1)
     target_dir = resolve_model_dir(cfg.target)
     tokenizer = load_tokenizer(target_dir)
     data = prepare_data(cfg.data, tokenizer, cfg.out / "data")  # bad data fails here, before any model work
     held_out = eval_data(cfg, tokenizer)
-    target = build_model(target_dir, torch.float32).requires_grad_(False)  # frozen: only the head trains
+    target = build_model(target_dir, torch.float32).requires_grad_(False)  # frozen: only the drafter trains
+    return target_dir, data, held_out, target
+
+
+def run_parallel_head(cfg: ParallelHeadTrainConfig) -> Path:
+    """Train (or finish training) the head; returns OUT/head."""
+    target_dir, data, held_out, target = run_inputs(cfg)
     config = head_config(cfg, target)
     if cfg.eval_sequences and cfg.eval_data is None and cfg.data.source not in ("gsm8k", "sharegpt", BOTH):
         print("foretell train: warning: evaluating on the training file (give --eval-data for held-out data)")

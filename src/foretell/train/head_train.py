@@ -120,27 +120,40 @@ def head_step(head: ParallelHead, optimizer, scheduler, cache: FeatureCache, dat
 def train_head(head: ParallelHead, cache: FeatureCache, data: TokenData, train: TrainConfig, loss_cfg: HeadLossConfig,
                out: Path, resume: bool = True, stop_after: int | None = None) -> int:
     """Train `head` in place, checkpointing into `out`; returns the steps done (train.steps unless stopped)."""
-    head.requires_grad_(True).train()
-    optimizer = torch.optim.AdamW(head.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+
+    def step_fn(optimizer, scheduler, step: int) -> dict:
+        index = step_indices(step, train, len(data))
+        return head_step(head, optimizer, scheduler, cache, data, index, step, train, loss_cfg)
+
+    return run_steps(head, step_fn, train, out, resume, stop_after, "parallel head",
+                     lambda row: {"loss": f"{row['loss']:.4f}", "top1": f"{row['top1_1']:.2f}"})
+
+
+def run_steps(module: torch.nn.Module, step_fn, train: TrainConfig, out: Path, resume: bool, stop_after: int | None,
+              desc: str, postfix) -> int:
+    """The resumable loop of a drafter trained on cached features: AdamW on module's parameters, trainer.py's
+    warmup + cosine, checkpoints and log in `out`. step_fn(optimizer, scheduler, step) does one optimizer step and
+    returns its log row; postfix(row) -> the progress bar's fields. Returns the steps done."""
+    module.requires_grad_(True).train()
+    optimizer = torch.optim.AdamW(module.parameters(), lr=train.lr, weight_decay=train.weight_decay)
     warmup = train.warmup_steps if train.warmup_steps is not None else max(1, train.steps // 10)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, train.steps, train.min_lr_ratio))
     out.mkdir(parents=True, exist_ok=True)
     ckpt, log_path = out / CHECKPOINT, out / LOG
-    start = load_checkpoint(ckpt, head, optimizer, scheduler, train) if resume and ckpt.is_file() else 0
+    start = load_checkpoint(ckpt, module, optimizer, scheduler, train) if resume and ckpt.is_file() else 0
     truncate_log(log_path, start)
     end = min(train.steps, stop_after) if stop_after is not None else train.steps
-    bar = tqdm(range(start, end), initial=start, total=train.steps, desc="parallel head")
+    bar = tqdm(range(start, end), initial=start, total=train.steps, desc=desc)
     for step in bar:
         t0 = time.perf_counter()
-        row = head_step(head, optimizer, scheduler, cache, data, step_indices(step, train, len(data)), step, train, loss_cfg)
-        row = {"step": step + 1, **row, "seconds": round(time.perf_counter() - t0, 4)}
+        row = {"step": step + 1, **step_fn(optimizer, scheduler, step), "seconds": round(time.perf_counter() - t0, 4)}
         with open(log_path, "a") as f:
             f.write(json.dumps(row) + "\n")
-        bar.set_postfix(loss=f"{row['loss']:.4f}", top1=f"{row['top1_1']:.2f}")
+        bar.set_postfix(**postfix(row))
         if (step + 1) % train.checkpoint_every == 0 or step + 1 == end:
-            save_checkpoint(ckpt, head, optimizer, scheduler, step + 1, train)
+            save_checkpoint(ckpt, module, optimizer, scheduler, step + 1, train)
     bar.close()
     if log_path.is_file() and log_path.stat().st_size:
-        plot_losses(log_path, out / "loss.png", "parallel head")
-    head.eval().requires_grad_(False)
+        plot_losses(log_path, out / "loss.png", desc)
+    module.eval().requires_grad_(False)
     return end

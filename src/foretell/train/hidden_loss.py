@@ -1,0 +1,150 @@
+"""The loss of hidden-state draft training (seed 000), per sequence, on cached target features.
+
+Anchor t is a context row: the draft has seen the target's final-normed states of positions
+0..t and then its own j previous predictions; its j-th step (j = 0..k-1) predicts the state at
+position p = t + j + 1. Two terms, weighted w_mse and w_kl (the seed's 0.7 and 0.3):
+
+- MSE between that prediction and the target's state at p (mean over the hidden size), at every
+  anchor (cheap: no output layer);
+- KL(p_target || q) at `anchors` sampled anchors, where q = softmax(clamp(lm_head(pred) + E(x_p)))
+  is exactly what the drafter samples the children of the node holding token x_p from
+  (drafters/hidden_tree.py: L_{d+1} + E(node token), at every depth including the root's). So
+  token-info W_1, W_2 are trained through this term, consistently with their use.
+
+A pair (t, j) is trained where token p + 1 is an assistant token (head_train.valid_depths).
+Noise tokens: a `noise` fraction of the input rows is replaced by the state of another, random
+position of the sequence, as if a wrong token had been read there; the targets stay clean. So the
+draft learns not to lean on one input row, and to carry on from its own imperfect predictions.
+Curriculum: the number of unrolled steps grows from 1 to the depth in equal stages over the first
+`curriculum` fraction of training. Logit clamping bounds the draft logits entering the KL (instability guard).
+Noise positions, anchors and the curriculum are pure functions of (seed, step, sequence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from foretell.errors import ForetellError
+from foretell.models.hidden_draft import HiddenDraft, unrolled_layout
+from foretell.train.head_train import anchor_seed, sample_anchors, valid_depths
+from foretell.train.losses import topk_kl
+
+
+@dataclass(frozen=True)
+class HiddenLossConfig:
+    mse_weight: float = 0.7
+    kl_weight: float = 0.3
+    noise: float = 0.1  # share of input rows replaced by another position's state
+    # The seed clamps to (-10, 10) for its target; SmolLM2's own top logits reach ~28, so a clamp
+    # at 10 would flatten exactly the tokens that matter. 50 bounds runaway logits only.
+    logit_clamp: float = 50.0
+    anchors: int = 32  # KL anchors sampled per sequence and step (the MSE uses every anchor)
+    curriculum: float = 0.5  # the stages 1..depth of unroll_steps span this share of the steps (0 = depth at once)
+
+    def __post_init__(self):
+        if min(self.mse_weight, self.kl_weight) < 0 or self.mse_weight + self.kl_weight <= 0:
+            raise ForetellError(f"--mse-weight and --kl-weight must be >= 0 and not both 0, got "
+                                f"{self.mse_weight} and {self.kl_weight}")
+        if not 0.0 <= self.noise < 1.0:
+            raise ForetellError(f"--noise must be in [0, 1), got {self.noise}")
+        if not self.logit_clamp > 0:
+            raise ForetellError(f"--logit-clamp must be > 0, got {self.logit_clamp}")
+        if self.anchors < 1:
+            raise ForetellError(f"--anchors must be >= 1, got {self.anchors}")
+        if not 0.0 <= self.curriculum <= 1.0:
+            raise ForetellError(f"--curriculum must be in [0, 1], got {self.curriculum}")
+
+
+def unroll_steps(step: int, total_steps: int, depth: int, curriculum: float) -> int:
+    """Steps unrolled at optimizer step `step` (0-based): 1, 2, .., depth in `depth` equal stages
+    over the first curriculum * total steps (the last stage reaches on to the end)."""
+    ramp = curriculum * total_steps
+    if ramp <= 0:
+        return depth
+    return min(depth, 1 + int(step * depth // ramp))
+
+
+def noise_rows(length: int, fraction: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, sources): round(fraction * length) distinct rows, each to be replaced by another row."""
+    count = int(fraction * length + 0.5) if length > 1 else 0
+    positions = torch.randperm(length, generator=generator)[:count]
+    sources = (positions + torch.randint(1, max(length, 2), (count,), generator=generator)) % length
+    return positions, sources
+
+
+def with_noise(hidden: torch.Tensor, fraction: float, generator: torch.Generator) -> torch.Tensor:
+    """[T, H] rows with noise tokens: a copy where noise_rows' positions hold their sources' rows."""
+    positions, sources = noise_rows(hidden.shape[0], fraction, generator)
+    noisy = hidden.clone()
+    noisy[positions] = hidden[sources]
+    return noisy
+
+
+class _BlockKeys:
+    """Stands in for a KV cache in DecoderLayer: the keys and values of every block so far, grown by
+    concatenation (no in-place writes, so autograd can backpropagate through all blocks)."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
+
+
+def unroll(draft: HiddenDraft, hidden: torch.Tensor, steps: int) -> torch.Tensor:
+    """HiddenDraft.forward_training's [B, T, steps, H], in `steps` layer passes instead of steps^2 / 2:
+    block j's queries attend to the keys and values blocks 0..j left from their own pass, under
+    the same layout (unrolled_layout), instead of recomputing the earlier blocks."""
+    T = hidden.shape[1]
+    positions, mask = unrolled_layout(T, steps, draft.device)
+    keys, x, predicted = _BlockKeys(), hidden.to(draft.dtype), []
+    for j in range(steps):
+        rows = slice(j * T, (j + 1) * T)
+        cos, sin = draft._rope(positions[rows])
+        x = draft.norm(draft.layer(x, cos, sin, keys, 0, mask[rows, : (j + 1) * T][None, None]))
+        predicted.append(x)
+    return torch.stack(predicted, dim=2)
+
+
+def draft_logits(draft: HiddenDraft, predicted: torch.Tensor, node_tokens: torch.Tensor) -> torch.Tensor:
+    """[..., H] predicted states and [...] node tokens -> [..., V] lm_head + E(node token), as the drafter samples."""
+    info = draft.info(node_tokens.flatten()).view(*node_tokens.shape, -1)
+    return draft.logits(predicted) + info
+
+
+@dataclass
+class SequenceTerms:
+    mse: torch.Tensor  # [T, k] per-pair hidden MSE, every anchor
+    mse_valid: torch.Tensor  # [T, k] bool
+    kl: torch.Tensor  # [A, k] at the sampled anchors
+    kl_valid: torch.Tensor  # [A, k] bool
+    agree: torch.Tensor  # [A, k] bool: the draft's top-1 is the target's
+
+
+def kl_anchors(loss_mask: torch.Tensor, cfg: HiddenLossConfig, seed: int, step: int, sequence: int) -> torch.Tensor:
+    return sample_anchors(loss_mask, cfg.anchors, anchor_seed(seed, step, sequence))
+
+
+def sequence_terms(draft: HiddenDraft, hidden: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor,
+                   tokens: torch.Tensor, loss_mask: torch.Tensor, steps: int, anchors: torch.Tensor,
+                   cfg: HiddenLossConfig, generator: torch.Generator) -> SequenceTerms:
+    """One sequence's terms: hidden [T, H] (the target's states), teacher top-k logp / ids [T, k'],
+    tokens [T], loss_mask [T]; `steps` unrolled steps; KL at `anchors`."""
+    T = hidden.shape[0]
+    device = draft.device
+    clean = hidden.to(device=device, dtype=torch.float32)
+    predicted = unroll(draft, with_noise(clean, cfg.noise, generator)[None], steps)[0]  # [T, k, H]
+    at = (torch.arange(T)[:, None] + torch.arange(1, steps + 1)).clamp(max=T - 1)  # position p of each (t, j)
+    mse = (predicted.float() - clean[at.to(device)]).pow(2).mean(-1)
+    at_a = at[anchors]
+    logits = draft_logits(draft, predicted[anchors.to(device)], tokens[at_a].to(device))
+    logits = logits.clamp(-cfg.logit_clamp, cfg.logit_clamp)
+    kl = topk_kl(logits, logp[at_a].to(device), ids[at_a].to(device))
+    agree = logits.detach().argmax(-1).cpu() == ids[at_a][..., 0]
+    return SequenceTerms(mse, valid_depths(loss_mask, torch.arange(T), steps), kl,
+                         valid_depths(loss_mask, anchors, steps), agree)

@@ -1,0 +1,115 @@
+"""`foretell train hidden-state` end to end: data -> target features (once) -> training -> OUT/draft -> eval.
+
+OUT/
+  data/train.safetensors   token ids and assistant mask, with data.json (head_pipeline.prepare_data)
+  features/                the target's final-normed last-layer states (bf16) and top-k log p per token
+                           (head_features.py with the one hook layer L = num_layers), resumable
+  train/                   job.json, checkpoint.pt, log.jsonl, loss.png, done.json
+  draft/                   the trained draft (save_hidden_draft): foretell generate --hidden-draft OUT/draft
+  eval.json, eval.md       held-out per-depth hidden MSE and acceptance, and the hot-vocabulary coverage
+Rerunning the same command resumes: finished parts are skipped, training continues from its checkpoint.
+The target is frozen (requires_grad off): its shared embedding and output layer get no gradient.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from foretell.errors import ForetellError
+from foretell.models.hidden_draft import HiddenDraftConfig, load_hidden_draft, new_hidden_draft, save_hidden_draft
+from foretell.train.data import DataConfig, TokenData
+from foretell.train.head_features import FeatureConfig
+from foretell.train.head_pipeline import DONE, HeadJob, default_train, prepare_features, run_inputs
+from foretell.train.hidden_eval import format_coverage, format_hidden_table, hidden_depth_eval, hot_vocab_coverage
+from foretell.train.hidden_loss import HiddenLossConfig
+from foretell.train.hidden_train import train_hidden
+from foretell.train.stages import begin_stage
+from foretell.train.trainer import TrainConfig
+
+INIT_CHOICES = "middle (num_layers // 2), random, or a target layer number (0-based)"
+
+
+def default_hidden_train() -> TrainConfig:
+    # The draft starts from a pretrained target layer: a smaller step than a fresh parallel head.
+    return replace(default_train(), lr=5e-4)
+
+
+@dataclass(frozen=True)
+class HiddenShape:
+    depth: int = 5  # unrolled steps once the curriculum is through = the drafter's tree depth (seed: 5)
+    token_info_rank: int = 256  # r of W_1 [H, r] and W_2 [r, V]; 0 = no token-info
+    init_layer: str = "middle"  # see INIT_CHOICES
+
+    def __post_init__(self):
+        if self.depth < 1:
+            raise ForetellError(f"--depth must be >= 1, got {self.depth}")
+        if self.token_info_rank < 0:
+            raise ForetellError(f"--token-info-rank must be >= 0, got {self.token_info_rank}")
+        if self.init_layer not in ("middle", "random") and not self.init_layer.lstrip("-").isdigit():
+            raise ForetellError(f"--init-layer takes {INIT_CHOICES}; got {self.init_layer!r}")
+
+    def init_from(self, num_layers: int) -> int | None:
+        if self.init_layer == "random":
+            return None
+        return num_layers // 2 if self.init_layer == "middle" else int(self.init_layer)
+
+
+@dataclass(frozen=True)
+class HiddenStateTrainConfig:
+    target: str
+    out: Path
+    data: DataConfig = field(default_factory=DataConfig)  # source may also be "both"
+    eval_data: str | None = None  # None: the test split of data.source
+    eval_sequences: int = 64  # 0 = no evaluation
+    shape: HiddenShape = field(default_factory=HiddenShape)
+    loss: HiddenLossConfig = field(default_factory=HiddenLossConfig)
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    train: TrainConfig = field(default_factory=default_hidden_train)
+    hot_vocab_sizes: tuple[int, ...] = (4096, 8192, 16384, 32768)  # coverage reported for each
+    width: int = 3  # children per node in the drafter's tree: the eval's top-`width` column
+    resume: bool = True
+    stop_after: int | None = None  # stop training early (tests of resuming)
+
+
+def evaluate(cfg: HiddenStateTrainConfig, target, draft, train_data: TokenData, held_out: TokenData) -> dict:
+    source = cfg.eval_data or cfg.data.source
+    result = {"data": source, "split": "test", **hidden_depth_eval(target, draft, held_out, cfg.shape.depth, cfg.width),
+              "hot_vocab": hot_vocab_coverage(train_data, held_out, cfg.hot_vocab_sizes, target.config.vocab_size)}
+    (cfg.out / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    text = f"{format_hidden_table(result)}\n\n{format_coverage(result['hot_vocab'])}"
+    (cfg.out / "eval.md").write_text(f"# Hidden-state draft on held-out {source}\n\n{text}\n")
+    print(text)
+    return result
+
+
+def run_hidden_state(cfg: HiddenStateTrainConfig) -> Path:
+    """Train (or finish training) the draft; returns OUT/draft."""
+    target_dir, data, held_out, target = run_inputs(cfg)
+    config = HiddenDraftConfig.for_target(target.config, token_info_rank=cfg.shape.token_info_rank)
+    init_layer = cfg.shape.init_from(target.config.num_hidden_layers)
+    if init_layer is not None and not 0 <= init_layer < target.config.num_hidden_layers:
+        raise ForetellError(f"--init-layer must be a target layer in 0..{target.config.num_hidden_layers - 1}, "
+                            f"got {init_layer}")
+    job = HeadJob(cfg.out / "train", cfg.resume, json.loads(json.dumps(
+        {"target": str(target_dir), "data": asdict(cfg.data), "draft": asdict(config), "init_layer": init_layer,
+         "shape": asdict(cfg.shape), "loss": asdict(cfg.loss), "features": asdict(cfg.features),
+         "train": asdict(cfg.train)}, default=str)))
+    begin_stage(job)  # refuses a folder trained with other settings; --no-resume clears it
+    cache = prepare_features(cfg, target_dir, target, data, (config.target_num_layers,))
+    draft_dir = cfg.out / "draft"
+    if (job.out / DONE).is_file() and draft_dir.is_dir():
+        print(f"foretell train: the draft in {draft_dir} is already trained, skipping")
+        draft = load_hidden_draft(draft_dir, target)
+    else:
+        draft = new_hidden_draft(target, config, seed=cfg.train.seed, init_from_layer=init_layer)
+        steps = train_hidden(draft, cache, data, cfg.train, cfg.loss, cfg.shape.depth, job.out, cfg.resume,
+                             cfg.stop_after)
+        if steps < cfg.train.steps:
+            return draft_dir  # stopped early on purpose; the same command resumes
+        save_hidden_draft(draft, draft_dir)
+        (job.out / DONE).write_text(json.dumps({"steps": steps}))
+    if held_out is not None:
+        evaluate(cfg, target, draft, data, held_out)
+    return draft_dir

@@ -1,0 +1,71 @@
+"""The training step of a hidden-state draft on cached target features (losses in hidden_loss.py).
+
+The loop is head_train.run_steps (trainer.py's schedule, data order and checkpoints); a step
+backpropagates one sequence at a time (bounded memory). Only the draft's own parameters train:
+its layer, norm and token-info W_1, W_2. The target's embedding and output layer are shared, frozen, and receive no gradient.
+Everything a step depends on is a function of (seed, step) or in the checkpoint, so a resumed
+run repeats the uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from foretell.models.hidden_draft import HiddenDraft
+from foretell.train.data import TokenData
+from foretell.train.head_features import FeatureCache
+from foretell.train.head_train import anchor_seed, run_steps, valid_depths
+from foretell.train.hidden_loss import HiddenLossConfig, kl_anchors, sequence_terms, unroll_steps
+from foretell.train.trainer import TrainConfig, step_indices
+
+NOISE_STREAM = 0x5EED  # the noise generator's seed differs from the anchors' for the same (seed, step, sequence)
+
+
+def hidden_step(draft: HiddenDraft, optimizer, scheduler, cache: FeatureCache, data: TokenData, index: torch.Tensor,
+                step: int, train: TrainConfig, cfg: HiddenLossConfig, depth: int) -> dict:
+    """One optimizer step over the sequences `index` (one backward per sequence)."""
+    k = unroll_steps(step, train.steps, depth, cfg.curriculum)
+    T = data.input_ids.shape[1]
+    anchors = {i: kl_anchors(data.loss_mask[i], cfg, train.seed, step, i) for i in index.tolist()}
+    mse_total = sum(int(valid_depths(data.loss_mask[i], torch.arange(T), k).sum()) for i in anchors)
+    kl_total = sum(int(valid_depths(data.loss_mask[i], a, k).sum()) for i, a in anchors.items())
+    optimizer.zero_grad(set_to_none=True)
+    sums = {"loss": 0.0, "mse": 0.0, "kl": 0.0}
+    agree, count = torch.zeros(k), torch.zeros(k)
+    for i, a in anchors.items():
+        if len(a) == 0:
+            continue
+        hidden, logp, ids = cache.sequence(i)
+        noise = torch.Generator().manual_seed(anchor_seed(train.seed, step, i) ^ NOISE_STREAM)
+        with torch.autocast(draft.device.type, torch.bfloat16, enabled=train.bf16):
+            t = sequence_terms(draft, hidden, logp, ids, data.input_ids[i], data.loss_mask[i], k, a, cfg, noise)
+            mse = (t.mse * t.mse_valid.to(t.mse.device)).sum() / max(mse_total, 1)
+            kl = (t.kl * t.kl_valid.to(t.kl.device)).sum() / max(kl_total, 1)
+            loss = cfg.mse_weight * mse + cfg.kl_weight * kl
+        loss.backward()
+        for key, value in (("loss", loss), ("mse", mse), ("kl", kl)):
+            sums[key] += value.item()
+        agree += (t.agree & t.kl_valid).sum(0)
+        count += t.kl_valid.sum(0)
+    grad_norm = torch.nn.utils.clip_grad_norm_(draft.parameters(), train.grad_clip)
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step()
+    top1 = {f"top1_{d + 1}": round(float(agree[d] / max(count[d], 1)), 4) for d in range(k)}
+    return {**{key: round(v, 6) for key, v in sums.items()}, **top1, "unroll": k, "grad_norm": float(grad_norm),
+            "lr": lr}
+
+
+def train_hidden(draft: HiddenDraft, cache: FeatureCache, data: TokenData, train: TrainConfig, cfg: HiddenLossConfig,
+                 depth: int, out: Path, resume: bool = True, stop_after: int | None = None) -> int:
+    """Train `draft` in place, checkpointing into `out`; returns the steps done (train.steps unless stopped)."""
+
+    def step_fn(optimizer, scheduler, step: int) -> dict:
+        index = step_indices(step, train, len(data))
+        return hidden_step(draft, optimizer, scheduler, cache, data, index, step, train, cfg, depth)
+
+    return run_steps(draft, step_fn, train, out, resume, stop_after, "hidden-state draft",
+                     lambda row: {"loss": f"{row['loss']:.4f}", "mse": f"{row['mse']:.3f}", "top1": f"{row['top1_1']:.2f}",
+                                  "k": row["unroll"]})

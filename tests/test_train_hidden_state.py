@@ -1,0 +1,234 @@
+"""`foretell train hidden-state` on tiny models: curriculum, noise, loss, frozen target, resume, eval, CLI."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import make_hf_model, make_tokenizer, save_model_folder
+from foretell.api import load
+from foretell.cli import main
+from foretell.errors import ForetellError
+from foretell.models.hidden_draft import HiddenDraftConfig, load_hidden_draft, new_hidden_draft
+from foretell.models.loading import build_model
+from foretell.train.data import DataConfig, TokenData
+from foretell.train.head_features import FeatureCache
+from foretell.train.hidden_eval import hidden_depth_eval, hot_vocab_coverage
+from foretell.train.hidden_loss import HiddenLossConfig, noise_rows, unroll, unroll_steps, with_noise
+from foretell.train.hidden_pipeline import HiddenShape, HiddenStateTrainConfig, run_hidden_state
+from foretell.train.hidden_train import hidden_step
+from foretell.train.trainer import TrainConfig, WarmupCosine
+from foretell.types import SamplingParams
+from test_train_parallel_head import SEQ_LEN, VOCAB, write_dataset
+
+DEPTH = 3
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train_hidden")
+    target = save_model_folder(root / "target", make_hf_model("llama", VOCAB, seed=0, layers=3), make_tokenizer(VOCAB))
+    return root, target, write_dataset(root / "train.jsonl", 48, 0), write_dataset(root / "test.jsonl", 12, 1)
+
+
+def config(setup, out: Path, loss: HiddenLossConfig = HiddenLossConfig(anchors=8), **train) -> HiddenStateTrainConfig:
+    root, target, data, held_out = setup
+    return HiddenStateTrainConfig(
+        target=str(target), out=out, data=DataConfig(str(data), seq_len=SEQ_LEN), eval_data=str(held_out),
+        eval_sequences=0, shape=HiddenShape(depth=DEPTH, token_info_rank=8), loss=loss, hot_vocab_sizes=(8, 16, 100),
+        train=TrainConfig(**{"steps": 6, "batch_size": 4, "micro_batch_size": 1, "lr": 3e-3, "checkpoint_every": 2,
+                             **train}),
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(setup):
+    """40 steps, full depth from step 8 on (curriculum 0.3), evaluated on the held-out file."""
+    root = setup[0]
+    cfg = replace(config(setup, root / "trained", HiddenLossConfig(anchors=8, curriculum=0.3), steps=40, lr=1e-2,
+                         warmup_steps=4), eval_sequences=12)
+    return cfg, run_hidden_state(cfg)
+
+
+def read_log(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "train" / "log.jsonl").read_text().splitlines()]
+
+
+# --- curriculum and noise --------------------------------------------------------------------
+
+
+def test_curriculum_grows_the_unrolled_steps_to_the_depth():
+    assert [unroll_steps(s, 40, 4, 0.5) for s in range(0, 40, 5)] == [1, 2, 3, 4, 4, 4, 4, 4]  # stages of 40 * 0.5 / 4 steps
+    assert [unroll_steps(s, 10, 3, 0.0) for s in (0, 9)] == [3, 3]  # no curriculum: full depth throughout
+    assert [unroll_steps(s, 40, 5, 1.0) for s in (7, 8, 31, 32, 39)] == [1, 2, 4, 5, 5]
+
+
+def test_noise_replaces_the_chosen_share_of_rows_by_other_rows():
+    hidden = torch.randn(50, 8)
+    positions, sources = noise_rows(50, 0.1, torch.Generator().manual_seed(1))
+    assert len(positions) == 5 == len(set(positions.tolist())) and bool((positions != sources).all())
+    noisy = with_noise(hidden, 0.1, torch.Generator().manual_seed(1))
+    changed = (noisy != hidden).any(-1)
+    assert sorted(torch.nonzero(changed).flatten().tolist()) == sorted(positions.tolist())
+    assert torch.equal(noisy[positions], hidden[sources])
+    assert torch.equal(with_noise(hidden, 0.0, torch.Generator()), hidden)
+
+
+def test_bad_settings_are_refused():
+    for kwargs, message in [({"mse_weight": -1}, "--mse-weight"), ({"mse_weight": 0, "kl_weight": 0}, "not both 0"),
+                            ({"noise": 1.0}, "--noise must be in"), ({"logit_clamp": 0}, "--logit-clamp"),
+                            ({"curriculum": 2}, "--curriculum"), ({"anchors": 0}, "--anchors")]:
+        with pytest.raises(ForetellError, match=message):
+            HiddenLossConfig(**kwargs)
+    with pytest.raises(ForetellError, match="--init-layer takes middle"):
+        HiddenShape(init_layer="top")
+    with pytest.raises(ForetellError, match="--depth must be >= 1"):
+        HiddenShape(depth=0)
+
+
+# --- training --------------------------------------------------------------------------------
+
+
+def test_loss_decreases_and_the_curriculum_is_followed(trained):
+    cfg, _ = trained
+    log = read_log(cfg.out)
+    assert [r["step"] for r in log] == list(range(1, 41))
+    assert [r["unroll"] for r in log[:12]] == [1] * 4 + [2] * 4 + [3] * 4  # stages of 40 * 0.3 / 3 steps
+    full = log[10:]  # full depth from here on: the same loss throughout
+    first, last = sum(r["loss"] for r in full[:5]) / 5, sum(r["loss"] for r in full[-5:]) / 5
+    assert last < 0.9 * first, (first, last)
+    assert last < 0.7 * sum(r["loss"] for r in log[:5]) / 5  # lower at depth 3 than it started at depth 1
+    assert log[-1]["mse"] < log[0]["mse"]
+    assert (cfg.out / "train" / "loss.png").stat().st_size > 0
+
+
+def test_only_the_draft_trains_and_the_target_gets_no_gradient(setup, trained):
+    cfg, draft_dir = trained
+    saved = load_file(str(draft_dir / "model.safetensors"))
+    assert {k.split(".")[0] for k in saved} == {"layer", "norm", "token_info"}  # no embedding, no lm_head
+    # One step as the pipeline runs it: the target frozen, every draft weight (W_1, W_2 too) moved by its gradient.
+    target = build_model(Path(cfg.target), torch.float32).requires_grad_(False)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    draft = new_hidden_draft(target, HiddenDraftConfig.for_target(target.config, token_info_rank=8), init_from_layer=1)
+    draft.token_info.up.weight.data.normal_()  # W_2 starts at 0: give W_1 a gradient in this one step
+    start = {k: v.clone() for k, v in draft.state_dict().items()}
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(1, 10, 0.1))
+    data = TokenData.load(cfg.out / "data" / "train.safetensors")
+    hidden_step(draft.requires_grad_(True), optimizer, scheduler, FeatureCache.open(cfg.out / "features"), data,
+                torch.arange(2), 9, cfg.train, cfg.loss, DEPTH)
+    assert all(p.grad is None for p in target.parameters())
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
+    assert all(not torch.equal(start[k], v) for k, v in draft.state_dict().items()), "a draft weight did not train"
+    reference = load_file(str(Path(cfg.target) / "model.safetensors"))
+    assert torch.equal(target.lm_head.weight, reference["lm_head.weight"])
+
+
+def test_resumed_run_matches_an_uninterrupted_one(setup, tmp_path):
+    whole = run_hidden_state(config(setup, tmp_path / "whole"))
+    split_cfg = config(setup, tmp_path / "split")
+    run_hidden_state(replace(split_cfg, stop_after=3))
+    assert not (tmp_path / "split" / "draft").exists()
+    split = run_hidden_state(split_cfg)
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(split / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["step"] for r in read_log(tmp_path / "split")] == [1, 2, 3, 4, 5, 6]
+    assert read_log(tmp_path / "split") == [{**r, "seconds": s["seconds"]} for r, s in
+                                            zip(read_log(tmp_path / "whole"), read_log(tmp_path / "split"))]
+    with pytest.raises(ForetellError, match="other settings"):
+        run_hidden_state(config(setup, tmp_path / "split", HiddenLossConfig(anchors=8, noise=0.2)))
+
+
+# --- evaluation and use ----------------------------------------------------------------------
+
+
+def test_eval_reports_mse_acceptance_and_hot_vocab_coverage(trained):
+    cfg, draft_dir = trained
+    result = json.loads((cfg.out / "eval.json").read_text())
+    assert result["depth"] == [1, 2, 3] and result["sequences"] == 12 and all(n > 0 for n in result["anchors"])
+    for key in ("top1", "top3", "expected_acceptance", "chain_top1"):
+        assert all(0.0 <= v <= 1.0 for v in result[key])
+    assert all(c <= t + 1e-9 for c, t in zip(result["chain_top1"], result["top1"]))
+    assert all(t1 <= t3 + 1e-9 for t1, t3 in zip(result["top1"], result["top3"]))
+    coverage = result["hot_vocab"]["coverage"]
+    assert list(coverage) == ["8", "16", str(VOCAB)] and coverage[str(VOCAB)] == 1.0
+    assert 0.0 < coverage["8"] <= coverage["16"] <= 1.0
+    assert "hidden MSE" in (cfg.out / "eval.md").read_text()
+    target = build_model(Path(cfg.target), torch.float32)
+    held = TokenData.load(cfg.out / "data" / "train.safetensors")
+    held = TokenData(held.input_ids[:12], held.loss_mask[:12])
+    after = hidden_depth_eval(target, load_hidden_draft(draft_dir, target), held, DEPTH)
+    before = hidden_depth_eval(target, new_hidden_draft(target, load_hidden_draft(draft_dir, target).config,
+                                                        init_from_layer=1), held, DEPTH)
+    assert after["mse"][0] < before["mse"][0] and after["top1"][0] > before["top1"][0]
+
+
+def test_hot_vocab_coverage_by_hand():
+    train = TokenData(torch.tensor([[0, 5, 5, 6, 7]]), torch.tensor([[True, True, True, True, False]]))
+    held = TokenData(torch.tensor([[0, 5, 9, 6]]), torch.tensor([[True, True, True, False]]))
+    report = hot_vocab_coverage(train, held, (1, 2), vocab_size=10)
+    assert report["train_tokens"] == 4 and report["held_out_tokens"] == 3
+    assert report["coverage"] == {"1": round(1 / 3, 4), "2": round(2 / 3, 4)}  # {5}, then {5, 6}
+
+
+def test_trained_draft_decodes_exactly_like_plain_greedy(trained):
+    cfg, draft_dir = trained
+    spec = load(cfg.target, hidden_draft=draft_dir, warm_up=False)
+    plain = load(cfg.target, drafter="none", warm_up=False)
+    params = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    for prompt in ([1, 5, 9, 12, 5, 9, 30], [1, 20, 21, 22, 23]):
+        assert spec.engine.generate(prompt, params).tokens == plain.engine.generate(prompt, params).tokens
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def test_cli_end_to_end(setup, tmp_path, capsys):
+    root, target, data, held_out = setup
+    out = tmp_path / "cli"
+    argv = ["train", "hidden-state", "--target", str(target), "--data", str(data), "--eval-data", str(held_out),
+            "--seq-len", str(SEQ_LEN), "--steps", "3", "--batch-size", "2", "--anchors", "4", "--depth", "2",
+            "--token-info-rank", "4", "--init-layer", "random", "--mse-weight", "0.5", "--kl-weight", "0.5",
+            "--noise", "0.2", "--curriculum", "0", "--logit-clamp", "10", "--topk-teacher", "8",
+            "--hot-vocab-sizes", "10,20", "--eval-sequences", "4", "--checkpoint-every", "2", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "hidden MSE" in printed and "| hot tokens | coverage |" in printed and f"draft: {out / 'draft'}" in printed
+    assert list(json.loads((out / "eval.json").read_text())["hot_vocab"]["coverage"]) == ["10", "20"]
+    assert load_hidden_draft(out / "draft", build_model(target, torch.float32)).config.token_info_rank == 4
+    assert main(argv) == 0  # a finished run is skipped, and evaluated again
+    assert "already trained" in capsys.readouterr().out
+    assert main(["generate", "--model", str(target), "--hidden-draft", str(out / "draft"), "w5 w9",
+                 "--max-new-tokens", "5"]) == 0
+
+
+def test_cli_errors_are_one_line(setup, tmp_path, capsys):
+    root, target, data, _ = setup
+    base = ["train", "hidden-state", "--target", str(target), "--seq-len", str(SEQ_LEN), "--out", str(tmp_path / "e")]
+    cases = [
+        (["--data", str(tmp_path / "missing.jsonl")], "no data"),
+        (["--data", str(data), "--noise", "1.5"], "--noise must be in [0, 1)"),
+        (["--data", str(data), "--steps", "0"], "--steps must be >= 1"),
+        (["--data", str(data), "--init-layer", "7", "--eval-sequences", "0"], "--init-layer must be a target layer in 0..2"),
+        (["--data", str(data), "--hot-vocab-sizes", "8,x"], "--hot-vocab-sizes takes"),
+        (["--data", str(data), "--kl-weight", "-1"], "--kl-weight"),
+    ]
+    for extra, message in cases:
+        assert main(base + extra) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines[-1].startswith("foretell: error:") and message in lines[-1], lines
+
+
+def test_unroll_equals_forward_training(setup):
+    target = build_model(setup[1], torch.float32)
+    draft = new_hidden_draft(target, HiddenDraftConfig.for_target(target.config, token_info_rank=4), init_from_layer=1)
+    hidden = target.forward_sequences(torch.randint(3, VOCAB, (2, 20)), hidden_layers=(3,)).hidden[3]
+    for steps in (1, 3):
+        torch.testing.assert_close(unroll(draft, hidden, steps), draft.forward_training(hidden, steps))
+    one = hidden[:1, :12]  # short blocks take the layer's small-step attention path
+    torch.testing.assert_close(unroll(draft, one, 4), draft.forward_training(one, 4), atol=1e-4, rtol=1e-3)
