@@ -215,3 +215,25 @@ def test_adaptive_chain_length_methods_are_exact(bench_setup, tmp_path):
     for name in names[1:]:
         lengths = {r["mean_verified_drafts"] for r in rows if r["method"] == name}
         assert lengths and all(v > 0 for v in lengths)
+
+
+def test_seed_drafter_methods_are_exact(bench_setup, tmp_path, monkeypatch):
+    """parallel-head-auto and the hidden-state methods (with their ablations) from saved folders."""
+    from foretell.models.hidden_draft import new_hidden_draft, save_hidden_draft
+    from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
+
+    monkeypatch.setenv("FORETELL_CACHE", str(tmp_path / "cache"))  # the scheduler's cost curve is measured here
+    prompts, _, encode, models, _ = bench_setup
+    target = models.pipeline().target.model
+    head = save_parallel_head(new_parallel_head(target, ParallelHeadConfig.for_target(target.config)), tmp_path / "head")
+    hidden = save_hidden_draft(new_hidden_draft(target), tmp_path / "hidden")
+    with_folders = Models(models.target, dtype="float32", head=str(head), hidden_draft=str(hidden))
+    names = ["plain", "parallel-head-auto", "hidden-state", "hidden-state-no-info", "hidden-state-no-resample",
+             "hidden-state-no-fusion", "hidden-state-full-vocab"]
+    rows = read_rows(run_bench(prompts, build_methods(names, with_folders, MethodOptions()), encode,
+                               config(tmp_path / "out")))
+    assert {r["method"] for r in rows} == set(names)
+    assert all(r["greedy_equal_to_plain"] for r in rows)
+    assert all(r["mean_verified_drafts"] > 0 for r in rows if r["method"] != "plain")
+    with pytest.raises(ForetellError, match="--hidden-draft"):
+        build_methods(["hidden-state"], Models(models.target, dtype="float32"), MethodOptions())

@@ -95,6 +95,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--model", default="smollm2-135m", help="target: preset name, .gguf file or HF folder (default: %(default)s)")
     b.add_argument("--draft", help="draft model (preset, .gguf or HF folder) for draft-chain, draft-tree*, hf-assisted")
     b.add_argument("--head", help="a saved parallel draft head folder, for the parallel-head* methods")
+    b.add_argument("--hidden-draft", help="a saved hidden-state draft folder, for the hidden-state* methods")
     b.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"),
                    help="weights dtype, every method (default: %(default)s)")
     b.add_argument("--datasets", default="spec-bench", help=f"comma list of {', '.join(DATASETS)} (default: %(default)s)")
@@ -224,7 +225,8 @@ def cmd_bench(args) -> None:
     opts = MethodOptions(gamma=args.gamma, tree_depth=args.tree_depth, tree_topk=args.tree_topk,
                          tree_budget=args.tree_budget, tree_branching=branching,
                          temperature=args.temperature, seed=args.seed, threads=args.threads, hot_vocab=args.hot_vocab)
-    models = Models(args.model, args.draft, args.dtype, draft_quant=args.draft_quant, head=args.head)
+    models = Models(args.model, args.draft, args.dtype, draft_quant=args.draft_quant, head=args.head,
+                    hidden_draft=args.hidden_draft)
     methods = build_methods(names(args.methods) if args.methods else default_methods(bool(args.draft)), models, opts,
                             warn=lambda msg: print(msg, file=sys.stderr))
     tokenizer = models.pipeline().tokenizer

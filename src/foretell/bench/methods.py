@@ -69,8 +69,10 @@ class Models:
     dtype: str = "bfloat16"
     draft_quant: str = "none"  # applies to every foretell draft method (they share the draft's weights)
     head: str | None = None  # a saved parallel head folder, for the parallel-head* methods
+    hidden_draft: str | None = None  # a saved hidden-state draft folder, for the hidden-state* methods
     _pipe: Pipeline | None = field(default=None, repr=False)
     _head: object = field(default=None, repr=False)
+    _hidden: dict = field(default_factory=dict, repr=False)  # hot-vocabulary size -> hidden-state draft
     _hf: dict = field(default_factory=dict, repr=False)
 
     def pipeline(self) -> Pipeline:
@@ -86,6 +88,17 @@ class Models:
 
             self._head = load_parallel_head(self.head, self.pipeline().target.model)
         return self._head
+
+    def hidden_state_draft(self, hot_vocab: int):
+        """The hidden-state draft, its output restricted to `hot_vocab` frequent tokens (0 = all)."""
+        if hot_vocab not in self._hidden:
+            from foretell.api import draft_hot_vocab
+            from foretell.models.hidden_draft import load_hidden_draft
+
+            target = self.pipeline().target
+            hot = draft_hot_vocab(target, target, hot_vocab)
+            self._hidden[hot_vocab] = load_hidden_draft(self.hidden_draft, target.model, hot)
+        return self._hidden[hot_vocab]
 
     def hf(self, which: str):
         """The transformers copy of the target or the draft (separate weights: other module classes)."""
@@ -295,6 +308,30 @@ class MethodSpec:
     needs_draft: bool = False
     help: str = ""
     needs_head: bool = False
+    needs_hidden_draft: bool = False
+
+
+def _scheduled_head_drafter(models: Models) -> ParallelHeadDrafter:
+    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
+
+    return ParallelHeadDrafter(models.parallel_head(), scheduler=AdaptiveTreeScheduler(_target_cost(models)))
+
+
+HIDDEN_HOT_VOCAB = 8192  # the hot-vocabulary size of the hidden-state methods (seed 000: a few thousand hot tokens)
+# name, hot vocabulary (0 = full), ablation switches, help suffix
+HIDDEN_STATE_VARIANTS = (
+    ("hidden-state", HIDDEN_HOT_VOCAB, {}, f" (--hidden-draft; {HIDDEN_HOT_VOCAB} hot tokens, token-info, resampling, fusion)"),
+    ("hidden-state-full-vocab", 0, {}, ", full vocabulary (ablation)"),
+    ("hidden-state-no-info", HIDDEN_HOT_VOCAB, {"token_info": False}, " without token-info (ablation)"),
+    ("hidden-state-no-resample", HIDDEN_HOT_VOCAB, {"resample": False}, " without resampling (ablation)"),
+    ("hidden-state-no-fusion", HIDDEN_HOT_VOCAB, {"fuse": False}, " without verification fusion (ablation)"),
+)
+
+
+def _hidden_state(hot_vocab: int, **switches):
+    from foretell.drafters.hidden_tree import HiddenStateDrafter, HiddenStateOptions
+
+    return lambda m, o: HiddenStateDrafter(m.hidden_state_draft(hot_vocab), HiddenStateOptions(**switches))
 
 
 def _foretell(name: str, drafter: Callable[[Models, MethodOptions], object]):
@@ -321,6 +358,12 @@ METHODS: dict[str, MethodSpec] = {
     "parallel-head": MethodSpec(_foretell("parallel-head", lambda m, o: _head_drafter(m)), help=
                                 "foretell, parallel draft head tree (--head); variants: parallel-head-lossy-T "
                                 "(LOSSY, threshold T), parallel-head-cache (result cache)", needs_head=True),
+    "parallel-head-auto": MethodSpec(_foretell("parallel-head-auto", lambda m, o: _scheduled_head_drafter(m)), help=
+                                     "foretell, parallel head with the adaptive scheduler (budget, depth, width "
+                                     "per step)", needs_head=True),
+    **{name: MethodSpec(_foretell(name, _hidden_state(hot, **switches)), help=f"foretell, hidden-state draft{what}",
+                        needs_hidden_draft=True)
+       for name, hot, switches, what in HIDDEN_STATE_VARIANTS},
     "hf-plain": MethodSpec(lambda m, o: HFMethod("hf-plain", m, o), help="transformers generate"),
     "hf-assisted": MethodSpec(lambda m, o: HFMethod("hf-assisted", m, o, assisted=True), True,
                               "transformers assisted generation (its own draft-length schedule)"),
@@ -349,6 +392,9 @@ def build_methods(names: list[str], models: Models, opts: MethodOptions, warn=pr
     needing = [n for n in names if specs[n].needs_head]
     if needing and not models.head:
         raise ForetellError(f"method(s) {', '.join(needing)} need a parallel head folder: pass --head")
+    needing = [n for n in names if specs[n].needs_hidden_draft]
+    if needing and not models.hidden_draft:
+        raise ForetellError(f"method(s) {', '.join(needing)} need a hidden-state draft folder: pass --hidden-draft")
     built = []
     for n in names:
         method = specs[n].build(models, opts)
