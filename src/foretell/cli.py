@@ -111,7 +111,7 @@ def add_bench_parser(sub) -> None:
                    help="draft-tree: nodes expanded per depth and children each (default: %(default)s)")
     b.add_argument("--tree-budget", type=int, default=24, help="draft-tree: tokens verified per pass (default: %(default)s)")
     b.add_argument("--hot-vocab", type=int, default=0,
-                   help="draft-* methods: draft among this many frequent tokens (lossless; 0 = all, the default)")
+                   help="draft-* and parallel-head* methods: draft among this many frequent tokens (lossless; 0 = all, the default)")
     b.add_argument("--draft-quant", default="auto", choices=("auto", "int8", "none"),
                    help="foretell draft-* methods: draft weights as int8 (lossless); auto = int8 on CPU (default: %(default)s)")
     b.add_argument("--branching", default="3,2,2,1,1",

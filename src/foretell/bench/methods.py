@@ -71,8 +71,7 @@ class Models:
     head: str | None = None  # a saved parallel head folder, for the parallel-head* methods
     hidden_draft: str | None = None  # a saved hidden-state draft folder, for the hidden-state* methods
     _pipe: Pipeline | None = field(default=None, repr=False)
-    _head: object = field(default=None, repr=False)
-    _hidden: dict = field(default_factory=dict, repr=False)  # hot-vocabulary size -> hidden-state draft
+    _modules: dict = field(default_factory=dict, repr=False)  # (kind, hot-vocabulary size) -> head or draft
     _hf: dict = field(default_factory=dict, repr=False)
 
     def pipeline(self) -> Pipeline:
@@ -82,23 +81,26 @@ class Models:
             self._pipe = load(self.target, draft=self.draft, drafter=drafter, dtype=self.dtype, draft_quant=quant)
         return self._pipe
 
-    def parallel_head(self):
-        if self._head is None:
-            from foretell.models.parallel_head import load_parallel_head
-
-            self._head = load_parallel_head(self.head, self.pipeline().target.model)
-        return self._head
+    def parallel_head(self, hot_vocab: int = 0):
+        """The parallel head, its output restricted to `hot_vocab` frequent tokens (0 = all)."""
+        return self._shared_output_module("head", self.head, hot_vocab)
 
     def hidden_state_draft(self, hot_vocab: int):
         """The hidden-state draft, its output restricted to `hot_vocab` frequent tokens (0 = all)."""
-        if hot_vocab not in self._hidden:
+        return self._shared_output_module("hidden", self.hidden_draft, hot_vocab)
+
+    def _shared_output_module(self, kind: str, folder: str, hot_vocab: int):
+        """A trained module that reuses the target's output layer, loaded once per hot-vocabulary size."""
+        if (kind, hot_vocab) not in self._modules:
             from foretell.api import draft_hot_vocab
             from foretell.models.hidden_draft import load_hidden_draft
+            from foretell.models.parallel_head import load_parallel_head
 
             target = self.pipeline().target
             hot = draft_hot_vocab(target, target, hot_vocab)
-            self._hidden[hot_vocab] = load_hidden_draft(self.hidden_draft, target.model, hot)
-        return self._hidden[hot_vocab]
+            loader = load_parallel_head if kind == "head" else load_hidden_draft
+            self._modules[kind, hot_vocab] = loader(folder, target.model, hot)
+        return self._modules[kind, hot_vocab]
 
     def hf(self, which: str):
         """The transformers copy of the target or the draft (separate weights: other module classes)."""
@@ -311,10 +313,10 @@ class MethodSpec:
     needs_hidden_draft: bool = False
 
 
-def _scheduled_head_drafter(models: Models) -> ParallelHeadDrafter:
+def _scheduled_head_drafter(models: Models, o: MethodOptions) -> ParallelHeadDrafter:
     from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 
-    return ParallelHeadDrafter(models.parallel_head(), scheduler=AdaptiveTreeScheduler(_target_cost(models)))
+    return ParallelHeadDrafter(models.parallel_head(o.hot_vocab), scheduler=AdaptiveTreeScheduler(_target_cost(models)))
 
 
 HIDDEN_HOT_VOCAB = 8192  # the hot-vocabulary size of the hidden-state methods (seed 000: a few thousand hot tokens)
@@ -355,10 +357,10 @@ METHODS: dict[str, MethodSpec] = {
         lambda m, o: ForetellMethod("draft-chain-additive", m.pipeline(), _chain(m, o), o, length_policy="additive"),
         True, "foretell, draft model, transformers' +2/-1 draft length (base --gamma)"),
     "draft-tree-auto": MethodSpec(_tree_auto, True, "foretell, dynamic tree, hardware-aware depth and size"),
-    "parallel-head": MethodSpec(_foretell("parallel-head", lambda m, o: _head_drafter(m)), help=
+    "parallel-head": MethodSpec(_foretell("parallel-head", lambda m, o: _head_drafter(m, o)), help=
                                 "foretell, parallel draft head tree (--head); variants: parallel-head-lossy-T "
                                 "(LOSSY, threshold T), parallel-head-cache (result cache)", needs_head=True),
-    "parallel-head-auto": MethodSpec(_foretell("parallel-head-auto", lambda m, o: _scheduled_head_drafter(m)), help=
+    "parallel-head-auto": MethodSpec(_foretell("parallel-head-auto", _scheduled_head_drafter), help=
                                      "foretell, parallel head with the adaptive scheduler (budget, depth, width "
                                      "per step)", needs_head=True),
     **{name: MethodSpec(_foretell(name, _hidden_state(hot, **switches)), help=f"foretell, hidden-state draft{what}",
@@ -410,8 +412,8 @@ def _is_budget_variant(name: str) -> bool:
     return head == "draft-tree" and budget.isdigit() and int(budget) > 0
 
 
-def _head_drafter(models: Models) -> ParallelHeadDrafter:
-    head = models.parallel_head()
+def _head_drafter(models: Models, o: MethodOptions) -> ParallelHeadDrafter:
+    head = models.parallel_head(o.hot_vocab)
     return ParallelHeadDrafter(head, HeadTreeShape(depth=min(HeadTreeShape().depth, head.config.depth)))
 
 
@@ -437,7 +439,7 @@ def _extras_variant(name: str) -> MethodSpec | None:
         else:
             return None
         spec = METHODS[base]
-        drafter = {"parallel-head": lambda m, o: _head_drafter(m), "draft-tree": lambda m, o: _tree(m, _dynamic(o), o),
+        drafter = {"parallel-head": _head_drafter, "draft-tree": lambda m, o: _tree(m, _dynamic(o), o),
                    "draft-chain": _chain}[base]
         build = lambda m, o, d=drafter: ForetellMethod(name, m.pipeline(), d(m, o), o, lossy_threshold=lossy,  # noqa: E731
                                                        result_cache=cache)
