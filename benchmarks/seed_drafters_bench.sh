@@ -6,7 +6,8 @@
 #   issue 6 (seed 003): the parallel head (fixed tree and adaptive scheduler) against the hidden-state
 #                       drafter, the dynamic draft-model tree and prompt lookup
 # Needs the trained drafts: benchmarks/adaspec_table.sh, train_parallel_head.sh, train_hidden_state.sh.
-# Writes OUT/report.md and plots (default runs/seed-drafters); rerunning resumes.
+# Writes OUT/report.md and plots (default runs/seed-drafters); rerunning resumes. Environment: DRAFT, HEAD,
+# HIDDEN, PER, DATASETS, ONLY (a method list), OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -16,5 +17,5 @@ METHODS=plain,prompt-lookup,draft-chain,draft-tree,parallel-head,parallel-head-a
 [ -d "$HIDDEN" ] && METHODS=$METHODS,hidden-state,hidden-state-no-info,hidden-state-no-resample,hidden-state-no-fusion,hidden-state-full-vocab
 .venv/bin/foretell bench --model smollm2-135m --dtype bfloat16 --draft "${DRAFT:-smollm2-135m-adaspec-sharegpt}" \
   --head "$HEAD" $([ -d "$HIDDEN" ] && echo --hidden-draft "$HIDDEN") \
-  --datasets gsm8k,spec-bench --per-category "${PER:-4}" --max-new-tokens 128 --threads 2 --hot-vocab 8192 \
+  --datasets "${DATASETS:-gsm8k,spec-bench}" --per-category "${PER:-4}" --max-new-tokens 128 --threads 2 --hot-vocab 8192 \
   --methods "${ONLY:-$METHODS}" --out "${OUT:-runs/seed-drafters}"
