@@ -24,7 +24,22 @@ def main(run_dir: str) -> None:
     for name, title in SETS.items():
         path = Path(run_dir) / f"{name}.json"
         if path.is_file():
-            print(f"## {title}\n\n{format_table(json.loads(path.read_text()))}\n")
+            rows = json.loads(path.read_text())
+            print(f"## {title}\n\n{format_table(rows)}\n\n{ordering(rows)}\n")
+            plots = [f"![{stage} loss](adaspec-{name}-{stage}-loss.png)" for stage in ("reference", "draft")
+                     if (Path("docs") / f"adaspec-{name}-{stage}-loss.png").is_file()]
+            if plots:
+                print("Loss curves (reference = plain distillation on all tokens; draft = AdaSPEC, its loss on the "
+                      "selected tokens):\n\n" + " ".join(plots) + "\n")
+
+
+def ordering(rows: list[dict]) -> str:
+    """The drafts ranked by alpha, and whether that is the paper's order (AdaSPEC > all tokens > none)."""
+    ranked = sorted(rows, key=lambda r: -r["alpha"])
+    names = [r["draft"] for r in ranked]
+    paper = names[:3] == ["adaspec", "distill-all-tokens", "undistilled"]
+    return ("Ranking by alpha: " + " > ".join(f"{r['draft']} ({r['alpha']:.3f})" for r in ranked) + "; "
+            + ("the paper's order." if paper else "**not** the paper's order (AdaSPEC > all tokens > undistilled)."))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ for DATA in ${DATASETS:-gsm8k sharegpt}; do
   $F distill --target smollm2-135m --data "$DATA" --draft-layers 2 --num-sequences "${SEQUENCES:-1000}" \
     --seq-len 256 --steps "${STEPS:-120}" --batch-size 16 --micro-batch-size 4 --bf16 --teacher-dtype bfloat16 \
     --eval-sequences 0 --out "$OUT"
+  for STAGE in reference draft; do cp "$OUT/$STAGE/loss.png" "docs/adaspec-$DATA-$STAGE-loss.png"; done
   PROMPTS_FROM=data
   [ "$DATA" = sharegpt ] && PROMPTS_FROM=spec-bench
   $F eval-draft --target smollm2-135m --data "$DATA" --prompts-from "$PROMPTS_FROM" --num-sequences 64 \
