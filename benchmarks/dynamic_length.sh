@@ -15,3 +15,5 @@ for g in 2 6; do  # more fixed lengths, same prompts, their own folders
     --datasets gsm8k --per-category "${PROMPTS:-12}" --max-new-tokens 128 --threads 2 \
     --methods plain,draft-chain --gamma "$g" --out "${OUT:-runs/dynamic-length}-gamma$g"
 done
+.venv/bin/python benchmarks/dynamic_length_doc.py "${OUT:-runs/dynamic-length}" > docs/dynamic-length.md
+echo "wrote docs/dynamic-length.md" >&2
