@@ -235,5 +235,7 @@ def test_seed_drafter_methods_are_exact(bench_setup, tmp_path, monkeypatch):
     assert {r["method"] for r in rows} == set(names)
     assert all(r["greedy_equal_to_plain"] for r in rows)
     assert all(r["mean_verified_drafts"] > 0 for r in rows if r["method"] != "plain")
+    plain_mb = min(r["memory_mb"] for r in rows if r["method"] == "plain")
+    assert all(r["memory_mb"] > plain_mb for r in rows if r["method"] != "plain")  # the drafter's own weights count
     with pytest.raises(ForetellError, match="--hidden-draft"):
         build_methods(["hidden-state"], Models(models.target, dtype="float32"), MethodOptions())

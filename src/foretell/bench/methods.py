@@ -151,8 +151,11 @@ class ForetellMethod:
         }
 
     def memory_bytes(self) -> int:
-        drafter_model = getattr(self.pipe.engine.drafter, "model", None)
-        modules = [self.pipe.engine.target] + ([drafter_model] if drafter_model is not None else [])
+        # A draft model, parallel head or hidden-state draft: whichever the drafter holds (weights it
+        # shares with the target are counted once).
+        drafter = self.pipe.engine.drafter
+        owned = [getattr(drafter, name, None) for name in ("model", "head", "draft")]
+        modules = [self.pipe.engine.target] + [m for m in owned if isinstance(m, torch.nn.Module)]
         return param_bytes(*modules) + self.cache_bytes
 
 
