@@ -298,3 +298,15 @@ def test_cli_errors_are_one_line(prepared, tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert err.startswith("foretell: error:") and message in err
+
+
+def test_a_trained_draft_folder_is_a_valid_init(prepared, tmp_path, capsys):
+    """--draft-init FOLDER starts both the reference and AdaSPEC from that draft's weights (a warm start)."""
+    cfg, models = prepared
+    warm = replace(cfg, out=tmp_path / "warm", draft=DraftSpec(init=str(models["reference"])))
+    init = run_pipeline(warm, "reference")["init"]
+    start, source = load_file(str(init / "model.safetensors")), load_file(str(models["reference"] / "model.safetensors"))
+    assert start.keys() == source.keys() and all(torch.equal(start[k], source[k]) for k in start)
+    assert main(["distill", "--target", cfg.target, "--data", cfg.data.source, "--draft-init", str(tmp_path / "nowhere"),
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert "--draft-init" in capsys.readouterr().err

@@ -74,10 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     from foretell.train.commands import add_distill_parser, add_eval_draft_parser
     from foretell.train.head_commands import add_train_parser
+    from foretell.train.self_data import add_self_data_parser
 
     add_distill_parser(sub)
     add_eval_draft_parser(sub)
     add_train_parser(sub)
+    add_self_data_parser(sub)
     return parser
 
 
@@ -265,11 +267,18 @@ def cmd_train(args) -> None:
     run(args)
 
 
+def cmd_self_data(args) -> None:
+    from foretell.train.self_data import cmd_self_data as run
+
+    run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         {"generate": cmd_generate, "models": cmd_models, "cost": cmd_cost, "bench": cmd_bench,
-         "distill": cmd_distill, "eval-draft": cmd_eval_draft, "train": cmd_train}[args.command](args)
+         "distill": cmd_distill, "eval-draft": cmd_eval_draft, "train": cmd_train,
+         "self-data": cmd_self_data}[args.command](args)
     except ForetellError as e:
         print(f"foretell: error: {e}", file=sys.stderr)
         return 2

@@ -24,8 +24,9 @@ class KVCache:
         capacity: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        batch: int = 1,  # rows decoded side by side (batched generation); the engine uses 1
     ):
-        shape = (num_layers, 1, num_kv_heads, capacity, head_dim)  # [L, B=1, H_kv, S, D]
+        shape = (num_layers, batch, num_kv_heads, capacity, head_dim)  # [L, B, H_kv, S, D]
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
@@ -38,7 +39,7 @@ class KVCache:
             )
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v ([1, H_kv, T, D]) after the committed prefix; return the views to attend to."""
+        """Store k, v ([B, H_kv, T, D]) after the committed prefix; return the views to attend to."""
         end = self.length + k.shape[2]
         self.k[layer, :, :, self.length : end] = k
         self.v[layer, :, :, self.length : end] = v

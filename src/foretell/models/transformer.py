@@ -45,17 +45,17 @@ SMALL_STEP = 16
 
 
 def small_step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Attention of a few new queries over the cache. q: [1, Hq, T, D]; k, v: [1, Hkv, S, D];
-    mask: [1, 1, T, S] bool or None (all visible). Query heads share kv heads in groups (GQA)."""
-    _, Hq, T, D = q.shape
+    """Attention of a few new queries over the cache. q: [B, Hq, T, D]; k, v: [B, Hkv, S, D];
+    mask: [B or 1, 1, T, S] bool or None (all visible). Query heads share kv heads in groups (GQA)."""
+    B, Hq, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     group = Hq // Hkv
-    qg = q.reshape(1, Hkv, group * T, D)  # head h reads kv head h // group
+    qg = q.reshape(B, Hkv, group * T, D)  # head h reads kv head h // group
     scores = (qg @ k.transpose(-1, -2)).float() * D**-0.5
     if mask is not None:
-        scores = scores.view(1, Hkv, group, T, S).masked_fill(~mask[:, :, None], float("-inf"))
-    probs = scores.view(1, Hkv, group * T, S).softmax(dim=-1).to(v.dtype)
-    return (probs @ v).view(1, Hq, T, D)
+        scores = scores.view(B, Hkv, group, T, S).masked_fill(~mask[:, :, None], float("-inf"))
+    probs = scores.view(B, Hkv, group * T, S).softmax(dim=-1).to(v.dtype)
+    return (probs @ v).view(B, Hq, T, D)
 
 
 class RMSNorm(nn.Module):
@@ -85,7 +85,7 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, cache: KVCache | None, layer: int, mask):
-        """x: [B, T, H]. With a cache (B = 1) attend to its prefix; without, causally within x."""
+        """x: [B, T, H]. With a cache attend to its prefix (mask: [B or 1, 1, T, S]); without, causally within x."""
         B, T = x.shape[:2]
         q, k, v = self.qkv_proj(self.input_layernorm(x)).split(self.split, dim=-1)
         q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)

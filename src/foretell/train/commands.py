@@ -32,8 +32,9 @@ def add_distill_parser(sub) -> None:
     d.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
                    help="pack conversations back to back (default: on for sharegpt, off otherwise)")
     d.add_argument("--draft-layers", type=int, default=draft.layers, help="decoder layers of the draft (default: %(default)s)")
-    d.add_argument("--draft-init", default=draft.init, choices=DRAFT_INITS,
-                   help="truncate: the target's first layers; random: fresh layers (default: %(default)s)")
+    d.add_argument("--draft-init", default=draft.init,
+                   help=f"{' | '.join(DRAFT_INITS)} | a draft model folder: truncate = the target's first layers, "
+                   "random = fresh layers, a folder = start from that (already trained) draft (default: %(default)s)")
     d.add_argument("--draft-hidden", type=int, help="hidden size of a random-init draft (default: the target's)")
     d.add_argument("--steps", type=int, default=t.steps, help="optimizer steps per stage (default: %(default)s)")
     d.add_argument("--batch-size", type=int, default=t.batch_size, help="sequences per step, all processes (default: %(default)s)")

@@ -95,7 +95,7 @@ def make_init(cfg: DistillConfig, target_dir: Path, tokenizer) -> Path:
         if marker.read_text() == want:
             return out
     if cfg.draft.init not in DRAFT_INITS:
-        raise ForetellError(f"unknown draft init {cfg.draft.init!r}; use one of {', '.join(DRAFT_INITS)}")
+        return copy_trained_init(cfg, target_dir, tokenizer, out, marker, want)
     target = build_model(target_dir, torch.float32)
     try:
         if cfg.draft.init == "truncate":
@@ -106,6 +106,20 @@ def make_init(cfg: DistillConfig, target_dir: Path, tokenizer) -> Path:
     except ValueError as e:
         raise ForetellError(f"cannot make the draft: {e}") from None
     save_model_folder(draft, tokenizer, out, extra={"stage": "init", **asdict(cfg.draft)})
+    marker.write_text(want)
+    return out
+
+
+def copy_trained_init(cfg: DistillConfig, target_dir: Path, tokenizer, out: Path, marker: Path, want: str) -> Path:
+    """--draft-init FOLDER: start from a draft that already works (the paper's drafts are pretrained LMs),
+    e.g. one distilled on other data. Its own shape wins over --draft-layers."""
+    source = Path(cfg.draft.init)
+    if not (source / "config.json").is_file():
+        raise ForetellError(f"--draft-init {cfg.draft.init!r} is neither {' nor '.join(DRAFT_INITS)} nor a draft model "
+                            "folder (config.json and weights, e.g. OUT/reference/model of an earlier run)")
+    check_same_tokenizer(tokenizer, load_tokenizer(source), str(target_dir), str(source))
+    draft = build_model(source, torch.float32)
+    save_model_folder(draft, tokenizer, out, extra={"stage": "init", "from": str(source.resolve())})
     marker.write_text(want)
     return out
 
