@@ -46,6 +46,17 @@ def test_lookup_finds_what_followed_in_this_and_earlier_requests():
         ResultCache(min_ngram=3, max_ngram=2)
 
 
+def test_include_prompt_indexes_the_prompt_from_the_first_step():
+    """Prompt lookup inside the tree: a prompt n-gram's continuation is a branch before any output exists."""
+    outputs_only, with_prompt = ResultCache(max_ngram=2), ResultCache(max_ngram=2, include_prompt=True)
+    for cache in (outputs_only, with_prompt):
+        cache.begin([1, 2, 3, 4, 5, 2, 3])
+    assert outputs_only.lookup([1, 2, 3, 4, 5, 2, 3], 8) == []
+    assert with_prompt.lookup([1, 2, 3, 4, 5, 2, 3], 8) == [4, 5, 2, 3]  # what followed (2, 3) in the prompt
+    with_prompt.extend([1, 2, 3, 4, 5, 2, 3, 9])
+    assert with_prompt.lookup([7, 3, 9], 8) == [] and with_prompt.lookup([7, 2, 3], 8) == [9]  # newest wins
+
+
 def test_old_requests_are_dropped_past_the_token_limit():
     cache = ResultCache(max_tokens=6)
     cache.begin([1, 2])
@@ -148,6 +159,21 @@ def test_draft_tree_with_cache_through_load(tiny_pair, plain):
             assert len(result.tokens) == 24 and result.stats.cache_steps > 0
             if params.greedy:
                 assert result.tokens == plain.engine.generate(prompt, params).tokens
+
+
+def test_prompt_lookup_branch_keeps_greedy_exact_and_hits_on_a_first_request(plain):
+    engine = replace(head_engine(plain, cache=False), result_cache=ResultCache(include_prompt=True))
+    prompt = [1, 5, 9, 12, 5, 9, 30, 5, 9, 12, 5, 9]
+    want = plain.engine.generate(prompt, greedy_params()).tokens
+    result = engine.generate(prompt, greedy_params())
+    assert result.tokens == want and result.stats.cache_hits > 0
+
+
+def test_bench_lookup_variants_build(tiny_pair):
+    from foretell.bench.methods import _extras_variant
+
+    assert _extras_variant("parallel-head-auto-lookup") is not None and _extras_variant("draft-tree-lookup") is not None
+    assert _extras_variant("draft-chain-lookup") is None and _extras_variant("parallel-head-auto-x") is None
 
 
 def test_cache_needs_a_tree_drafter(tiny_pair, plain):

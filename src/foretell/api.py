@@ -105,7 +105,7 @@ def load(
     hidden_draft: str | Path | None = None,
     hidden_options: HiddenStateOptions | None = None,
     lossy_threshold: float | None = None,
-    result_cache: bool = False,
+    result_cache: bool | str = False,
 ) -> Pipeline:
     """Load a target and a drafter: none | draft-model | draft-tree (both need `draft`) | prompt-lookup
     | parallel-head (needs `head`).
@@ -126,7 +126,8 @@ def load(
     `lossy_threshold` (opt-in, LOSSY: the output no longer follows the target exactly): a draft
     token whose draft path probability exceeds it is accepted without the target's check; in (0, 1].
     `result_cache` (lossless) offers continuations committed earlier (this and previous requests)
-    as an extra branch of a tree drafter's proposal.
+    as an extra branch of a tree drafter's proposal; "prompt" searches the prompt too (prompt lookup
+    merged into the tree).
     """
     drafter = drafter or (
         "draft-model" if draft else "parallel-head" if head else "hidden-state" if hidden_draft else "prompt-lookup"
@@ -147,6 +148,8 @@ def load(
             f"lossy_threshold needs a drafter with draft probabilities (draft-model, draft-tree, parallel-head, "
             f"hidden-state); the {drafter} drafter has none"
         )
+    if result_cache not in (False, True, "outputs", "prompt"):
+        raise ForetellError(f"result_cache is True / 'outputs' (earlier output) or 'prompt' (the prompt too), not {result_cache!r}")
     if result_cache and drafter not in ("draft-tree", "parallel-head", "hidden-state"):
         raise ForetellError(f"result_cache needs a tree drafter (draft-tree, parallel-head, hidden-state), not {drafter}")
     if not 1 <= gamma <= 16:
@@ -193,7 +196,7 @@ def load(
         drafter=the_drafter,
         length_policy=policy,
         lossy_threshold=lossy_threshold,
-        result_cache=ResultCache() if result_cache else None,
+        result_cache=ResultCache(include_prompt=result_cache == "prompt") if result_cache else None,
     )
     if warm_up:
         engine.warm_up()

@@ -42,8 +42,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lossy-threshold", type=float,
                    help="LOSSY, off by default: accept a draft token without the target's check when its draft path "
                         "probability exceeds this value in (0, 1] (seed 003's shortcut; output no longer exact)")
-    p.add_argument("--result-cache", action="store_true",
-                   help="tree drafters: also propose continuations committed earlier (this and previous requests; lossless)")
+    p.add_argument("--result-cache", nargs="?", const="outputs", choices=("outputs", "prompt"),
+                   help="tree drafters: also propose, as one more branch, what followed the context's last n-gram in "
+                   "earlier output (this and previous requests); =prompt searches the prompt too (prompt lookup "
+                   "merged into the tree). Lossless")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -31,6 +31,9 @@ class ResultCache:
     min_ngram: int = 2  # a single token is too weak a key: hits would mostly be rejected
     max_branch: int = 8  # tokens one branch may propose
     max_tokens: int = 1_000_000  # stored tokens over all requests; the oldest requests go first
+    # Also index the request's prompt: prompt lookup's n-gram match then arrives as a branch of the
+    # drafter's tree (one target pass checks both), e.g. the numbers a GSM8K answer copies from its question.
+    include_prompt: bool = False
     _sequences: list[list[int]] = field(default_factory=list)  # committed sequences, the newest last
     _indexed: list[int] = field(default_factory=list)  # per sequence: continuation starts indexed so far
     _index: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)  # n-gram -> (seq no, start)
@@ -45,9 +48,10 @@ class ResultCache:
 
     def begin(self, prompt_ids: list[int]) -> None:
         """A new request: its committed output will be indexed as it grows (keys may reach into the prompt)."""
-        self._sequences.append(list(prompt_ids))
-        # Continuations start in the output only: the prompt itself is prompt lookup's business.
-        self._indexed.append(len(prompt_ids))
+        self._sequences.append([])
+        # Continuations start in the output only unless include_prompt: then the prompt is indexed too.
+        self._indexed.append(0 if self.include_prompt else len(prompt_ids))
+        self.extend(list(prompt_ids))
         self._evict()
 
     def extend(self, committed: list[int]) -> None:

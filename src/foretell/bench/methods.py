@@ -128,12 +128,12 @@ def sampling(opts: MethodOptions, max_new_tokens: int) -> SamplingParams:
 
 class ForetellMethod:
     def __init__(self, name: str, pipe: Pipeline, drafter, opts: MethodOptions, length_policy="fixed",
-                 lossy_threshold: float | None = None, result_cache: bool = False):
+                 lossy_threshold: float | None = None, result_cache: str | None = None):
         self.name = name
         self.pipe = pipe.with_drafter(drafter, length_policy, gamma=opts.gamma)
         if lossy_threshold is not None or result_cache:  # opt-in extras of the engine (lossy.py, result_cache.py)
             engine = replace(self.pipe.engine, lossy_threshold=lossy_threshold,
-                             result_cache=ResultCache() if result_cache else None)
+                             result_cache=ResultCache(include_prompt=result_cache == "prompt") if result_cache else None)
             self.pipe = replace(self.pipe, engine=engine)
         self.opts = opts
         self.cache_bytes = 0
@@ -362,7 +362,8 @@ METHODS: dict[str, MethodSpec] = {
     "draft-tree-auto": MethodSpec(_tree_auto, True, "foretell, dynamic tree, hardware-aware depth and size"),
     "parallel-head": MethodSpec(_foretell("parallel-head", lambda m, o: _head_drafter(m, o)), help=
                                 "foretell, parallel draft head tree (--head); variants: parallel-head-lossy-T "
-                                "(LOSSY, threshold T), parallel-head-cache (result cache)", needs_head=True),
+                                "(LOSSY, threshold T), parallel-head-cache (result cache), parallel-head-lookup (prompt "
+                                "lookup's match merged into the tree); the same for parallel-head-auto", needs_head=True),
     "parallel-head-auto": MethodSpec(_foretell("parallel-head-auto", _scheduled_head_drafter), help=
                                      "foretell, parallel head with the adaptive scheduler (budget, depth, width "
                                      "per step)", needs_head=True),
@@ -390,7 +391,7 @@ def build_methods(names: list[str], models: Models, opts: MethodOptions, warn=pr
     unknown = [n for n, spec in specs.items() if spec is None]
     if unknown:
         raise ForetellError(f"unknown method(s) {', '.join(unknown)}; use {', '.join(METHODS)}, draft-tree@N, "
-                            f"or M-lossy-T / M-cache for M in {', '.join(EXTRAS_BASES)}")
+                            f"or M-lossy-T / M-cache / M-lookup for M in {', '.join(EXTRAS_BASES)}")
     needing = [n for n in names if specs[n].needs_draft]
     if needing and not models.draft:
         raise ForetellError(f"method(s) {', '.join(needing)} need a draft model: pass --draft")
@@ -422,7 +423,7 @@ def _head_drafter(models: Models, o: MethodOptions) -> ParallelHeadDrafter:
 
 # Methods that take the engine's opt-in extras: name-lossy-T (LOSSY verification at threshold T)
 # and name-cache (the result cache; tree drafters only).
-EXTRAS_BASES = ("parallel-head", "draft-tree", "draft-chain")
+EXTRAS_BASES = ("parallel-head-auto", "parallel-head", "draft-tree", "draft-chain")  # longest name first
 
 
 def _extras_variant(name: str) -> MethodSpec | None:
@@ -431,21 +432,22 @@ def _extras_variant(name: str) -> MethodSpec | None:
         if not name.startswith(base + "-"):
             continue
         rest = name[len(base) + 1 :]
-        lossy, cache = None, False
+        lossy, cache = None, None
         if rest.startswith("lossy-"):
             try:
                 lossy = check_lossy_threshold(float(rest[len("lossy-"):]))
             except ValueError:
                 return None
-        elif rest == "cache" and base != "draft-chain":
-            cache = True
+        elif rest in ("cache", "lookup") and base != "draft-chain":
+            cache = "prompt" if rest == "lookup" else "outputs"
         else:
             return None
         spec = METHODS[base]
-        drafter = {"parallel-head": _head_drafter, "draft-tree": lambda m, o: _tree(m, _dynamic(o), o),
-                   "draft-chain": _chain}[base]
+        drafter = {"parallel-head": _head_drafter, "parallel-head-auto": _scheduled_head_drafter,
+                   "draft-tree": lambda m, o: _tree(m, _dynamic(o), o), "draft-chain": _chain}[base]
         build = lambda m, o, d=drafter: ForetellMethod(name, m.pipeline(), d(m, o), o, lossy_threshold=lossy,  # noqa: E731
                                                        result_cache=cache)
-        what = f"LOSSY at threshold {lossy:g}" if lossy is not None else "with the result cache"
+        what = (f"LOSSY at threshold {lossy:g}" if lossy is not None else "with the result cache"
+                if cache == "outputs" else "with prompt lookup's match as one more tree branch")
         return MethodSpec(build, spec.needs_draft, f"{spec.help}, {what}", spec.needs_head)
     return None
