@@ -31,6 +31,14 @@ def main(run_dir: str) -> None:
             if plots:
                 print("Loss curves (reference = plain distillation on all tokens; draft = AdaSPEC, its loss on the "
                       "selected tokens):\n\n" + " ".join(plots) + "\n")
+    warm = Path(run_dir).parent / "adaspec-warm" / "gsm8k-alpha.json"
+    if warm.is_file():
+        rows = json.loads(warm.read_text())
+        print("## GSM8K from a warm start (`bash benchmarks/adaspec_warm.sh`)\n\n"
+              "The paper's drafts begin as pretrained language models. Here every draft starts from the general-chat "
+              "draft above (the ShareGPT reference), then stays as it is (undistilled), is distilled on all GSM8K "
+              "tokens, or is trained by AdaSPEC; same data and steps. alpha on GSM8K test (no decoding run).\n\n"
+              f"{format_table(rows)}\n\n{ordering(rows)}\n")
 
 
 def ordering(rows: list[dict]) -> str:
