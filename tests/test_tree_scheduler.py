@@ -107,3 +107,23 @@ def test_scheduled_parallel_head_is_exact_and_adapts(plain):
     assert summary["steps"] == len(sched.history) > 0
     assert all(1 <= c.nodes <= 24 and c.depth <= 4 and c.width <= 3 for c in sched.history)
     assert summary["cost_correction"]  # the engine reported verification timings
+
+
+def test_scheduled_head_with_a_deep_cache_branch_stays_exact(plain):
+    """The result cache's branch can carry the accepted path past the head's depth (a repetitive prompt
+    with the prompt indexed): the scheduler must take that report, and greedy stays exact."""
+    from dataclasses import replace
+
+    from foretell.result_cache import ResultCache
+
+    target = plain.target.model
+    head = new_parallel_head(target, ParallelHeadConfig.for_target(target.config, depth=2))
+    sched = AdaptiveTreeScheduler(curve(0.0001), ScheduleLimits(max_nodes=16, probe_every=0))
+    engine = replace(plain.with_drafter(ParallelHeadDrafter(head, scheduler=sched)).engine,
+                     result_cache=ResultCache(include_prompt=True))
+    sched.record([-1, 0], [-0.1, -0.2], accepted_depth=6, verify_seconds=0.01, verified_nodes=9)  # no IndexError
+    for prompt in PROMPTS:
+        want = plain.engine.generate(prompt, greedy_params()).tokens
+        first = engine.generate(prompt, greedy_params())
+        assert first.tokens == want
+        assert engine.generate(prompt, greedy_params()).tokens == want  # again: the cache now holds deep branches

@@ -131,7 +131,7 @@ class Engine:
             t2 = time.perf_counter()
             verdict, committed_hidden = self._verify(ids[-1], proposal, cache, params, generator)
             if proposal.size and hasattr(self.drafter, "verified"):  # drafters that learn from timings
-                self.drafter.verified(verdict.accepted, time.perf_counter() - t2)
+                self.drafter.verified(verdict.accepted, time.perf_counter() - t2, proposal.size)
             if committed_hidden:
                 self.drafter.observe(committed_hidden)
             t3 = time.perf_counter()

@@ -95,7 +95,7 @@ class ParallelHeadDrafter:
         self, head: ParallelHead, shape: HeadTreeShape = HeadTreeShape(), scheduler: AdaptiveTreeScheduler | None = None
     ):
         """With a scheduler, its limits replace the fixed shape's and it picks each step's tree."""
-        if shape.depth > head.config.depth:
+        if scheduler is None and shape.depth > head.config.depth:
             raise ForetellError(f"tree depth {shape.depth} exceeds the parallel head's depth {head.config.depth}")
         self.head = head
         self.scheduler = scheduler
@@ -152,10 +152,11 @@ class ParallelHeadDrafter:
             draft_prob=node_probs(self._last_q, drafted, parents),
         )
 
-    def verified(self, accepted: int, verify_seconds: float) -> None:
-        """The engine's report on the last proposal: accepted path length and the pass's time."""
+    def verified(self, accepted: int, verify_seconds: float, verified_nodes: int | None = None) -> None:
+        """The engine's report on the last proposal: accepted path length, the pass's time and its size
+        (larger than our tree when the engine merged in the result cache's branch)."""
         if self.scheduler is not None and self._sent[0]:
-            self.scheduler.record(*self._sent, accepted, verify_seconds)
+            self.scheduler.record(*self._sent, accepted, verify_seconds, verified_nodes)
 
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
         # Rank under the user's temperature / top-k / top-p; greedy ranks by softmax.

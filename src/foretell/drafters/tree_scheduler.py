@@ -118,8 +118,13 @@ class AdaptiveTreeScheduler:
         self.history.append(Choice(best_n, depth, width, best_expected, probe))
         return best_n
 
-    def record(self, parents: list[int], scores: list[float], accepted_depth: int, verify_seconds: float) -> None:
-        """Learn from one verification: the tree sent, how deep its accepted path went, how long it took."""
+    def record(self, parents: list[int], scores: list[float], accepted_depth: int, verify_seconds: float,
+               verified_nodes: int | None = None) -> None:
+        """Learn from one verification: the tree sent, how deep its accepted path went, how long it took.
+
+        verified_nodes: the pass's real size when the engine added nodes to the tree (the result cache's
+        branch); those may also carry the accepted path past the tree's depth (counted as its deepest level).
+        """
         d = self.limits.decay
         depth_of = node_depths(parents)
         deepest = max(depth_of, default=0)
@@ -130,10 +135,11 @@ class AdaptiveTreeScheduler:
         self._predicted = [x * d for x in self._predicted]
         for score, depth in zip(scores, depth_of):
             self._predicted[depth - 1] += math.exp(score)
-        for depth in range(1, accepted_depth + 1):
+        for depth in range(1, min(accepted_depth, deepest) + 1):
             self._passed[depth - 1] += 1.0
-        size = min(self.target.sizes, key=lambda s: abs(math.log(s / (len(parents) + 1))))
-        ratio = verify_seconds / self.target(len(parents) + 1)
+        tokens = (verified_nodes if verified_nodes is not None else len(parents)) + 1
+        size = min(self.target.sizes, key=lambda s: abs(math.log(s / tokens)))
+        ratio = verify_seconds / self.target(tokens)
         old = self._correction.get(size)
         self._correction[size] = ratio if old is None else d * old + (1 - d) * ratio
 
