@@ -5,27 +5,29 @@
 # (benchmarks/scheduler_load.py). Missing runs are left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-HEAD_RUN=${HEAD_RUN:-runs/parallel_head/smollm2}
-BENCH=${BENCH:-runs/head-gsm8k-quick}
-LOSSY=${LOSSY:-runs/lossy-quick}
+HEAD_RUN=${HEAD_RUN:-runs/parallel_head/smollm2-self}
+BENCH=${BENCH:-runs/seed-drafters}
+LOSSY=${LOSSY:-runs/lossy-self}
 LOAD=${LOAD:-runs/scheduler_load}
+LOAD_HEAD=${LOAD_HEAD:-runs/parallel_head/smollm2/head}  # the head scheduler_load.py ran with (the first, GSM8K-text head)
 {
   echo "# JetSpec (seed 003) on SmolLM2-135M-Instruct"
   echo
   if [ -f "$HEAD_RUN/eval.md" ]; then
-    echo "## The trained parallel head (\`bash benchmarks/train_parallel_head.sh\`), held-out GSM8K test"
+    echo "## The trained parallel head (\`bash benchmarks/train_parallel_head.sh\`), held-out target answers to GSM8K test prompts"
     echo; sed 1d "$HEAD_RUN/eval.md"; echo
   fi
   if [ -f "$BENCH/report.md" ]; then
-    echo "## GSM8K, bf16, greedy (\`DATASETS=gsm8k ONLY=plain,prompt-lookup,parallel-head,parallel-head-auto PER=10 OUT=$BENCH bash benchmarks/seed_drafters_bench.sh\`)"
-    echo; sed -n '/^## overall/,/^Pass rate/p' "$BENCH/report.md" | sed '1d;$d'; echo
+    echo "## GSM8K and Spec-Bench, bf16, greedy: every drafter in one run (\`bash benchmarks/seed_drafters_bench.sh\`, all of it in docs/seed-drafters.md)"
+    echo; awk '/^## gsm8k/{on=1} /^## / && !/^## gsm8k/{on=0} on' "$BENCH/report.md" | sed 's/^## gsm8k/### GSM8K test/'
+    awk '/^## overall/{on=1} /^Pass rate/{on=0} on' "$BENCH/report.md" | sed 's/^## overall/### overall (GSM8K + Spec-Bench)/'; echo
   fi
   if [ -f "$LOSSY/lossy.md" ]; then
-    echo "## The opt-in LOSSY mode (\`HEAD=$HEAD_RUN/head PROMPTS=10 MAX_NEW=128 OUT=$LOSSY bash benchmarks/lossy_table.sh\`)"
+    echo "## The opt-in LOSSY mode (\`HEAD=$HEAD_RUN/head PROMPTS=10 MAX_NEW=256 OUT=$LOSSY bash benchmarks/lossy_table.sh\`)"
     echo; sed 1d "$LOSSY/lossy.md"; echo
   fi
   if [ -f "$LOAD/scheduler_load.md" ]; then
-    echo "## The adaptive scheduler under load (\`.venv/bin/python benchmarks/scheduler_load.py --head $HEAD_RUN/head --prompts 4\`)"
+    echo "## The adaptive scheduler under load (\`.venv/bin/python benchmarks/scheduler_load.py --head $LOAD_HEAD --prompts 4\`)"
     echo; cat "$LOAD/scheduler_load.md"; echo
     [ -f "$LOAD/scheduler_load.png" ] && cp "$LOAD/scheduler_load.png" docs/jetspec-scheduler-load.png && echo "![budget per step](jetspec-scheduler-load.png)" && echo
   fi
