@@ -105,7 +105,7 @@ def load(
     hidden_draft: str | Path | None = None,
     hidden_options: HiddenStateOptions | None = None,
     lossy_threshold: float | None = None,
-    result_cache: bool | str = False,
+    result_cache: bool | str | None = False,
 ) -> Pipeline:
     """Load a target and a drafter: none | draft-model | draft-tree (both need `draft`) | prompt-lookup
     | parallel-head (needs `head`).
@@ -148,7 +148,7 @@ def load(
             f"lossy_threshold needs a drafter with draft probabilities (draft-model, draft-tree, parallel-head, "
             f"hidden-state); the {drafter} drafter has none"
         )
-    if result_cache not in (False, True, "outputs", "prompt"):
+    if result_cache not in (None, False, True, "outputs", "prompt"):
         raise ForetellError(f"result_cache is True / 'outputs' (earlier output) or 'prompt' (the prompt too), not {result_cache!r}")
     if result_cache and drafter not in ("draft-tree", "parallel-head", "hidden-state"):
         raise ForetellError(f"result_cache needs a tree drafter (draft-tree, parallel-head, hidden-state), not {drafter}")
