@@ -104,14 +104,15 @@ def _forward(model: Transformer, ids: torch.Tensor, positions: torch.Tensor, cac
     return model.lm_head(model.norm(x)).float()
 
 
-def first_turns(source: str, tokenizer, max_prompt_tokens: int, limit: int, split: str = "train") -> list[list[dict]]:
-    """Up to `limit` one-message conversations (the first user turn) that fit max_prompt_tokens."""
+def first_turns(source: str, tokenizer, max_prompt_tokens: int, limit: int,
+                split: str = "train") -> list[tuple[list[dict], list[int]]]:
+    """Up to `limit` one-message conversations (the first user turn) that fit max_prompt_tokens, with their ids."""
     from foretell.text import encode_prompt
     from foretell.train.data import conversations
 
     sources = ("gsm8k", "sharegpt") if source == "both" else (source,)
     per_source = [limit - limit // 2, limit // 2] if source == "both" else [limit]
-    chosen: list[list[dict]] = []
+    chosen: list[tuple[list[dict], list[int]]] = []
     for name, want in zip(sources, per_source):
         taken = 0
         for messages in conversations(name, split):
@@ -121,8 +122,9 @@ def first_turns(source: str, tokenizer, max_prompt_tokens: int, limit: int, spli
             if user["role"] != "user":
                 continue
             prompt = [user]
-            if len(encode_prompt(tokenizer, prompt, chat=True)) <= max_prompt_tokens:
-                chosen.append(prompt)
+            ids = encode_prompt(tokenizer, prompt, chat=True)
+            if len(ids) <= max_prompt_tokens:
+                chosen.append((prompt, ids))
                 taken += 1
     if not chosen:
         raise ForetellError(f"no prompts from {source!r} fit --max-prompt-tokens {max_prompt_tokens}")
@@ -144,7 +146,7 @@ def make_self_data(cfg: SelfDataConfig, out: Path) -> Path:
     """Write (or finish writing) `out`: one {"messages": [user, assistant]} row per prompt, in prompt order."""
     from foretell.models.loading import load_model
     from foretell.sampling import make_generator
-    from foretell.text import encode_prompt, stop_token_ids
+    from foretell.text import stop_token_ids
 
     loaded = load_model(cfg.target, cfg.dtype)
     model, tokenizer = loaded.model.eval(), loaded.tokenizer
@@ -157,11 +159,10 @@ def make_self_data(cfg: SelfDataConfig, out: Path) -> Path:
     # the prompt order for resuming, so batches are consecutive prompts.
     for first in range(start, len(prompts), cfg.batch_size):
         batch = prompts[first : first + cfg.batch_size]
-        ids = [encode_prompt(tokenizer, p, chat=True) for p in batch]
         generator = make_generator(cfg.seed + first) if cfg.temperature > 0 else None
-        answers = generate_batch(model, ids, cfg.max_new_tokens, stop_ids, cfg.temperature, generator)
+        answers = generate_batch(model, [ids for _, ids in batch], cfg.max_new_tokens, stop_ids, cfg.temperature, generator)
         with open(out, "a", encoding="utf-8") as f:
-            for p, answer in zip(batch, answers):
+            for (p, _), answer in zip(batch, answers):
                 text = tokenizer.decode([t for t in answer if t not in stop_ids], skip_special_tokens=True)
                 f.write(json.dumps({"messages": [*p, {"role": "assistant", "content": text}]}) + "\n")
         bar.update(len(batch))
