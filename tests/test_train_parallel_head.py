@@ -247,3 +247,18 @@ def test_both_sources_give_half_the_sequences_each(monkeypatch):
     monkeypatch.setattr(head_pipeline, "build_token_data", fake)
     data = head_pipeline.token_data(DataConfig("both", "train", 6, 8), tokenizer=None)
     assert data.input_ids[:, 0].tolist() == [1, 1, 1, 2, 2, 2]
+
+
+def test_init_head_continues_from_a_trained_head(setup, trained, tmp_path):
+    """--init-head: training starts from the given head (not a random one), and a head of another shape is refused."""
+    _, head_dir = trained
+    cfg = replace(config(setup, tmp_path / "more", steps=1, lr=1e-9, warmup_steps=0), init_head=head_dir)
+    more = run_parallel_head(cfg)
+    start, after = load_file(str(head_dir / "model.safetensors")), load_file(str(more / "model.safetensors"))
+    assert all(torch.allclose(start[k], after[k], atol=1e-5) for k in start)  # a near-zero step from the trained weights
+    job = json.loads((tmp_path / "more" / "train" / "job.json").read_text())
+    assert job["init_head"] == str(head_dir)
+    with pytest.raises(ForetellError, match="another shape .*depth"):
+        run_parallel_head(replace(config(setup, tmp_path / "other"), shape=HeadShape(depth=2), init_head=head_dir))
+    with pytest.raises(ForetellError, match="no parallel_head.json"):
+        run_parallel_head(replace(config(setup, tmp_path / "none"), init_head=tmp_path))

@@ -104,6 +104,8 @@ def add_parallel_head_parser(kinds) -> None:
     p.add_argument("--anchors", type=int, default=loss.anchors, help="anchors sampled per sequence per step (default: %(default)s)")
     p.add_argument("--depth-decay", type=float, default=loss.depth_decay,
                    help="loss weight of depth d is decay^(d-1), in (0, 1] (default: %(default)s)")
+    p.add_argument("--init-head", help="start from this trained head (a saved OUT/head of the same shape) instead of "
+                   "a random one: train longer with a fresh schedule")
 
 
 def parse_layers(text: str | None) -> tuple[int, ...] | None:
@@ -125,6 +127,7 @@ def parallel_head_config(args):
         target=args.target, out=Path(args.out), data=data, eval_data=args.eval_data, eval_sequences=args.eval_sequences,
         shape=HeadShape(args.depth, args.head_layers, parse_layers(args.fuse_layers)),
         loss=HeadLossConfig(args.anchors, args.depth_decay), features=features, train=train, resume=args.resume,
+        init_head=Path(args.init_head) if args.init_head else None,
     )
 
 

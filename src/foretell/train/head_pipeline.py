@@ -19,7 +19,9 @@ import torch
 
 from foretell.errors import ForetellError
 from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
-from foretell.models.parallel_head import ParallelHeadConfig, load_parallel_head, new_parallel_head, save_parallel_head
+from foretell.models.parallel_head import (
+    CONFIG_FILE, ParallelHeadConfig, load_parallel_head, new_parallel_head, read_head_config, save_parallel_head,
+)
 from foretell.train.data import DataConfig, TokenData, build_token_data
 from foretell.train.head_eval import depth_acceptance, format_depth_table
 from foretell.train.head_features import FeatureCache, FeatureConfig, build_feature_cache, cache_settings, open_if_complete
@@ -57,6 +59,7 @@ class ParallelHeadTrainConfig:
     train: TrainConfig = field(default_factory=default_train)
     resume: bool = True
     stop_after: int | None = None  # stop training early (tests of resuming)
+    init_head: Path | None = None  # warm start: continue from a trained head of the same shape
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,22 @@ def prepare_data(cfg: DataConfig, tokenizer, folder: Path) -> TokenData:
 
 def head_config(cfg: ParallelHeadTrainConfig, target) -> ParallelHeadConfig:
     s = cfg.shape
-    return ParallelHeadConfig.for_target(target.config, num_layers=s.num_layers, depth=s.depth, fuse_layers=s.fuse_layers)
+    config = ParallelHeadConfig.for_target(target.config, num_layers=s.num_layers, depth=s.depth, fuse_layers=s.fuse_layers)
+    if cfg.init_head is not None:
+        check_init_head(cfg.init_head, config)
+    return config
+
+
+def check_init_head(folder: Path, config: ParallelHeadConfig) -> None:
+    """--init-head must name a saved head of exactly the shape this run trains."""
+    if not (folder / CONFIG_FILE).is_file():
+        raise ForetellError(f"--init-head {folder}: no {CONFIG_FILE} there; give a folder written by foretell train "
+                            "parallel-head (its OUT/head)")
+    init = read_head_config(folder)
+    if init != config:
+        differ = [k for k, v in asdict(config).items() if asdict(init)[k] != v]
+        raise ForetellError(f"--init-head {folder} has another shape ({', '.join(differ)} differ); pass the same "
+                            "--depth, --head-layers and --fuse-layers it was trained with")
 
 
 def prepare_features(cfg: ParallelHeadTrainConfig, target_dir: Path, target, data: TokenData, fuse_layers) -> FeatureCache:
@@ -146,9 +164,11 @@ def run_parallel_head(cfg: ParallelHeadTrainConfig) -> Path:
     config = head_config(cfg, target)
     if cfg.eval_sequences and cfg.eval_data is None and cfg.data.source not in ("gsm8k", "sharegpt", BOTH):
         print("foretell train: warning: evaluating on the training file (give --eval-data for held-out data)")
-    job = HeadJob(cfg.out / "train", cfg.resume, json.loads(json.dumps(
-        {"target": str(target_dir), "data": asdict(cfg.data), "head": asdict(config), "loss": asdict(cfg.loss),
-         "features": asdict(cfg.features), "train": asdict(cfg.train)}, default=str)))
+    settings = {"target": str(target_dir), "data": asdict(cfg.data), "head": asdict(config), "loss": asdict(cfg.loss),
+                "features": asdict(cfg.features), "train": asdict(cfg.train)}
+    if cfg.init_head is not None:  # only when set, so runs made before the option still resume
+        settings["init_head"] = str(cfg.init_head)
+    job = HeadJob(cfg.out / "train", cfg.resume, json.loads(json.dumps(settings, default=str)))
     begin_stage(job)  # refuses a folder trained with other settings; --no-resume clears it
     cache = prepare_features(cfg, target_dir, target, data, config.fuse_layers)
     head_dir = cfg.out / "head"
@@ -156,7 +176,8 @@ def run_parallel_head(cfg: ParallelHeadTrainConfig) -> Path:
         print(f"foretell train: the head in {head_dir} is already trained, skipping")
         head = load_parallel_head(head_dir, target)
     else:
-        head = new_parallel_head(target, config, seed=cfg.train.seed)
+        head = (load_parallel_head(cfg.init_head, target) if cfg.init_head is not None
+                else new_parallel_head(target, config, seed=cfg.train.seed))
         steps = train_head(head, cache, data, cfg.train, cfg.loss, job.out, cfg.resume, cfg.stop_after)
         if steps < cfg.train.steps:
             return head_dir  # stopped early on purpose; the same command resumes
