@@ -4,6 +4,7 @@ into tree proposals within the node budget, lossless greedy and sampled, hit rat
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -182,3 +183,31 @@ def test_cache_needs_a_tree_drafter(tiny_pair, plain):
     chain = DraftModelDrafter(plain.engine.target, plain.engine.target.config.vocab_size)
     with pytest.raises(ForetellError, match="needs a tree drafter .* not draft-model"):
         replace(plain.with_drafter(chain).engine, result_cache=ResultCache())
+
+
+def test_clear_forgets_stored_requests():
+    cache = ResultCache(max_ngram=2)
+    cache.begin([1, 2])
+    cache.extend([1, 2, 3, 4, 5])
+    assert cache.lookup([9, 3, 4], 4) == [5]
+    cache.clear()
+    assert cache.lookup([9, 3, 4], 4) == []
+    cache.begin([7, 3])
+    cache.extend([7, 3, 4, 6])
+    assert cache.lookup([9, 3, 4], 4) == [6]
+
+
+def test_bench_warm_up_leaves_nothing_for_the_timed_run(plain):
+    """The bench's untimed warm-up run of a method must not feed the result cache of the timed run."""
+    from foretell.bench.methods import ForetellMethod, MethodOptions
+    from foretell.bench.runner import RunConfig, warm_up
+
+    engine = head_engine(plain, cache=False)
+    method = ForetellMethod("parallel-head-cache", plain, engine.drafter, MethodOptions(), result_cache="outputs")
+    prompt = {"prompt": "p", "dataset": "d", "id": 0}
+    ids = PROMPTS[0]
+    fresh = method.run(ids, 24)[1]
+    method.reset()
+    warm_up([(prompt, method)], lambda _: ids, RunConfig(Path("unused"), warmup_tokens=24, max_new_tokens=24))
+    assert method.run(ids, 24)[1] == fresh  # without the reset the second run hits the first one's output
+    assert method.run(ids, 24)[1]["cache_useful"] > fresh["cache_useful"]

@@ -46,6 +46,11 @@ class ResultCache:
                 f"got {self.min_ngram}, {self.max_ngram}, {self.max_branch}"
             )
 
+    def clear(self) -> None:
+        """Forget every stored request (the settings stay)."""
+        self._first += len(self._sequences)  # numbers keep growing, so no stale index entry can match
+        self._sequences, self._indexed, self._index = [], [], {}
+
     def begin(self, prompt_ids: list[int]) -> None:
         """A new request: its committed output will be indexed as it grows (keys may reach into the prompt)."""
         self._sequences.append([])

@@ -150,6 +150,12 @@ class ForetellMethod:
             **{k: getattr(s, k) for k in MONITOR_KEYS},
         }
 
+    def reset(self) -> None:
+        """Drop state one run leaves for the next: the result cache's stored requests (so an untimed
+        warm-up run cannot be reused by the timed run of the same prompt)."""
+        if self.pipe.engine.result_cache is not None:
+            self.pipe.engine.result_cache.clear()
+
     def memory_bytes(self) -> int:
         # A draft model, parallel head or hidden-state draft: whichever the drafter holds (weights it
         # shares with the target are counted once).
