@@ -342,3 +342,32 @@ def test_a_briefly_trained_head_gets_accepted(plain):
     with torch.no_grad():
         trained, untrained = accepted(head), accepted(new_parallel_head(target))
     assert trained > untrained and trained > 0
+
+
+def test_hot_vocabulary_head_drafts_only_hot_tokens_and_stays_exact(plain):
+    """The drafter ranks over the head's hot columns and maps them back to token ids: only hot tokens are
+    proposed, greedy output stays exact, and the tree is the one grown from the expanded full-vocabulary q."""
+    from foretell.hot_vocab import HotVocab
+
+    target = plain.target.model
+    V = target.config.vocab_size
+    hot = HotVocab(torch.arange(0, V, 3), V)  # every third token
+    head = new_parallel_head(target, ParallelHeadConfig.for_target(target.config), seed=5, hot=hot)
+    drafter = ParallelHeadDrafter(head, HeadTreeShape(max_nodes=10, depth=4, width=3))
+    spec = plain.with_drafter(drafter)
+    proposals = []
+    propose = drafter.propose
+
+    def recorded(tokens, max_tokens):
+        proposals.append(propose(tokens, max_tokens))
+        return proposals[-1]
+
+    drafter.propose = recorded
+    for prompt in PROMPTS:
+        assert spec.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
+    hot_ids = set(hot.ids.tolist())
+    assert sum(p.size for p in proposals) > 0 and all(set(p.tokens.tolist()) <= hot_ids for p in proposals)
+    logits_hot = torch.randn(4, hot.size)
+    tokens_hot, parents_hot, _ = grow_tree(torch.softmax(logits_hot, -1), 10, 3)
+    tokens_full, parents_full, _ = grow_tree(torch.softmax(hot.expand(logits_hot), -1), 10, 3)
+    assert hot.ids[torch.tensor(tokens_hot)].tolist() == tokens_full and parents_hot == parents_full

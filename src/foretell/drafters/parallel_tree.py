@@ -140,17 +140,21 @@ class ParallelHeadDrafter:
         self._pending = []
         start = self.cache.length
         next_tokens = torch.tensor(tokens[start + 1 :], dtype=torch.long, device=self.head.device)
-        logits = self.head(features, next_tokens, self.cache, num_placeholders=depth - 1)
+        # Over the head's own (hot) vocabulary: the same tree as over the full one, whose extra
+        # columns have zero probability, without expanding and ranking them every step.
+        logits = self.head(features, next_tokens, self.cache, num_placeholders=depth - 1, full_vocab=False)
         self.cache.commit_prefix(features.shape[0])
-        drafted, parents, scores = grow_tree(self._q(logits), self.shape.max_nodes, self.shape.width)
+        q = self._q(logits)
+        drafted, parents, scores = grow_tree(q, self.shape.max_nodes, self.shape.width)
         if self.scheduler is not None:
             n = self.scheduler.choose(scores, parents, time.perf_counter() - t0)
             drafted, parents, scores = drafted[:n], parents[:n], scores[:n]  # best-first: closed under ancestors
             self._sent = (parents, scores)
-        return Proposal(
-            tokens=torch.tensor(drafted, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long),
-            draft_prob=node_probs(self._last_q, drafted, parents),
-        )
+        draft_prob = node_probs(q, drafted, parents)
+        tokens = torch.tensor(drafted, dtype=torch.long)
+        if self.head.vocab_ids is not None:
+            tokens = self.head.vocab_ids[tokens]  # columns -> token ids
+        return Proposal(tokens=tokens, parents=torch.tensor(parents, dtype=torch.long), draft_prob=draft_prob)
 
     def verified(self, accepted: int, verify_seconds: float, verified_nodes: int | None = None) -> None:
         """The engine's report on the last proposal: accepted path length, the pass's time and its size
@@ -161,5 +165,4 @@ class ParallelHeadDrafter:
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
         # Rank under the user's temperature / top-k / top-p; greedy ranks by softmax.
         params = self.params if not self.params.greedy else SamplingParams(temperature=1.0)
-        self._last_q = processed_probs(logits, params)  # kept for the proposal's draft_prob
-        return self._last_q
+        return processed_probs(logits, params)

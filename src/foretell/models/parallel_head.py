@@ -170,13 +170,20 @@ class ParallelHead(nn.Module):
             x = layer(x, cos, sin, cache, i, mask)
         return self.norm(x)
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., H] normed rows -> [..., V] float32 logits over the full vocabulary (-inf off a hot set)."""
+    def logits(self, x: torch.Tensor, full_vocab: bool = True) -> torch.Tensor:
+        """[..., H] normed rows -> [..., V] float32 logits over the full vocabulary (-inf off a hot set);
+        with full_vocab=False over the head's own vocabulary (`vocab_ids`), which skips the expansion."""
         out = self.shared.lm_head(x).float()
-        return self.shared.hot.expand(out) if self.shared.hot is not None else out
+        return self.shared.hot.expand(out) if self.shared.hot is not None and full_vocab else out
+
+    @property
+    def vocab_ids(self) -> torch.Tensor | None:
+        """Full-vocabulary id of each column of logits(full_vocab=False); None when they are the full vocabulary."""
+        return self.shared.hot.ids if self.shared.hot is not None else None
 
     def forward(
-        self, features: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache, num_placeholders: int
+        self, features: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache, num_placeholders: int,
+        full_vocab: bool = True,
     ) -> torch.Tensor:
         """Feed n >= 1 new context rows after the cache's prefix, then `num_placeholders` placeholders.
 
@@ -184,7 +191,7 @@ class ParallelHead(nn.Module):
         cache.length + n - 1; next_tokens: [n] long, the token after each of them. Writes n +
         num_placeholders slots; the caller commits the n context rows (cache.commit_prefix(n)).
         Returns [1 + num_placeholders, V] float32 logits: row d - 1 scores depth d, the token
-        d positions after the last committed token.
+        d positions after the last committed token (full_vocab=False: columns are `vocab_ids`).
         """
         n = features.shape[0]
         if n < 1:
@@ -198,7 +205,7 @@ class ParallelHead(nn.Module):
             causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
             mask = torch.cat([torch.ones(T, start, dtype=torch.bool, device=self.device), causal], dim=1)[None, None]
         x = self._run_layers(x[None], positions, cache, mask)[0]
-        return self.logits(x[n - 1 :])
+        return self.logits(x[n - 1 :], full_vocab)
 
     def forward_training(
         self, features: torch.Tensor, next_tokens: torch.Tensor, anchors: Sequence[int]
