@@ -5,7 +5,7 @@
 # (benchmarks/scheduler_load.py). Missing runs are left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-HEAD_RUN=${HEAD_RUN:-runs/parallel_head/smollm2-self}
+HEAD_RUN=${HEAD_RUN:-runs/parallel_head/smollm2-self-long}
 BENCH=${BENCH:-runs/seed-drafters}
 LOSSY=${LOSSY:-runs/lossy-self}
 LOAD=${LOAD:-runs/scheduler_load}

@@ -3,8 +3,8 @@
 # GSM8K test and Spec-Bench, PER prompts per category (default 4).
 #   issue 5 (seed 000): standard and tree speculative decoding with the AdaSPEC-distilled draft,
 #                       the hidden-state drafter and its ablations (token-info, resampling, fusion, hot vocab)
-#   issue 6 (seed 003): the parallel head (fixed tree, adaptive scheduler, and scheduler + prompt lookup's match
-#                       as one more branch) against the hidden-state drafter, the dynamic draft-model tree and
+#   issue 6 (seed 003): the parallel head (fixed tree, adaptive scheduler, and each with prompt lookup's match
+#                       as one more branch of its tree) against the hidden-state drafter, the dynamic draft-model tree and
 #                       prompt lookup
 # Needs the trained drafts: benchmarks/adaspec_table.sh, train_parallel_head.sh, train_hidden_state.sh.
 # Writes OUT/report.md and plots (default runs/seed-drafters); rerunning resumes. Environment: DRAFT, HEAD,
@@ -12,9 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-HEAD=${HEAD:-runs/parallel_head/smollm2-self/head}
+HEAD=${HEAD:-runs/parallel_head/smollm2-self-long/head}
 HIDDEN=${HIDDEN:-runs/hidden_state/smollm2-self/draft}
-METHODS=plain,prompt-lookup,draft-chain,draft-tree,parallel-head,parallel-head-auto,parallel-head-auto-lookup
+METHODS=plain,prompt-lookup,draft-chain,draft-tree,parallel-head,parallel-head-lookup,parallel-head-auto,parallel-head-auto-lookup
 [ -d "$HIDDEN" ] && METHODS=$METHODS,hidden-state,hidden-state-no-info,hidden-state-no-resample,hidden-state-no-fusion,hidden-state-full-vocab
 .venv/bin/foretell bench --model smollm2-135m --dtype bfloat16 --draft "${DRAFT:-smollm2-135m-adaspec-sharegpt}" \
   --head "$HEAD" $([ -d "$HIDDEN" ] && echo --hidden-draft "$HIDDEN") \
