@@ -36,12 +36,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 # Bumped whenever the forward's cost changes, so measured cost curves (budget.py) are redone.
-RUNTIME_VERSION = 2
+RUNTIME_VERSION = 3
 
-# Decode steps and verification passes of up to this many tokens use plain matmul attention:
-# PyTorch's fused CPU attention costs ~0.4-0.7 ms of fixed overhead per call at one token,
-# five times the matmuls themselves (measured here), and a forward calls it once per layer.
-SMALL_STEP = 16
+# Passes of up to this many new tokens use plain matmul attention: at one token PyTorch's fused
+# CPU attention costs more than the matmuls themselves, but from two tokens on (verification
+# passes) it is the faster one, by 2-5 ms a 135M-target pass at 4-13 tokens (bf16, 2 cores).
+SMALL_STEP = 1
 
 
 def small_step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
