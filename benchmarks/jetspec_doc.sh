@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HEAD_RUN=${HEAD_RUN:-runs/parallel_head/smollm2-self-long}
+LOSSY_HEAD=${LOSSY_HEAD:-runs/parallel_head/smollm2-self/head}  # the head lossy_table.sh ran with (before the continuation)
 BENCH=${BENCH:-runs/seed-drafters}
 LOSSY=${LOSSY:-runs/lossy-self}
 LOAD=${LOAD:-runs/scheduler_load}
@@ -23,7 +24,7 @@ LOAD_HEAD=${LOAD_HEAD:-runs/parallel_head/smollm2/head}  # the head scheduler_lo
     awk '/^## overall/{on=1} /^Pass rate/{on=0} on' "$BENCH/report.md" | sed 's/^## overall/### overall (GSM8K + Spec-Bench)/'; echo
   fi
   if [ -f "$LOSSY/lossy.md" ]; then
-    echo "## The opt-in LOSSY mode (\`HEAD=$HEAD_RUN/head PROMPTS=10 MAX_NEW=256 OUT=$LOSSY bash benchmarks/lossy_table.sh\`)"
+    echo "## The opt-in LOSSY mode (\`HEAD=$LOSSY_HEAD PROMPTS=10 MAX_NEW=256 OUT=$LOSSY bash benchmarks/lossy_table.sh\`)"
     echo; sed 1d "$LOSSY/lossy.md"; echo
   fi
   if [ -f "$LOAD/scheduler_load.md" ]; then
