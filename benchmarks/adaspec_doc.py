@@ -39,6 +39,20 @@ def main(run_dir: str) -> None:
               "draft above (the ShareGPT reference), then stays as it is (undistilled), is distilled on all GSM8K "
               "tokens, or is trained by AdaSPEC; same data and steps. alpha on GSM8K test (no decoding run).\n\n"
               f"{format_table(rows)}\n\n{ordering(rows)}\n")
+    self_sets = {"gsm8k": "GSM8K (train: the target's answers to 1200 GSM8K train prompts; alpha: its answers to 48 "
+                          "GSM8K test prompts)",
+                 "sharegpt": "General (train: the target's answers to 800 ShareGPT prompts; alpha: its answers to 24 "
+                             "held-out ShareGPT prompts)"}
+    found = [(name, Path(run_dir).parent / "adaspec-self" / f"{name}.json") for name in self_sets]
+    if any(path.is_file() for _, path in found):
+        print("## Trained on the target's own answers (`bash benchmarks/adaspec_self.sh`)\n\n"
+              "The paper fine-tunes the target on the task first, so the training text is what the target itself "
+              "would write. The nearest here: the target's own greedy answers (`foretell self-data`). Same 2-layer "
+              "draft, 120 steps per stage; alpha on held-out target answers (no decoding run).\n")
+        for name, path in found:
+            if path.is_file():
+                rows = json.loads(path.read_text())
+                print(f"### {self_sets[name]}\n\n{format_table(rows)}\n\n{ordering(rows)}\n")
 
 
 def ordering(rows: list[dict]) -> str:

@@ -4,7 +4,8 @@
 # itself would write. Per set (GSM8K: 1200 answers to train prompts; general: 800 answers to ShareGPT prompts):
 # the 2-layer truncated-target draft (1) undistilled, (2) distilled on all tokens, (3) AdaSPEC; same data and
 # steps as benchmarks/adaspec_table.sh. alpha on the target's answers to held-out prompts (48 GSM8K test,
-# 24 ShareGPT test) -> runs/adaspec-self/{gsm8k,sharegpt}.json. ~20-25 min per set on 2 cores (after self data).
+# 24 ShareGPT test) -> runs/adaspec-self/{gsm8k,sharegpt}.json and docs/adaspec.md. ~25 min per set on 2 cores
+# (after the self data).
 # Environment: DATASETS (default "gsm8k sharegpt"), STEPS (120), LAYERS (2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,3 +24,5 @@ for DATA in ${DATASETS:-gsm8k sharegpt}; do
     --draft "distill-all-tokens=$OUT/distill-all-tokens/model" --draft "adaspec=$OUT/draft/model" \
     --json "runs/adaspec-self/$DATA.json"
 done
+.venv/bin/python benchmarks/adaspec_doc.py runs/adaspec > docs/adaspec.md
+echo "wrote docs/adaspec.md" >&2
