@@ -79,6 +79,7 @@ class AdaptiveTreeScheduler:
     _correction: dict[int, float] = field(default_factory=dict)  # cost-curve size -> measured / curve
     _steps: int = 0
     history: list[Choice] = field(default_factory=list)
+    _seconds: dict[int, float] = field(default_factory=dict)  # verify_seconds memo, cleared when _correction moves
 
     def calibration(self, depth: int) -> float:
         """Accepted / predicted at this depth (1 with no evidence; a pseudo-count keeps it sane).
@@ -90,10 +91,13 @@ class AdaptiveTreeScheduler:
 
     def verify_seconds(self, tokens: int) -> float:
         """The cost curve at `tokens`, scaled by the correction measured nearest to it."""
-        if not self._correction:
-            return self.target(tokens)
-        nearest = min(self._correction, key=lambda size: (abs(math.log(size / tokens)), size))
-        return self.target(tokens) * self._correction[nearest]
+        if tokens not in self._seconds:
+            if not self._correction:
+                self._seconds[tokens] = self.target(tokens)
+            else:
+                nearest = min(self._correction, key=lambda size: (abs(math.log(size / tokens)), size))
+                self._seconds[tokens] = self.target(tokens) * self._correction[nearest]
+        return self._seconds[tokens]
 
     def choose(self, scores: list[float], parents: list[int], draft_seconds: float) -> int:
         """How many of the best-first nodes to verify. scores: cumulative log-probabilities."""
@@ -142,6 +146,7 @@ class AdaptiveTreeScheduler:
         ratio = verify_seconds / self.target(tokens)
         old = self._correction.get(size)
         self._correction[size] = ratio if old is None else d * old + (1 - d) * ratio
+        self._seconds.clear()
 
     def summary(self) -> dict:
         """Mean choices over the steps so far (for reports)."""
