@@ -20,7 +20,7 @@ import torch
 from foretell.errors import ForetellError
 from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
 from foretell.models.parallel_head import (
-    CONFIG_FILE, ParallelHeadConfig, load_parallel_head, new_parallel_head, read_head_config, save_parallel_head,
+    ParallelHeadConfig, load_parallel_head, new_parallel_head, read_head_config, save_parallel_head,
 )
 from foretell.train.data import DataConfig, TokenData, build_token_data
 from foretell.train.head_eval import depth_acceptance, format_depth_table
@@ -106,10 +106,7 @@ def head_config(cfg: ParallelHeadTrainConfig, target) -> ParallelHeadConfig:
 
 def check_init_head(folder: Path, config: ParallelHeadConfig) -> None:
     """--init-head must name a saved head of exactly the shape this run trains."""
-    if not (folder / CONFIG_FILE).is_file():
-        raise ForetellError(f"--init-head {folder}: no {CONFIG_FILE} there; give a folder written by foretell train "
-                            "parallel-head (its OUT/head)")
-    init = read_head_config(folder)
+    init = read_head_config(folder)  # names a missing or unreadable folder itself
     if init != config:
         differ = [k for k, v in asdict(config).items() if asdict(init)[k] != v]
         raise ForetellError(f"--init-head {folder} has another shape ({', '.join(differ)} differ); pass the same "
