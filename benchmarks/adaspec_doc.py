@@ -43,17 +43,21 @@ def main(run_dir: str) -> None:
                           "GSM8K test prompts)",
                  "sharegpt": "General (train: the target's answers to 800 ShareGPT prompts; alpha: its answers to 24 "
                              "held-out ShareGPT prompts)"}
-    found = [(name, Path(run_dir).parent / "adaspec-self" / f"{name}.json") for name in self_sets]
-    if any(path.is_file() for _, path in found):
+    self_dir = Path(run_dir).parent / "adaspec-self"
+    found = [(name, path) for name in self_sets for path in sorted(self_dir.glob(f"{name}*.json"))
+             if not path.name.endswith(".settings.json")]
+    if found:
         print("## Trained on the target's own answers (`bash benchmarks/adaspec_self.sh`)\n\n"
               "The paper fine-tunes the target on the task first, so the training text is what the target itself "
-              "would write. The nearest here: the target's own greedy answers (`foretell self-data`). Same 2-layer "
-              "draft, 120 steps per stage; alpha on held-out target answers (no decoding run).\n")
+              "would write. The nearest here: the target's own greedy answers (`foretell self-data`). Drafts "
+              "truncated from the target; alpha on held-out target answers (no decoding run). Variants come from "
+              "`LAYERS=.. STEPS=.. TAG=.. bash benchmarks/adaspec_self.sh`.\n")
         for name, path in found:
-            if path.is_file():
-                rows = json.loads(path.read_text())
-                print(f"### {self_sets[name]}\n\n{format_table(rows)}\n\n{ordering(rows)}\n")
-
+            settings = path.with_name(path.stem + ".settings.json")
+            shape = json.loads(settings.read_text()) if settings.is_file() else {"layers": 2, "steps": 120}
+            rows = json.loads(path.read_text())
+            print(f"### {self_sets[name]}: {shape['layers']}-layer draft, {shape['steps']} steps per stage\n\n"
+                  f"{format_table(rows)}\n\n{ordering(rows)}\n")
 
 def ordering(rows: list[dict]) -> str:
     """The drafts ranked by alpha, and whether that is the paper's order (AdaSPEC > all tokens > none)."""

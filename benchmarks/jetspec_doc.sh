@@ -5,7 +5,7 @@
 # (benchmarks/scheduler_load.py). Missing runs are left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-HEAD_RUN=${HEAD_RUN:-runs/parallel_head/smollm2-self-long}
+HEAD_RUN=${HEAD_RUN:-runs/parallel_head/smollm2-self-long2}
 LOSSY_HEAD=${LOSSY_HEAD:-runs/parallel_head/smollm2-self/head}  # the head lossy_table.sh ran with (before the continuation)
 BENCH=${BENCH:-runs/seed-drafters}
 LOSSY=${LOSSY:-runs/lossy-self}

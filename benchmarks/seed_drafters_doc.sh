@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/seed-drafters}
 # How the run in docs was made (the hidden-state ablations left out while its draft is the short first one):
-CMD=${CMD:-"ONLY=plain,prompt-lookup,draft-chain,draft-tree,parallel-head,parallel-head-auto,parallel-head-auto-lookup,hidden-state HIDDEN=runs/hidden_state/smollm2/draft bash benchmarks/seed_drafters_bench.sh"}
+CMD=${CMD:-"ONLY=plain,prompt-lookup,draft-chain,draft-tree,parallel-head,parallel-head-lookup,parallel-head-auto-lookup,hidden-state HIDDEN=runs/hidden_state/smollm2/draft bash benchmarks/seed_drafters_bench.sh"}
 [ -f "$RUN/report.md" ] || { echo "no $RUN/report.md: run benchmarks/seed_drafters_bench.sh first" >&2; exit 1; }
 {
   echo "# The seed systems side by side on SmolLM2-135M-Instruct"
