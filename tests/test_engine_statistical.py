@@ -76,12 +76,31 @@ def engine_counts(root, params: SamplingParams, drafter: str = "chain") -> torch
     return counts
 
 
+MIN_EXPECTED = 5.0  # Pearson's chi-square is only valid when every cell expects about 5 or more
+
+
 def worst_p_value(counts: torch.Tensor, exact: torch.Tensor) -> float:
+    """The smallest per-position chi-square p-value of the counts against the exact marginals.
+
+    A token of zero probability must never appear. Tokens expected fewer than MIN_EXPECTED times
+    share one cell: one hit on a token expected 0.03 times would otherwise read as p ~ 1e-8."""
     worst = 1.0
     for c, e in zip(counts, exact):
         keep = e > 1e-12
         assert c[~keep].sum() == 0
-        worst = min(worst, chisquare(c[keep].double().numpy(), (e[keep] / e[keep].sum() * c.sum()).numpy()).pvalue)
+        observed, expected = c[keep].double(), (e[keep] / e[keep].sum() * c.sum()).double()
+        big = expected >= MIN_EXPECTED
+        obs, exp = observed[big].tolist(), expected[big].tolist()
+        rest_obs, rest_exp = float(observed[~big].sum()), float(expected[~big].sum())
+        if rest_exp >= 1.0 or (rest_exp > 0 and not obs):
+            obs.append(rest_obs)
+            exp.append(rest_exp)
+        elif rest_exp > 0:  # too small even pooled: fold it into the smallest cell
+            i = min(range(len(exp)), key=exp.__getitem__)
+            obs[i] += rest_obs
+            exp[i] += rest_exp
+        if len(obs) >= 2:
+            worst = min(worst, chisquare(obs, exp).pvalue)
     return worst
 
 

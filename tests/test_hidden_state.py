@@ -89,6 +89,40 @@ def test_greedy_equals_plain_near_the_token_limit(plain):
             assert spec.engine.generate(prompt, params).tokens == plain.engine.generate(prompt, params).tokens
 
 
+def test_scheduled_tree_is_exact_and_the_scheduler_picks_the_budget(plain):
+    """With the adaptive scheduler (hardware-aware budget) the tree grows to its node cap and the
+    scheduler keeps a best-first prefix; resampled subtrees ride along; greedy stays exact."""
+    from test_tree_scheduler import curve
+
+    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler, ScheduleLimits
+
+    sched = AdaptiveTreeScheduler(curve(0.001), ScheduleLimits(max_nodes=20, probe_every=4))
+    drafter = HiddenStateDrafter(make_draft(plain.target.model), HiddenStateOptions(resample_when="always"), sched)
+    assert drafter.max_nodes == 20
+    spec = plain.with_drafter(drafter)
+    resampled = 0
+    for prompt in PROMPTS:
+        result = spec.engine.generate(prompt, GREEDY)
+        assert result.tokens == plain.engine.generate(prompt, GREEDY).tokens
+        resampled += drafter.stats.resampled_subtrees
+    assert resampled > 0
+    assert len(sched.history) > 0 and all(1 <= c.nodes <= 20 for c in sched.history)
+    assert len({c.nodes for c in sched.history}) > 1, "the budget should move (probes at least)"
+    assert sched.summary()["cost_correction"]  # the engine reported verification timings
+
+
+def test_auto_budget_reaches_the_hidden_state_drafter_through_load(tiny_pair, tmp_path):
+    target_dir = tiny_pair[0]
+    pipe = load(target_dir, drafter="none", warm_up=False)
+    save_hidden_draft(make_draft(pipe.target.model), tmp_path / "draft")
+    spec = load(target_dir, hidden_draft=tmp_path / "draft", auto_budget=True, warm_up=False, cache_dir=tmp_path / "c")
+    scheduler = spec.engine.drafter.scheduler
+    assert scheduler is not None
+    prompt = PROMPTS[0]
+    assert spec.engine.generate(prompt, GREEDY).tokens == pipe.engine.generate(prompt, GREEDY).tokens
+    assert scheduler.history, "the scheduler chose the budget"
+
+
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
     root = tmp_path_factory.mktemp("micro_hidden")
@@ -103,8 +137,9 @@ def micro(tmp_path_factory):
         (SamplingParams(temperature=1.0), HiddenStateOptions(depth=3, max_nodes=8, resample_when="always")),
         (SamplingParams(temperature=1.0), HiddenStateOptions(depth=3, max_nodes=6, fuse=False, resample_when="always")),
         (SamplingParams(temperature=0.7, top_p=0.9), HiddenStateOptions(depth=3, max_nodes=8)),
+        (SamplingParams(temperature=1.0), "scheduled"),
     ],
-    ids=["t1.0-fused", "t1.0-unfused", "t0.7-top_p0.9"],
+    ids=["t1.0-fused", "t1.0-unfused", "t0.7-top_p0.9", "t1.0-scheduled"],
 )
 def test_sampled_output_follows_the_target(micro, params, options):
     """Exact marginals of the first NEW tokens by enumeration vs 1500 seeded engine runs.
@@ -112,7 +147,17 @@ def test_sampled_output_follows_the_target(micro, params, options):
     Runs generate NEW + 2 tokens (the first NEW are counted) so that the drafter, which learns
     what was accepted at its next proposal, also reports the resampled nodes that were accepted."""
     hf_target, pipe = micro
-    spec, drafter = with_hidden(pipe, options, rank=8)
+    if options == "scheduled":  # the adaptive scheduler's budget, resampled subtrees fused in
+        from test_tree_scheduler import curve
+
+        from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler, ScheduleLimits
+
+        options = HiddenStateOptions(depth=3, resample_when="always")
+        sched = AdaptiveTreeScheduler(curve(0.001), ScheduleLimits(max_nodes=8, probe_every=3))
+        drafter = HiddenStateDrafter(make_draft(pipe.target.model, rank=8), options, sched)
+        spec = pipe.with_drafter(drafter)
+    else:
+        spec, drafter = with_hidden(pipe, options, rank=8)
     counts = torch.zeros(NEW, VOCAB)
     accepted = resampled_accepted = 0
     for seed in range(1500):

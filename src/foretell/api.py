@@ -122,7 +122,8 @@ def load(
     when it is given), `head_tree` its tree budget (default 16 nodes, depth 4, width 3); with
     `auto_budget` the adaptive scheduler picks each step's budget, depth and width instead.
     `hidden_draft` is a saved hidden-state draft folder for the hidden-state drafter (seed 000;
-    the default drafter when it is given), `hidden_options` its tree and ablation switches.
+    the default drafter when it is given), `hidden_options` its tree and ablation switches; with
+    `auto_budget` the adaptive scheduler picks each step's budget (up to 64 nodes).
     `lossy_threshold` (opt-in, LOSSY: the output no longer follows the target exactly): a draft
     token whose draft path probability exceeds it is accepted without the target's check; in (0, 1].
     `result_cache` (lossless) offers continuations committed earlier (this and previous requests)
@@ -182,9 +183,11 @@ def load(
         the_drafter = ParallelHeadDrafter(parallel_head, shape, scheduler)
     elif drafter == "hidden-state":
         hot = draft_hot_vocab(tgt, tgt, hot_vocab, cache_dir)  # the draft shares the target's output layer
-        the_drafter = HiddenStateDrafter(load_hidden_draft(hidden_draft, tgt.model, hot), hidden_options or HiddenStateOptions())
-    if auto_budget and drafter not in ("draft-model", "draft-tree", "parallel-head"):
-        raise ForetellError("auto_budget needs a draft-model, draft-tree or parallel-head drafter")
+        scheduler = AdaptiveTreeScheduler(cost_curve(tgt.model, str(target), cache_dir)) if auto_budget else None
+        the_drafter = HiddenStateDrafter(load_hidden_draft(hidden_draft, tgt.model, hot),
+                                         hidden_options or HiddenStateOptions(), scheduler)
+    if auto_budget and drafter not in ("draft-model", "draft-tree", "parallel-head", "hidden-state"):
+        raise ForetellError("auto_budget needs a draft-model, draft-tree, parallel-head or hidden-state drafter")
     if draft_quant not in ("none", "auto") and drafter not in ("draft-model", "draft-tree"):
         raise ForetellError("draft_quant needs a draft-model or draft-tree drafter")
     if hot_vocab and drafter not in ("draft-model", "draft-tree", "parallel-head", "hidden-state"):

@@ -336,13 +336,19 @@ HIDDEN_STATE_VARIANTS = (
     ("hidden-state-no-info", HIDDEN_HOT_VOCAB, {"token_info": False}, " without token-info (ablation)"),
     ("hidden-state-no-resample", HIDDEN_HOT_VOCAB, {"resample": False}, " without resampling (ablation)"),
     ("hidden-state-no-fusion", HIDDEN_HOT_VOCAB, {"fuse": False}, " without verification fusion (ablation)"),
+    ("hidden-state-auto", HIDDEN_HOT_VOCAB, {"scheduled": True}, " with the adaptive scheduler (hardware-aware budget)"),
 )
 
 
-def _hidden_state(hot_vocab: int, **switches):
+def _hidden_state(hot_vocab: int, scheduled: bool = False, **switches):
     from foretell.drafters.hidden_tree import HiddenStateDrafter, HiddenStateOptions
+    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 
-    return lambda m, o: HiddenStateDrafter(m.hidden_state_draft(hot_vocab), HiddenStateOptions(**switches))
+    def build(m: Models, o: MethodOptions) -> HiddenStateDrafter:
+        scheduler = AdaptiveTreeScheduler(_target_cost(m)) if scheduled else None
+        return HiddenStateDrafter(m.hidden_state_draft(hot_vocab), HiddenStateOptions(**switches), scheduler)
+
+    return build
 
 
 def _foretell(name: str, drafter: Callable[[Models, MethodOptions], object]):
@@ -429,7 +435,8 @@ def _head_drafter(models: Models, o: MethodOptions) -> ParallelHeadDrafter:
 
 # Methods that take the engine's opt-in extras: name-lossy-T (LOSSY verification at threshold T)
 # and name-cache (the result cache; tree drafters only).
-EXTRAS_BASES = ("parallel-head-auto", "parallel-head", "draft-tree", "draft-chain")  # longest name first
+EXTRAS_BASES = ("parallel-head-auto", "parallel-head", "hidden-state-auto", "hidden-state", "draft-tree",
+                "draft-chain")  # a longer name before its prefix
 
 
 def _extras_variant(name: str) -> MethodSpec | None:
@@ -450,10 +457,11 @@ def _extras_variant(name: str) -> MethodSpec | None:
             return None
         spec = METHODS[base]
         drafter = {"parallel-head": _head_drafter, "parallel-head-auto": _scheduled_head_drafter,
+                   "hidden-state": _hidden_state(HIDDEN_HOT_VOCAB), "hidden-state-auto": _hidden_state(HIDDEN_HOT_VOCAB, True),
                    "draft-tree": lambda m, o: _tree(m, _dynamic(o), o), "draft-chain": _chain}[base]
         build = lambda m, o, d=drafter: ForetellMethod(name, m.pipeline(), d(m, o), o, lossy_threshold=lossy,  # noqa: E731
                                                        result_cache=cache)
         what = (f"LOSSY at threshold {lossy:g}" if lossy is not None else "with the result cache"
                 if cache == "outputs" else "with prompt lookup's match as one more tree branch")
-        return MethodSpec(build, spec.needs_draft, f"{spec.help}, {what}", spec.needs_head)
+        return MethodSpec(build, spec.needs_draft, f"{spec.help}, {what}", spec.needs_head, spec.needs_hidden_draft)
     return None

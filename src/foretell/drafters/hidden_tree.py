@@ -21,6 +21,10 @@ distinct) and prunes it to `max_nodes` by score. The target verifies them in its
 Without fusion the resampled subtree is proposed alone (a verification pass with no draft
 forward) and the regular tree follows at the step after.
 
+Hardware-aware budget: with an AdaptiveTreeScheduler (drafters/tree_scheduler.py, the same one
+the parallel head uses) the tree is grown to the scheduler's node cap and the scheduler keeps the
+best-first prefix that maximises expected tokens per second on this machine now.
+
 Children are chosen deterministically (top-k, pruning), so proposals carry no q rows: the tree
 verifier treats them as point masses (the EAGLE rule), lossless for greedy and sampled decoding.
 """
@@ -37,6 +41,7 @@ from typing import Callable
 import torch
 
 from foretell.drafters.base import empty_proposal
+from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.hidden_draft import HiddenDraft
 from foretell.models.token_info import TokenInfoTable
@@ -203,10 +208,14 @@ class HiddenStateDrafter:
     name = "hidden-state"
     sizes_itself = True  # its options set depth and size, not the engine's length policy
 
-    def __init__(self, draft: HiddenDraft, options: HiddenStateOptions = HiddenStateOptions()):
+    def __init__(self, draft: HiddenDraft, options: HiddenStateOptions = HiddenStateOptions(),
+                 scheduler: AdaptiveTreeScheduler | None = None):
+        """With a scheduler, its node cap replaces options.max_nodes and it picks each step's budget."""
         self.draft = draft
         self.options = options
-        self.max_nodes = options.max_nodes
+        self.scheduler = scheduler
+        self.max_nodes = scheduler.limits.max_nodes if scheduler is not None else options.max_nodes
+        self._sent: tuple[list[int], list[float]] = ([], [])  # the last tree's parents and scores (scheduler)
         self.target_layers = (draft.target_layer,)  # the engine hands us these rows after each commit
         self.cache = None
         self.params = SamplingParams()
@@ -249,6 +258,8 @@ class HiddenStateDrafter:
                 f"the hidden-state draft saw {self._observed} target rows for {len(tokens) - 1} committed tokens; "
                 "the engine must hand over every committed row (observe) before propose"
             )
+        t0 = time.perf_counter()
+        self._sent = ([], [])
         self._info_memo = {}
         self._account(tokens)
         depth = min(self.options.depth, max_tokens)
@@ -257,18 +268,18 @@ class HiddenStateDrafter:
         resampled = self._resample(tokens, depth) if self.options.resample else None
         self._chain = None
         if resampled is not None and (not self.options.fuse or not self._pending):
-            return self._proposal(len(tokens), [resampled], only_resampled=True)
+            return self._proposal(len(tokens), [resampled], t0, only_resampled=True)
         if not self._pending:  # a one-token prompt: no target rows yet
             return empty_proposal()
         logits = self._run_chain(depth)
         root = tokens[-1]
         regular = grow_info_tree(
             lambda level, token: self._child_probs(logits[level], token), depth, root,
-            self.options.max_nodes, self.options.width, self._out_ids,
+            self.max_nodes, self.options.width, self._out_ids,
         )
         self.stats.chains += 1
         trees = [regular] if resampled is None else [regular, resampled]
-        proposal = self._proposal(len(tokens), trees)
+        proposal = self._proposal(len(tokens), trees, t0)
         self._chain = _Chain(len(tokens), root, logits, self._last[1], self._last[2])
         return proposal
 
@@ -324,7 +335,7 @@ class HiddenStateDrafter:
         cached = chain.logits[a + 1 :]
         tree = grow_info_tree(
             lambda level, token: self._child_probs(cached[level], token), levels, b,
-            self.options.max_nodes, self.options.width, self._out_ids,
+            self.max_nodes, self.options.width, self._out_ids,
         )
         self.stats.resampled_subtrees += 1
         self.stats.resample_seconds += time.perf_counter() - t0
@@ -344,8 +355,17 @@ class HiddenStateDrafter:
         i = bisect.bisect_left(self._out_ids, token)  # hot ids are sorted
         return i if i < len(self._out_ids) and self._out_ids[i] == token else None
 
-    def _proposal(self, root_len: int, trees: list, only_resampled: bool = False) -> Proposal:
-        tokens, parents, scores, sources = merge_trees(trees, self.options.max_nodes)
+    def verified(self, accepted: int, verify_seconds: float, verified_nodes: int | None = None) -> None:
+        """The engine's report on the last proposal (accepted path length, the pass's time and size)."""
+        if self.scheduler is not None and self._sent[0]:
+            self.scheduler.record(*self._sent, accepted, verify_seconds, verified_nodes)
+
+    def _proposal(self, root_len: int, trees: list, t0: float, only_resampled: bool = False) -> Proposal:
+        tokens, parents, scores, sources = merge_trees(trees, self.max_nodes)
+        if self.scheduler is not None and tokens:  # best-first order: any prefix is closed under ancestors
+            n = self.scheduler.choose(scores, parents, time.perf_counter() - t0)
+            tokens, parents, scores, sources = tokens[:n], parents[:n], scores[:n], sources[:n]
+            self._sent = (parents, scores)
         resampled_only = [only_resampled or s == 0b10 for s in sources]
         self.stats.resampled_nodes += sum(s & 0b10 > 0 or only_resampled for s in sources)
         self._last = (root_len, tokens, parents, resampled_only)
