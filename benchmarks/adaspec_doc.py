@@ -44,8 +44,9 @@ def main(run_dir: str) -> None:
                  "sharegpt": "General (train: the target's answers to 800 ShareGPT prompts; alpha: its answers to 24 "
                              "held-out ShareGPT prompts)"}
     self_dir = Path(run_dir).parent / "adaspec-self"
-    found = [(name, path) for name in self_sets for path in sorted(self_dir.glob(f"{name}*.json"))
-             if not path.name.endswith(".settings.json")]
+    found = [(name, path) for name in self_sets
+             for path in sorted(self_dir.glob(f"{name}*.json"), key=lambda p, n=name: (p.stem != n, p.name))
+             if not path.name.endswith(".settings.json")]  # the untagged (first) run before its variants
     if found:
         print("## Trained on the target's own answers (`bash benchmarks/adaspec_self.sh`)\n\n"
               "The paper fine-tunes the target on the task first, so the training text is what the target itself "
