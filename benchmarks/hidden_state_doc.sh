@@ -4,12 +4,13 @@
 # GSM8K bench against plain decoding. Missing runs are left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUN=${RUN:-runs/hidden_state/smollm2}
-BENCH=${BENCH:-runs/hidden-gsm8k-quick}
-CHECK=${CHECK:-runs/hidden_checklist.md}
-# The draft measured so far came from the first, short recipe on data-set text; the script now trains longer on
-# the target's own answers (set RUN=runs/hidden_state/smollm2-self and RECIPE once that has run).
-RECIPE=${RECIPE:-"\`STEPS=120 bash benchmarks/train_hidden_state.sh\` as of commit 77d26a2: 1000 GSM8K + ShareGPT data-set sequences"}
+RUN=${RUN:-runs/hidden_state/smollm2-self}
+BENCH=${BENCH:-runs/hidden-self-gsm8k}
+METHODS=${METHODS:-plain,prompt-lookup,hidden-state,hidden-state-auto,hidden-state-lookup}
+CHECK=${CHECK:-runs/hidden_checklist_self.md}
+RECIPE=${RECIPE:-"\`bash benchmarks/train_hidden_state.sh\`: 400 steps on the target's own answers to 1200 GSM8K + 800 ShareGPT prompts"}
+FIRST=runs/hidden_state/smollm2  # the first, short recipe on data-set text (STEPS=120, commit 77d26a2)
+KL=runs/hidden_state/smollm2-self-kl  # the same recipe with the loss weights MSE 0.1 / KL 0.9
 {
   echo "# Hidden-state speculative decoding (seed 000) on SmolLM2-135M-Instruct"
   echo
@@ -18,9 +19,17 @@ RECIPE=${RECIPE:-"\`STEPS=120 bash benchmarks/train_hidden_state.sh\` as of comm
     echo; sed 1d "$RUN/eval.md"; echo
   fi
   if [ -f "$BENCH/report.md" ]; then
-    echo "## GSM8K, bf16, greedy (\`DATASETS=gsm8k ONLY=plain,hidden-state PER=10 OUT=$BENCH bash benchmarks/seed_drafters_bench.sh\`)"
+    echo "## GSM8K, bf16, greedy (\`DATASETS=gsm8k ONLY=$METHODS PER=10 HIDDEN=$RUN/draft OUT=$BENCH bash benchmarks/seed_drafters_bench.sh\`)"
     echo; sed -n '/^## overall/,/^Pass rate/p' "$BENCH/report.md" | sed '1d;$d'; echo
   fi
+  for other in "$FIRST:the first, short recipe (\`STEPS=120\`, commit 77d26a2) on data-set text, not the target's answers" \
+               "$KL:loss weights MSE 0.1 / KL 0.9 instead of the seed's 0.7 / 0.3 (\`OUT=$KL MSE_WEIGHT=0.1 KL_WEIGHT=0.9 bash benchmarks/train_hidden_state.sh\`)"; do
+    dir=${other%%:*}
+    if [ "$dir" != "$RUN" ] && [ -f "$dir/eval.md" ]; then
+      echo "## For comparison: ${other#*:}"
+      echo; sed 1d "$dir/eval.md" | awk '/^Hot vocabulary/{exit} {print}'
+    fi
+  done
   if [ -f "$CHECK" ]; then
     echo "## Seed 000's checklist (\`.venv/bin/python benchmarks/hidden_state_checklist.py --hidden-draft $RUN/draft --prompts 4 > $CHECK\`)"
     echo; echo "The held-out hidden MSE is in the first table above."; echo

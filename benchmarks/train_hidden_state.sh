@@ -8,16 +8,24 @@
 #                  half (2.5-7 s a step)                                               ~30-45 min
 #   evaluation     72 held-out sequences (GSM8K and ShareGPT test prompts), every anchor, depth 5   ~2 min
 # Interrupt it at any time: rerunning continues from the last checkpoint (every 20 steps); the feature pass resumes too.
-# Environment: OUT (default runs/hidden_state/smollm2-self), STEPS, THREADS.
+# Environment: OUT (default runs/hidden_state/smollm2-self), STEPS, THREADS, MSE_WEIGHT / KL_WEIGHT (the seed's 0.7 /
+# 0.3). A variant with another OUT reuses the default run's data and cached features (linked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash benchmarks/self_data.sh
-OUT=${OUT:-runs/hidden_state/smollm2-self}
+BASE=runs/hidden_state/smollm2-self
+OUT=${OUT:-$BASE}
 F=.venv/bin/foretell
 D=runs/self_data
+if [ "$OUT" != "$BASE" ]; then
+  mkdir -p "$OUT"
+  for part in data features; do
+    if [ -e "$BASE/$part" ] && [ ! -e "$OUT/$part" ]; then ln -s "$(realpath "$BASE/$part")" "$OUT/$part"; fi
+  done
+fi
 
 $F train hidden-state --target smollm2-135m --data $D/smollm2-mix.jsonl --eval-data $D/smollm2-mix-test.jsonl \
-  --seq-len 320 --depth 5 --token-info-rank 256 --init-layer middle --mse-weight 0.7 --kl-weight 0.3 --noise 0.1 \
+  --seq-len 320 --depth 5 --token-info-rank 256 --init-layer middle --mse-weight "${MSE_WEIGHT:-0.7}" --kl-weight "${KL_WEIGHT:-0.3}" --noise 0.1 \
   --curriculum 0.5 --logit-clamp 50 --anchors 16 --topk-teacher 32 --feature-dtype bfloat16 \
   --steps "${STEPS:-400}" --batch-size 8 --lr 1e-3 --bf16 --checkpoint-every 20 --eval-sequences 48 \
   --threads "${THREADS:-2}" --out "$OUT"

@@ -49,6 +49,7 @@ from foretell.sampling import processed_probs
 from foretell.types import Proposal, SamplingParams
 
 RESAMPLE_TRIGGERS = ("unsure", "plausible", "always")
+INFO_MEMO_BYTES = 64 << 20  # E rows kept between proposals of one generation (tokens recur: digits, " the")
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,9 @@ class HiddenStateDrafter:
         self._observed = 0  # rows observed this generation = tokens in the target's cache
         self._chain: _Chain | None = None  # the last regular proposal, for resampling
         self._last: tuple[int, list[int], list[int], list[bool]] | None = None  # root_len, tokens, parents, resampled-only
-        self._info_memo: dict[int, torch.Tensor] = {}
+        self._info_memo: dict[int, torch.Tensor] = {}  # token -> E row, for the current generation
+        out_size = len(self._out_ids) if self._out_ids is not None else draft.config.vocab_size
+        self._info_memo_rows = max(64, INFO_MEMO_BYTES // (4 * out_size))
         self.info_table: TokenInfoTable | None = None
         if options.token_info and options.token_info_cache and draft.token_info is not None:
             columns = self._out_ids if self._out_ids is not None else range(draft.config.vocab_size)
@@ -243,6 +246,7 @@ class HiddenStateDrafter:
         self.stats = HiddenStateStats()
         self._pending, self._observed = [], 0
         self._chain = self._last = None
+        self._info_memo = {}
 
     def observe(self, hidden: dict[int, torch.Tensor]) -> None:
         layer = self.draft.target_layer
@@ -260,7 +264,6 @@ class HiddenStateDrafter:
             )
         t0 = time.perf_counter()
         self._sent = ([], [])
-        self._info_memo = {}
         self._account(tokens)
         depth = min(self.options.depth, max_tokens)
         if depth <= 0:
@@ -302,6 +305,8 @@ class HiddenStateDrafter:
         if not self.options.token_info or self.draft.token_info is None:
             return None
         row = self._info_memo.get(token)
+        if row is None and len(self._info_memo) >= self._info_memo_rows:
+            self._info_memo.clear()  # bounded memory; refilled by the tokens in use
         if row is None:
             row = self.info_table.get(token) if self.info_table is not None else None
             if row is None:
