@@ -10,6 +10,8 @@ METHODS=${METHODS:-plain,prompt-lookup,hidden-state,hidden-state-auto,hidden-sta
 CHECK=${CHECK:-runs/hidden_checklist_self.md}
 RECIPE=${RECIPE:-"\`bash benchmarks/train_hidden_state.sh\`: 400 steps on the target's own answers to 1200 GSM8K + 800 ShareGPT prompts"}
 FIRST=runs/hidden_state/smollm2  # the first, short recipe on data-set text (STEPS=120, commit 77d26a2)
+COMPARE=${COMPARE:-runs/seed-hidden}
+COMPARE_METHODS=plain,prompt-lookup,draft-chain,draft-tree,hidden-state,hidden-state-auto,hidden-state-no-info,hidden-state-no-resample,hidden-state-no-fusion,hidden-state-full-vocab
 KL=runs/hidden_state/smollm2-self-kl  # the same recipe with the loss weights MSE 0.1 / KL 0.9
 {
   echo "# Hidden-state speculative decoding (seed 000) on SmolLM2-135M-Instruct"
@@ -21,6 +23,13 @@ KL=runs/hidden_state/smollm2-self-kl  # the same recipe with the loss weights MS
   if [ -f "$BENCH/report.md" ]; then
     echo "## GSM8K, bf16, greedy (\`DATASETS=gsm8k ONLY=$METHODS PER=10 HIDDEN=$RUN/draft OUT=$BENCH bash benchmarks/seed_drafters_bench.sh\`)"
     echo; sed -n '/^## overall/,/^Pass rate/p' "$BENCH/report.md" | sed '1d;$d'; echo
+  fi
+  if [ -f "$COMPARE/report.md" ]; then
+    echo "## Seed 000's comparison with its ablations, one interleaved run (GSM8K test + Spec-Bench, 4 prompts a category)"
+    echo
+    echo "\`ONLY=$COMPARE_METHODS HIDDEN=$RUN/draft OUT=$COMPARE bash benchmarks/seed_drafters_bench.sh\`; standard (draft-chain)"
+    echo "and tree (draft-tree) speculative decoding use the AdaSPEC-distilled 2-layer draft."
+    echo; sed '1,2d' "$COMPARE/report.md" | sed 's/^## /### /' | grep -v '^!\[' ; echo
   fi
   for other in "$FIRST:the first, short recipe (\`STEPS=120\`, commit 77d26a2) on data-set text, not the target's answers" \
                "$KL:loss weights MSE 0.1 / KL 0.9 instead of the seed's 0.7 / 0.3 (\`OUT=$KL MSE_WEIGHT=0.1 KL_WEIGHT=0.9 bash benchmarks/train_hidden_state.sh\`)"; do
