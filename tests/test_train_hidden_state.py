@@ -144,6 +144,23 @@ def test_resumed_run_matches_an_uninterrupted_one(setup, tmp_path):
         run_hidden_state(config(setup, tmp_path / "split", HiddenLossConfig(anchors=8, noise=0.2)))
 
 
+def test_init_draft_continues_from_a_trained_draft(setup, trained, tmp_path):
+    cfg, trained_dir = trained
+    start = load_file(str(trained_dir / "model.safetensors"))
+    warm = config(setup, tmp_path / "warm", steps=2, lr=1e-9, warmup_steps=0)
+    out = run_hidden_state(replace(warm, init_draft=trained_dir))
+    after = load_file(str(out / "model.safetensors"))
+    # a near-zero learning rate keeps the weights where the trained draft left them, not at a fresh init
+    assert all(torch.allclose(start[k], after[k], atol=1e-5) for k in start)
+    cold = load_file(str(run_hidden_state(replace(warm, out=tmp_path / "cold")) / "model.safetensors"))
+    assert not torch.allclose(cold["layer.down_proj.weight"], start["layer.down_proj.weight"], atol=1e-3)
+    other_rank = replace(warm, out=tmp_path / "bad", shape=HiddenShape(depth=DEPTH, token_info_rank=4))
+    with pytest.raises(ForetellError, match="another shape.*token_info_rank"):
+        run_hidden_state(replace(other_rank, init_draft=trained_dir))
+    with pytest.raises(ForetellError, match="no hidden-state draft folder"):
+        run_hidden_state(replace(warm, out=tmp_path / "missing", init_draft=tmp_path / "nowhere"))
+
+
 # --- evaluation and use ----------------------------------------------------------------------
 
 

@@ -30,6 +30,8 @@ def add_hidden_state_parser(kinds) -> None:
     p.add_argument("--token-info-rank", type=int, default=shape.token_info_rank,
                    help="rank r of the token-info factors W_1, W_2; 0 = none (default: %(default)s)")
     p.add_argument("--init-layer", default=shape.init_layer, help=f"the draft layer's start: {INIT_CHOICES} (default: %(default)s)")
+    p.add_argument("--init-draft", help="start from this trained draft (a saved OUT/draft of the same shape) instead of "
+                   "--init-layer: continues training on a new schedule (pair with --curriculum 0)")
     p.add_argument("--mse-weight", type=float, default=loss.mse_weight, help="weight of the hidden MSE (default: %(default)s)")
     p.add_argument("--kl-weight", type=float, default=loss.kl_weight, help="weight of the KL to the target (default: %(default)s)")
     p.add_argument("--noise", type=float, default=loss.noise,
@@ -66,5 +68,5 @@ def hidden_state_config(args):
     return HiddenStateTrainConfig(
         target=args.target, out=Path(args.out), data=data, eval_data=args.eval_data, eval_sequences=args.eval_sequences,
         shape=shape, loss=loss, features=features, train=train, hot_vocab_sizes=parse_sizes(args.hot_vocab_sizes),
-        resume=args.resume,
+        resume=args.resume, init_draft=Path(args.init_draft) if args.init_draft else None,
     )

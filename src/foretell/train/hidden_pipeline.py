@@ -18,7 +18,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from foretell.errors import ForetellError
-from foretell.models.hidden_draft import HiddenDraftConfig, load_hidden_draft, new_hidden_draft, save_hidden_draft
+from foretell.models.hidden_draft import (
+    HiddenDraftConfig,
+    load_hidden_draft,
+    new_hidden_draft,
+    read_hidden_draft_config,
+    save_hidden_draft,
+)
 from foretell.train.data import DataConfig, TokenData
 from foretell.train.head_features import FeatureConfig
 from foretell.train.head_pipeline import DONE, HeadJob, default_train, prepare_features, run_inputs
@@ -71,6 +77,7 @@ class HiddenStateTrainConfig:
     width: int = 3  # children per node in the drafter's tree: the eval's top-`width` column
     resume: bool = True
     stop_after: int | None = None  # stop training early (tests of resuming)
+    init_draft: Path | None = None  # warm start: continue from a trained draft of the same shape
 
 
 def evaluate(cfg: HiddenStateTrainConfig, target, draft, train_data: TokenData, held_out: TokenData) -> dict:
@@ -84,6 +91,15 @@ def evaluate(cfg: HiddenStateTrainConfig, target, draft, train_data: TokenData, 
     return result
 
 
+def check_init_draft(folder: Path, config: HiddenDraftConfig) -> None:
+    """--init-draft must name a saved draft of exactly the shape this run trains."""
+    init = read_hidden_draft_config(folder)  # names a missing or unreadable folder itself
+    if init != config:
+        differ = [k for k, v in asdict(config).items() if asdict(init)[k] != v]
+        raise ForetellError(f"--init-draft {folder} has another shape ({', '.join(differ)} differ); pass the same "
+                            "--token-info-rank it was trained with, for the same target")
+
+
 def run_hidden_state(cfg: HiddenStateTrainConfig) -> Path:
     """Train (or finish training) the draft; returns OUT/draft."""
     target_dir, data, held_out, target = run_inputs(cfg)
@@ -92,10 +108,13 @@ def run_hidden_state(cfg: HiddenStateTrainConfig) -> Path:
     if init_layer is not None and not 0 <= init_layer < target.config.num_hidden_layers:
         raise ForetellError(f"--init-layer must be a target layer in 0..{target.config.num_hidden_layers - 1}, "
                             f"got {init_layer}")
-    job = HeadJob(cfg.out / "train", cfg.resume, json.loads(json.dumps(
-        {"target": str(target_dir), "data": asdict(cfg.data), "draft": asdict(config), "init_layer": init_layer,
-         "shape": asdict(cfg.shape), "loss": asdict(cfg.loss), "features": asdict(cfg.features),
-         "train": asdict(cfg.train)}, default=str)))
+    settings = {"target": str(target_dir), "data": asdict(cfg.data), "draft": asdict(config), "init_layer": init_layer,
+                "shape": asdict(cfg.shape), "loss": asdict(cfg.loss), "features": asdict(cfg.features),
+                "train": asdict(cfg.train)}
+    if cfg.init_draft is not None:  # only when set, so runs made before the option still resume
+        check_init_draft(cfg.init_draft, config)
+        settings["init_draft"] = str(cfg.init_draft)
+    job = HeadJob(cfg.out / "train", cfg.resume, json.loads(json.dumps(settings, default=str)))
     begin_stage(job)  # refuses a folder trained with other settings; --no-resume clears it
     cache = prepare_features(cfg, target_dir, target, data, (config.target_num_layers,))
     draft_dir = cfg.out / "draft"
@@ -103,7 +122,8 @@ def run_hidden_state(cfg: HiddenStateTrainConfig) -> Path:
         print(f"foretell train: the draft in {draft_dir} is already trained, skipping")
         draft = load_hidden_draft(draft_dir, target)
     else:
-        draft = new_hidden_draft(target, config, seed=cfg.train.seed, init_from_layer=init_layer)
+        draft = (load_hidden_draft(cfg.init_draft, target) if cfg.init_draft is not None
+                 else new_hidden_draft(target, config, seed=cfg.train.seed, init_from_layer=init_layer))
         steps = train_hidden(draft, cache, data, cfg.train, cfg.loss, cfg.shape.depth, job.out, cfg.resume,
                              cfg.stop_after)
         if steps < cfg.train.steps:
