@@ -204,6 +204,19 @@ def test_pipeline_reuses_finished_stages_and_copies_the_baseline(prepared):
     assert any(not torch.equal(draft[k], init[k]) for k in draft)
 
 
+def test_a_select_fraction_sweep_shares_the_reference(prepared):
+    cfg, models = prepared
+    before = (models["reference"] / "model.safetensors").stat().st_mtime_ns
+    k04 = run_pipeline(cfg, "draft")["draft"]
+    k08 = run_pipeline(replace(cfg, select_fraction=0.8, draft_name="draft-k0.8"), "draft")["draft"]
+    assert k08 == cfg.out / "draft-k0.8" / "model"
+    assert (models["reference"] / "model.safetensors").stat().st_mtime_ns == before
+    a, b = weights(k04.parent), weights(k08.parent)
+    assert any(not torch.equal(a[k], b[k]) for k in a), "another k trained on other tokens"
+    with pytest.raises(ForetellError, match="--draft-name"):
+        run_pipeline(replace(cfg, draft_name="reference"), "draft")
+
+
 def test_finetune_stage_changes_the_teacher(prepared, tmp_path):
     cfg, _ = prepared
     tuned = replace(cfg, out=tmp_path / "ft", finetune=True, train=replace(cfg.train, steps=2))

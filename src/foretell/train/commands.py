@@ -46,6 +46,9 @@ def add_distill_parser(sub) -> None:
     d.add_argument("--seed", type=int, default=t.seed)
     d.add_argument("--select-fraction", type=float, default=DistillConfig.select_fraction,
                    help="AdaSPEC's k: fraction of tokens the draft trains on (default: %(default)s)")
+    d.add_argument("--draft-name", default=DistillConfig.draft_name,
+                   help="folder in OUT of the AdaSPEC draft; a sweep over --select-fraction runs --stage draft once "
+                   "per k with its own name and shares the reference (default: %(default)s)")
     d.add_argument("--topk-teacher", type=int, default=teacher.top_k, help="target log-probs cached per token (default: %(default)s)")
     d.add_argument("--teacher-dtype", default=teacher.dtype, choices=("float32", "bfloat16"),
                    help="dtype of the target's pass that fills the teacher cache (default: %(default)s)")
@@ -110,6 +113,7 @@ def distill_config(args):
         draft=DraftSpec(args.draft_layers, args.draft_init, args.draft_hidden, args.seed),
         train=train, teacher=TeacherConfig(top_k=args.topk_teacher, dtype=args.teacher_dtype), select_fraction=args.select_fraction,
         finetune=args.finetune, processes=args.processes, resume=args.resume, eval_sequences=args.eval_sequences,
+        draft_name=args.draft_name,
     )
 
 

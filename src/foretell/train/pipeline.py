@@ -66,6 +66,7 @@ class DistillConfig:
     processes: int = 1
     resume: bool = True
     eval_sequences: int = 64  # held-out sequences for the report's acceptance rate (stage all)
+    draft_name: str = "draft"  # OUT/<name> of the AdaSPEC stage: a --select-fraction sweep keeps one per k
 
 
 def prepare_data(cfg: DistillConfig, tokenizer) -> Path:
@@ -169,12 +170,22 @@ def copy_reference_as_baseline(cfg: DistillConfig, reference: StageJob, baseline
     return baseline.out / MODEL_DIR
 
 
+RESERVED_NAMES = ("data", "teacher", "init", "finetune", "reference", "distill-all-tokens")
+
+
+def check_draft_name(name: str) -> None:
+    if not name or "/" in name or name.startswith(".") or name in RESERVED_NAMES:
+        raise ForetellError(f"--draft-name must be a plain folder name other than {', '.join(RESERVED_NAMES)}; "
+                            f"got {name!r}")
+
+
 def run_pipeline(cfg: DistillConfig, stage: str = "all") -> dict[str, Path]:
     """Run `stage` (and what it needs); returns the model folders made, by stage name."""
     if stage not in STAGES:
         raise ForetellError(f"unknown stage {stage!r}; use one of {', '.join(STAGES)}")
     if not 0.0 < cfg.select_fraction <= 1.0:
         raise ForetellError(f"--select-fraction must be in (0, 1], got {cfg.select_fraction}")
+    check_draft_name(cfg.draft_name)
     cfg.train.micro_batches(cfg.processes)  # a bad batch split fails before any work
     cfg.out.mkdir(parents=True, exist_ok=True)
     target_dir = resolve_model_dir(cfg.target)
@@ -207,7 +218,7 @@ def run_pipeline(cfg: DistillConfig, stage: str = "all") -> dict[str, Path]:
     models["reference"] = run_job(cfg, reference)
     if stage in ("all", "draft"):
         ref_kl = prepare_ref_kl(cfg, data_file, teacher)
-        draft = StageJob("adaspec", out=cfg.out / "draft", ref_kl_file=ref_kl, select_fraction=cfg.select_fraction,
+        draft = StageJob("adaspec", out=cfg.out / cfg.draft_name, ref_kl_file=ref_kl, select_fraction=cfg.select_fraction,
                          resume=resume_for("draft"), **common)
         models["draft"] = run_job(cfg, draft)
     if stage == "all":
