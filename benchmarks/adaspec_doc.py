@@ -59,6 +59,30 @@ def main(run_dir: str) -> None:
             rows = json.loads(path.read_text())
             print(f"### {self_sets[name]}: {shape['layers']}-layer draft, {shape['steps']} steps per stage\n\n"
                   f"{format_table(rows)}\n\n{ordering(rows)}\n")
+    sweep(Path(run_dir).parent / "adaspec-sweep")
+
+
+def sweep(folder: Path) -> None:
+    path = folder / "gsm8k-1layer-300.json"
+    if not path.is_file():
+        return
+    from adaspec_tokens import markdown
+
+    rows = json.loads(path.read_text())
+    base = next(r for r in rows if r["draft"] == "distill-all-tokens")
+    best = max((r for r in rows if r["draft"].startswith("adaspec")), key=lambda r: r["alpha"])
+    verdict = "above" if best["alpha"] > base["alpha"] else "below"
+    print("## AdaSPEC's select fraction k (`bash benchmarks/adaspec_sweep.sh`)\n\n"
+          "The self-data GSM8K run above (1-layer draft, 300 steps per stage), one more AdaSPEC draft per k, all from "
+          "the same reference, data and steps; alpha on the held-out target answers.\n\n"
+          f"{format_table(rows)}\n\nBest AdaSPEC: {best['draft']} ({best['alpha']:.4f}), {verdict} distillation on "
+          f"all tokens ({base['alpha']:.4f}).\n")
+    tokens = folder / "gsm8k-1layer-300-tokens.json"
+    if tokens.is_file():
+        print("Per token, by how sure the target is (its top probability; `benchmarks/adaspec_tokens.py`, fp32): "
+              "alpha = sum_v min(p, q), greedy = the draft's argmax is the target's.\n\n"
+              f"{markdown(json.loads(tokens.read_text()))}\n")
+
 
 def ordering(rows: list[dict]) -> str:
     """The drafts ranked by alpha, and whether that is the paper's order (AdaSPEC > all tokens > none)."""

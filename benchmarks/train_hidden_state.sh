@@ -9,7 +9,9 @@
 #   evaluation     72 held-out sequences (GSM8K and ShareGPT test prompts), every anchor, depth 5   ~2 min
 # Interrupt it at any time: rerunning continues from the last checkpoint (every 20 steps); the feature pass resumes too.
 # Environment: OUT (default runs/hidden_state/smollm2-self), STEPS, THREADS, MSE_WEIGHT / KL_WEIGHT (the seed's 0.7 /
-# 0.3). A variant with another OUT reuses the default run's data and cached features (linked).
+# 0.3), LR (1e-3), INIT_DRAFT (continue from a trained draft folder; then the curriculum is off: full depth from the
+# first step). A variant with another OUT reuses the default run's data and cached features (linked).
+# The longer draft: OUT=runs/hidden_state/smollm2-self-long INIT_DRAFT=runs/hidden_state/smollm2-self/draft STEPS=800 LR=6e-4
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash benchmarks/self_data.sh
@@ -24,10 +26,12 @@ if [ "$OUT" != "$BASE" ]; then
   done
 fi
 
+CURRICULUM=0.5
+if [ -n "${INIT_DRAFT:-}" ]; then CURRICULUM=0; fi  # a trained draft already unrolls the full depth
 $F train hidden-state --target smollm2-135m --data $D/smollm2-mix.jsonl --eval-data $D/smollm2-mix-test.jsonl \
   --seq-len 320 --depth 5 --token-info-rank 256 --init-layer middle --mse-weight "${MSE_WEIGHT:-0.7}" --kl-weight "${KL_WEIGHT:-0.3}" --noise 0.1 \
-  --curriculum 0.5 --logit-clamp 50 --anchors 16 --topk-teacher 32 --feature-dtype bfloat16 \
-  --steps "${STEPS:-400}" --batch-size 8 --lr 1e-3 --bf16 --checkpoint-every 20 --eval-sequences 48 \
+  --curriculum "$CURRICULUM" ${INIT_DRAFT:+--init-draft "$INIT_DRAFT"} --logit-clamp 50 --anchors 16 --topk-teacher 32 --feature-dtype bfloat16 \
+  --steps "${STEPS:-400}" --batch-size 8 --lr "${LR:-1e-3}" --bf16 --checkpoint-every 20 --eval-sequences 48 \
   --threads "${THREADS:-2}" --out "$OUT"
 
 # The draft in use: lossless, so the text equals plain greedy decoding; the statistics line shows tau.

@@ -1,0 +1,88 @@
+"""Where AdaSPEC's draft gains or loses against plain distillation: per-token acceptance on held-out text,
+bucketed by how sure the target is (its top probability), plus greedy agreement (argmax match, what greedy
+speculative decoding accepts).
+
+    python benchmarks/adaspec_tokens.py --data runs/self_data/smollm2-gsm8k-test.jsonl \
+        --draft all=DIR --draft adaspec=DIR [--num-sequences 48] [--json OUT.json]
+
+Prints a markdown table; alpha per bucket is sum_v min(p, q) at temperature 1, averaged over the bucket's tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from foretell.models.loading import build_model, load_tokenizer, resolve_model_dir
+from foretell.train.data import DataConfig, build_token_data
+from foretell.train.evaluate import acceptance_per_token
+
+BUCKETS = [(0.0, 0.3), (0.3, 0.6), (0.6, 0.9), (0.9, 0.99), (0.99, 1.01)]
+
+
+@torch.no_grad()
+def per_token(target, drafts: dict, data, batch_size: int = 4) -> dict[str, torch.Tensor]:
+    """Flat per-token tensors over the trained positions: target top probability, and per draft alpha and
+    argmax agreement."""
+    out: dict[str, list[torch.Tensor]] = {"p_top": []}
+    for name in drafts:
+        out[f"{name}:alpha"], out[f"{name}:greedy"] = [], []
+    for start in range(0, len(data), batch_size):
+        ids = data.input_ids[start : start + batch_size]
+        mask = data.loss_mask[start : start + batch_size]
+        p_logits = target.forward_sequences(ids).logits.float()
+        out["p_top"].append(torch.softmax(p_logits, -1).amax(-1)[mask])
+        p_arg = p_logits.argmax(-1)
+        for name, draft in drafts.items():
+            q_logits = draft.forward_sequences(ids).logits.float()
+            out[f"{name}:alpha"].append(acceptance_per_token(p_logits, q_logits)[mask])
+            out[f"{name}:greedy"].append((q_logits.argmax(-1) == p_arg)[mask].float())
+    return {k: torch.cat(v) for k, v in out.items()}
+
+
+def table(values: dict[str, torch.Tensor], names: list[str]) -> tuple[str, list[dict]]:
+    rows = []
+    for low, high in [*BUCKETS, (0.0, 1.01)]:
+        sel = (values["p_top"] >= low) & (values["p_top"] < high)
+        row = {"target_top_p": "all" if (low, high) == (0.0, 1.01) else f"[{low}, {min(high, 1.0)})",
+               "share": round(float(sel.float().mean()), 3)}
+        for name in names:
+            row[f"{name} alpha"] = round(float(values[f"{name}:alpha"][sel].mean()), 4) if sel.any() else None
+            row[f"{name} greedy"] = round(float(values[f"{name}:greedy"][sel].mean()), 4) if sel.any() else None
+        rows.append(row)
+    return markdown(rows), rows
+
+
+def markdown(rows: list[dict]) -> str:
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--draft", action="append", required=True, help="NAME=FOLDER (repeatable)")
+    parser.add_argument("--num-sequences", type=int, default=48)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    target_dir = resolve_model_dir(args.target)
+    data = build_token_data(DataConfig(args.data, "test", args.num_sequences, args.seq_len), load_tokenizer(target_dir))
+    drafts = dict(item.split("=", 1) for item in args.draft)
+    models = {name: build_model(resolve_model_dir(path), torch.float32) for name, path in drafts.items()}
+    values = per_token(build_model(target_dir, torch.float32), models, data)
+    text, rows = table(values, list(drafts))
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
