@@ -106,11 +106,17 @@ def head_config(cfg: ParallelHeadTrainConfig, target) -> ParallelHeadConfig:
 
 def check_init_head(folder: Path, config: ParallelHeadConfig) -> None:
     """--init-head must name a saved head of exactly the shape this run trains."""
-    init = read_head_config(folder)  # names a missing or unreadable folder itself
-    if init != config:
-        differ = [k for k, v in asdict(config).items() if asdict(init)[k] != v]
-        raise ForetellError(f"--init-head {folder} has another shape ({', '.join(differ)} differ); pass the same "
-                            "--depth, --head-layers and --fuse-layers it was trained with")
+    check_same_shape("--init-head", folder, read_head_config(folder), config,
+                     "--depth, --head-layers and --fuse-layers")
+
+
+def check_same_shape(option: str, folder: Path, saved, wanted, options: str) -> None:
+    """A warm start (`option` FOLDER) must have exactly the config this run trains; `options` name the
+    flags that set it. The config readers name a missing or unreadable folder themselves."""
+    if saved != wanted:
+        differ = [k for k, v in asdict(wanted).items() if asdict(saved)[k] != v]
+        raise ForetellError(f"{option} {folder} has another shape ({', '.join(differ)} differ); pass the same "
+                            f"{options} it was trained with")
 
 
 def prepare_features(cfg: ParallelHeadTrainConfig, target_dir: Path, target, data: TokenData, fuse_layers) -> FeatureCache:

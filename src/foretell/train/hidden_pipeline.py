@@ -27,7 +27,7 @@ from foretell.models.hidden_draft import (
 )
 from foretell.train.data import DataConfig, TokenData
 from foretell.train.head_features import FeatureConfig
-from foretell.train.head_pipeline import DONE, HeadJob, default_train, prepare_features, run_inputs
+from foretell.train.head_pipeline import DONE, HeadJob, check_same_shape, default_train, prepare_features, run_inputs
 from foretell.train.hidden_eval import format_coverage, format_hidden_table, hidden_depth_eval, hot_vocab_coverage
 from foretell.train.hidden_loss import HiddenLossConfig
 from foretell.train.hidden_train import train_hidden
@@ -92,12 +92,8 @@ def evaluate(cfg: HiddenStateTrainConfig, target, draft, train_data: TokenData, 
 
 
 def check_init_draft(folder: Path, config: HiddenDraftConfig) -> None:
-    """--init-draft must name a saved draft of exactly the shape this run trains."""
-    init = read_hidden_draft_config(folder)  # names a missing or unreadable folder itself
-    if init != config:
-        differ = [k for k, v in asdict(config).items() if asdict(init)[k] != v]
-        raise ForetellError(f"--init-draft {folder} has another shape ({', '.join(differ)} differ); pass the same "
-                            "--token-info-rank it was trained with, for the same target")
+    """--init-draft must name a saved draft of exactly the shape this run trains (same target)."""
+    check_same_shape("--init-draft", folder, read_hidden_draft_config(folder), config, "--token-info-rank")
 
 
 def run_hidden_state(cfg: HiddenStateTrainConfig) -> Path:
