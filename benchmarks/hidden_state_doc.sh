@@ -4,15 +4,17 @@
 # GSM8K bench against plain decoding. Missing runs are left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUN=${RUN:-runs/hidden_state/smollm2-self}
-BENCH=${BENCH:-runs/hidden-self-gsm8k}
+RUN=${RUN:-runs/hidden_state/smollm2-self-long}
+BENCH=${BENCH:-runs/hidden-self-long-gsm8k}
 METHODS=${METHODS:-plain,prompt-lookup,hidden-state,hidden-state-auto,hidden-state-lookup}
-CHECK=${CHECK:-runs/hidden_checklist_self.md}
-RECIPE=${RECIPE:-"\`bash benchmarks/train_hidden_state.sh\`: 400 steps on the target's own answers to 1200 GSM8K + 800 ShareGPT prompts"}
+CHECK=${CHECK:-runs/hidden_checklist_self_long.md}
+RECIPE=${RECIPE:-"\`bash benchmarks/train_hidden_state.sh\`: 400 steps on the target's own answers to 1200 GSM8K + 800 ShareGPT prompts, then 800 more from that draft at full depth (\`OUT=runs/hidden_state/smollm2-self-long INIT_DRAFT=runs/hidden_state/smollm2-self/draft STEPS=800 LR=6e-4 bash benchmarks/train_hidden_state.sh\`)"}
 FIRST=runs/hidden_state/smollm2  # the first, short recipe on data-set text (STEPS=120, commit 77d26a2)
-COMPARE=${COMPARE:-runs/seed-hidden}
+COMPARE=${COMPARE:-runs/seed-hidden-long}
 COMPARE_METHODS=plain,prompt-lookup,draft-chain,draft-tree,hidden-state,hidden-state-auto,hidden-state-no-info,hidden-state-no-resample,hidden-state-no-fusion,hidden-state-full-vocab
 KL=runs/hidden_state/smollm2-self-kl  # the same recipe with the loss weights MSE 0.1 / KL 0.9
+SHORT=runs/hidden_state/smollm2-self  # the 400-step draft the longer one continues from
+SHORT_COMPARE=runs/seed-hidden  # the comparison run with it
 {
   echo "# Hidden-state speculative decoding (seed 000) on SmolLM2-135M-Instruct"
   echo
@@ -31,7 +33,8 @@ KL=runs/hidden_state/smollm2-self-kl  # the same recipe with the loss weights MS
     echo "and tree (draft-tree) speculative decoding use the AdaSPEC-distilled 2-layer draft."
     echo; sed '1,2d' "$COMPARE/report.md" | sed 's/^## /### /' | grep -v '^!\[' ; echo
   fi
-  for other in "$FIRST:the first, short recipe (\`STEPS=120\`, commit 77d26a2) on data-set text, not the target's answers" \
+  for other in "$SHORT:the 400-step draft before the 800 more steps (\`bash benchmarks/train_hidden_state.sh\`)" \
+               "$FIRST:the first, short recipe (\`STEPS=120\`, commit 77d26a2) on data-set text, not the target's answers" \
                "$KL:loss weights MSE 0.1 / KL 0.9 instead of the seed's 0.7 / 0.3 (\`OUT=$KL MSE_WEIGHT=0.1 KL_WEIGHT=0.9 bash benchmarks/train_hidden_state.sh\`)"; do
     dir=${other%%:*}
     if [ "$dir" != "$RUN" ] && [ -f "$dir/eval.md" ]; then
@@ -39,6 +42,10 @@ KL=runs/hidden_state/smollm2-self-kl  # the same recipe with the loss weights MS
       echo; sed 1d "$dir/eval.md" | awk '/^Hot vocabulary/{exit} {print}'
     fi
   done
+  if [ "$COMPARE" != "$SHORT_COMPARE" ] && [ -f "$SHORT_COMPARE/report.md" ]; then
+    echo "## For comparison: the same run with the 400-step draft (\`HIDDEN=$SHORT/draft OUT=$SHORT_COMPARE\`), overall"
+    echo; sed -n '/^## overall/,/^Pass rate/p' "$SHORT_COMPARE/report.md" | sed '1d;$d'; echo
+  fi
   if [ -f "$CHECK" ]; then
     echo "## Seed 000's checklist (\`.venv/bin/python benchmarks/hidden_state_checklist.py --hidden-draft $RUN/draft --prompts 4 > $CHECK\`)"
     echo; echo "The held-out hidden MSE is in the first table above."; echo

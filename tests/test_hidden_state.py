@@ -45,8 +45,8 @@ def with_hidden(pipe, options=HiddenStateOptions(), **draft_args):
 # --- exactness -----------------------------------------------------------------------------
 
 ABLATIONS = {
-    "full": HiddenStateOptions(),
-    "always-resample": HiddenStateOptions(resample_when="always"),
+    "full": HiddenStateOptions(fuse=True),
+    "always-resample": HiddenStateOptions(resample_when="always", fuse=True),
     "plausible-resample": HiddenStateOptions(resample_when="plausible", resample_threshold=0.05),
     "no-token-info": HiddenStateOptions(token_info=False, resample_when="always"),
     "no-resample": HiddenStateOptions(resample=False),
@@ -97,7 +97,7 @@ def test_scheduled_tree_is_exact_and_the_scheduler_picks_the_budget(plain):
     from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler, ScheduleLimits
 
     sched = AdaptiveTreeScheduler(curve(0.001), ScheduleLimits(max_nodes=20, probe_every=4))
-    drafter = HiddenStateDrafter(make_draft(plain.target.model), HiddenStateOptions(resample_when="always"), sched)
+    drafter = HiddenStateDrafter(make_draft(plain.target.model), HiddenStateOptions(resample_when="always", fuse=True), sched)
     assert drafter.max_nodes == 20
     spec = plain.with_drafter(drafter)
     resampled = 0
@@ -134,7 +134,7 @@ def micro(tmp_path_factory):
 @pytest.mark.parametrize(
     "params, options",
     [
-        (SamplingParams(temperature=1.0), HiddenStateOptions(depth=3, max_nodes=8, resample_when="always")),
+        (SamplingParams(temperature=1.0), HiddenStateOptions(depth=3, max_nodes=8, fuse=True, resample_when="always")),
         (SamplingParams(temperature=1.0), HiddenStateOptions(depth=3, max_nodes=6, fuse=False, resample_when="always")),
         (SamplingParams(temperature=0.7, top_p=0.9), HiddenStateOptions(depth=3, max_nodes=8)),
         (SamplingParams(temperature=1.0), "scheduled"),
@@ -152,7 +152,7 @@ def test_sampled_output_follows_the_target(micro, params, options):
 
         from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler, ScheduleLimits
 
-        options = HiddenStateOptions(depth=3, resample_when="always")
+        options = HiddenStateOptions(depth=3, fuse=True, resample_when="always")
         sched = AdaptiveTreeScheduler(curve(0.001), ScheduleLimits(max_nodes=8, probe_every=3))
         drafter = HiddenStateDrafter(make_draft(pipe.target.model, rank=8), options, sched)
         spec = pipe.with_drafter(drafter)
