@@ -11,7 +11,10 @@
 # Environment: OUT (default runs/hidden_state/smollm2-self), STEPS, THREADS, MSE_WEIGHT / KL_WEIGHT (the seed's 0.7 /
 # 0.3), LR (1e-3), INIT_DRAFT (continue from a trained draft folder; then the curriculum is off: full depth from the
 # first step). A variant with another OUT reuses the default run's data and cached features (linked).
-# The longer draft: OUT=runs/hidden_state/smollm2-self-long INIT_DRAFT=runs/hidden_state/smollm2-self/draft STEPS=800 LR=6e-4
+# After the default run, a second stage continues from its draft: MORE_STEPS (default 800; 0 skips it) more steps at
+# full depth with a fresh schedule (lr 6e-4) -> runs/hidden_state/smollm2-self-long (~40 min), the draft the bench
+# and doc scripts use. It is the same as
+#   OUT=runs/hidden_state/smollm2-self-long INIT_DRAFT=runs/hidden_state/smollm2-self/draft STEPS=800 LR=6e-4 bash benchmarks/train_hidden_state.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash benchmarks/self_data.sh
@@ -37,3 +40,7 @@ $F train hidden-state --target smollm2-135m --data $D/smollm2-mix.jsonl --eval-d
 # The draft in use: lossless, so the text equals plain greedy decoding; the statistics line shows tau.
 $F generate "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?" \
   --hidden-draft "$OUT/draft" --max-new-tokens 96 --threads "${THREADS:-2}"
+
+if [ "$OUT" = "$BASE" ] && [ -z "${INIT_DRAFT:-}" ] && [ "${MORE_STEPS:-800}" != 0 ]; then
+  OUT=$BASE-long INIT_DRAFT=$BASE/draft STEPS=${MORE_STEPS:-800} LR=6e-4 bash "$0"
+fi
