@@ -77,11 +77,21 @@ def sweep(folder: Path) -> None:
           "the same reference, data and steps; alpha on the held-out target answers.\n\n"
           f"{format_table(rows)}\n\nBest AdaSPEC: {best['draft']} ({best['alpha']:.4f}), {verdict} distillation on "
           f"all tokens ({base['alpha']:.4f}).\n")
+    swept = sorted((float(r["draft"].split("-k")[1]), r["alpha"]) for r in rows if r["draft"].startswith("adaspec-k"))
+    rising = all(a < b for (_, a), (_, b) in zip(swept, swept[1:])) and swept[-1][1] < base["alpha"]
+    if len(swept) > 1 and rising:
+        print("alpha rises with k: the more tokens the filter keeps, the better the draft, and all tokens "
+              "(k = 1) is best.\n")
     tokens = folder / "gsm8k-1layer-300-tokens.json"
     if tokens.is_file():
+        buckets = json.loads(tokens.read_text())
         print("Per token, by how sure the target is (its top probability; `benchmarks/adaspec_tokens.py`, fp32): "
               "alpha = sum_v min(p, q), greedy = the draft's argmax is the target's.\n\n"
-              f"{markdown(json.loads(tokens.read_text()))}\n")
+              f"{markdown(buckets)}\n")
+        if all(b["k0.4 alpha"] < b["all-tokens alpha"] for b in buckets if b["k0.4 alpha"] is not None):
+            print("AdaSPEC (k = 0.4) is behind in every bucket, the tokens the target is surest of included (the "
+                  "easy tokens the filter means to focus the draft on): at this training length dropping tokens drops signal "
+                  "the draft still needed, rather than noise it could not fit.\n")
 
 
 def ordering(rows: list[dict]) -> str:
