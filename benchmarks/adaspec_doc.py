@@ -66,8 +66,6 @@ def sweep(folder: Path) -> None:
     path = folder / "gsm8k-1layer-300.json"
     if not path.is_file():
         return
-    from adaspec_tokens import markdown
-
     rows = json.loads(path.read_text())
     base = next(r for r in rows if r["draft"] == "distill-all-tokens")
     best = max((r for r in rows if r["draft"].startswith("adaspec")), key=lambda r: r["alpha"])
@@ -87,7 +85,7 @@ def sweep(folder: Path) -> None:
         buckets = json.loads(tokens.read_text())
         print("Per token, by how sure the target is (its top probability; `benchmarks/adaspec_tokens.py`, fp32): "
               "alpha = sum_v min(p, q), greedy = the draft's argmax is the target's.\n\n"
-              f"{markdown(buckets)}\n")
+              f"{format_table(buckets, list(buckets[0]))}\n")
         if all(b["k0.4 alpha"] < b["all-tokens alpha"] for b in buckets if b["k0.4 alpha"] is not None):
             print("AdaSPEC (k = 0.4) is behind in every bucket, the tokens the target is surest of included (the "
                   "easy tokens the filter means to focus the draft on): at this training length dropping tokens drops signal "

@@ -17,28 +17,24 @@ import torch
 
 from foretell.models.loading import build_model, load_tokenizer, resolve_model_dir
 from foretell.train.data import DataConfig, build_token_data
-from foretell.train.evaluate import acceptance_per_token
+from foretell.train.evaluate import acceptance_per_token, format_table, teacher_forced_logits
 
 BUCKETS = [(0.0, 0.3), (0.3, 0.6), (0.6, 0.9), (0.9, 0.99), (0.99, 1.01)]
 
 
-@torch.no_grad()
 def per_token(target, drafts: dict, data, batch_size: int = 4) -> dict[str, torch.Tensor]:
     """Flat per-token tensors over the trained positions: target top probability, and per draft alpha and
     argmax agreement."""
     out: dict[str, list[torch.Tensor]] = {"p_top": []}
     for name in drafts:
         out[f"{name}:alpha"], out[f"{name}:greedy"] = [], []
-    for start in range(0, len(data), batch_size):
-        ids = data.input_ids[start : start + batch_size]
-        mask = data.loss_mask[start : start + batch_size]
-        p_logits = target.forward_sequences(ids).logits.float()
+    for p_logits, q_logits, mask in teacher_forced_logits(target, drafts, data, batch_size, desc="tokens"):
+        p_logits = p_logits.float()
         out["p_top"].append(torch.softmax(p_logits, -1).amax(-1)[mask])
         p_arg = p_logits.argmax(-1)
-        for name, draft in drafts.items():
-            q_logits = draft.forward_sequences(ids).logits.float()
-            out[f"{name}:alpha"].append(acceptance_per_token(p_logits, q_logits)[mask])
-            out[f"{name}:greedy"].append((q_logits.argmax(-1) == p_arg)[mask].float())
+        for name, q in q_logits.items():
+            out[f"{name}:alpha"].append(acceptance_per_token(p_logits, q)[mask])
+            out[f"{name}:greedy"].append((q.argmax(-1) == p_arg)[mask].float())
     return {k: torch.cat(v) for k, v in out.items()}
 
 
@@ -52,14 +48,7 @@ def table(values: dict[str, torch.Tensor], names: list[str]) -> tuple[str, list[
             row[f"{name} alpha"] = round(float(values[f"{name}:alpha"][sel].mean()), 4) if sel.any() else None
             row[f"{name} greedy"] = round(float(values[f"{name}:greedy"][sel].mean()), 4) if sel.any() else None
         rows.append(row)
-    return markdown(rows), rows
-
-
-def markdown(rows: list[dict]) -> str:
-    head = list(rows[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
-    return "\n".join(lines)
+    return format_table(rows, list(rows[0])), rows
 
 
 def main() -> None:

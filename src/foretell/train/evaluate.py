@@ -25,19 +25,26 @@ def acceptance_per_token(p_logits: torch.Tensor, q_logits: torch.Tensor, tempera
 
 
 @torch.no_grad()
+def teacher_forced_logits(target: Transformer, drafts: dict[str, Transformer], data: TokenData, batch_size: int = 4,
+                          desc: str = "alpha"):
+    """Per batch of `data`: (target logits, {name: draft logits}, trained-position mask), all on the CPU;
+    the target runs once per batch."""
+    for start in tqdm(range(0, len(data), batch_size), desc=desc, unit="batch"):
+        ids = data.input_ids[start : start + batch_size]
+        p_logits = target.forward_sequences(ids.to(target.device)).logits.cpu()
+        q_logits = {name: draft.forward_sequences(ids.to(draft.device)).logits.cpu() for name, draft in drafts.items()}
+        yield p_logits, q_logits, data.loss_mask[start : start + batch_size]
+
+
 def token_acceptance(target: Transformer, drafts: dict[str, Transformer], data: TokenData, batch_size: int = 4,
                      temperature: float = 1.0) -> dict[str, float]:
-    """alpha of each draft over the trained (assistant) positions of `data`; the target runs once per batch."""
+    """alpha of each draft over the trained (assistant) positions of `data`."""
     sums = dict.fromkeys(drafts, 0.0)
     count = 0
-    for start in tqdm(range(0, len(data), batch_size), desc="alpha", unit="batch"):
-        ids = data.input_ids[start : start + batch_size]
-        mask = data.loss_mask[start : start + batch_size]
-        p_logits = target.forward_sequences(ids.to(target.device)).logits.cpu()
+    for p_logits, q_logits, mask in teacher_forced_logits(target, drafts, data, batch_size):
         count += int(mask.sum())
-        for name, draft in drafts.items():
-            q_logits = draft.forward_sequences(ids.to(draft.device)).logits.cpu()
-            sums[name] += float(acceptance_per_token(p_logits, q_logits, temperature)[mask].sum())
+        for name, q in q_logits.items():
+            sums[name] += float(acceptance_per_token(p_logits, q, temperature)[mask].sum())
     return {name: s / max(count, 1) for name, s in sums.items()}
 
 
@@ -167,9 +174,11 @@ def compare_drafts(target: str | Path, drafts: dict[str, Path], source: str, opt
     return rows
 
 
-def format_table(rows: list[dict]) -> str:
-    cols = [c for c in ("draft", "alpha", "first_acceptance", "acceptance_rate", "tau", "speedup", "spec_tokens_per_s", "plain_tokens_per_s")
-            if any(c in r for r in rows)]
+def format_table(rows: list[dict], cols: list[str] | None = None) -> str:
+    """A markdown table of `rows`; cols default to the draft-comparison columns present."""
+    if cols is None:
+        cols = [c for c in ("draft", "alpha", "first_acceptance", "acceptance_rate", "tau", "speedup",
+                            "spec_tokens_per_s", "plain_tokens_per_s") if any(c in r for r in rows)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
