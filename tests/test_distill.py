@@ -217,6 +217,19 @@ def test_a_select_fraction_sweep_shares_the_reference(prepared):
         run_pipeline(replace(cfg, draft_name="reference"), "draft")
 
 
+def test_adaspec_batch_size_changes_only_the_selective_stage(prepared):
+    cfg, models = prepared
+    before = (models["reference"] / "model.safetensors").stat().st_mtime_ns
+    wide = replace(cfg, adaspec_batch_size=8, draft_name="draft-b8")
+    draft = run_pipeline(wide, "draft")["draft"]
+    assert (models["reference"] / "model.safetensors").stat().st_mtime_ns == before, "the reference keeps its batch"
+    job = json.loads((draft.parent / "job.json").read_text())
+    assert job["train"]["batch_size"] == 8 and job["train"]["steps"] == cfg.train.steps
+    with pytest.raises(ForetellError, match="multiple of micro batch"):
+        run_pipeline(replace(cfg, adaspec_batch_size=3, draft_name="draft-b3"), "draft")
+    assert not (cfg.out / "draft-b3").exists(), "a bad split fails before any work"
+
+
 def test_finetune_stage_changes_the_teacher(prepared, tmp_path):
     cfg, _ = prepared
     tuned = replace(cfg, out=tmp_path / "ft", finetune=True, train=replace(cfg.train, steps=2))

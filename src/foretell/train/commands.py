@@ -39,6 +39,9 @@ def add_distill_parser(sub) -> None:
     d.add_argument("--steps", type=int, default=t.steps, help="optimizer steps per stage (default: %(default)s)")
     d.add_argument("--batch-size", type=int, default=t.batch_size, help="sequences per step, all processes (default: %(default)s)")
     d.add_argument("--micro-batch-size", type=int, default=t.micro_batch_size, help="sequences per forward (default: %(default)s)")
+    d.add_argument("--adaspec-batch-size", type=int,
+                   help="sequences per step of the AdaSPEC stage (default: --batch-size); the authors' configs use "
+                   "--batch-size / k at the same --steps, so a selective step trains on as many tokens as a plain one")
     d.add_argument("--lr", type=float, default=t.lr, help="peak learning rate (default: %(default)s)")
     d.add_argument("--warmup", type=int, help="warmup steps (default: 10%% of --steps)")
     d.add_argument("--bf16", action="store_true", help="bfloat16 autocast for matmuls (weights stay float32)")
@@ -104,7 +107,8 @@ def distill_config(args):
 
     _positive(steps=args.steps, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size, seq_len=args.seq_len,
               draft_layers=args.draft_layers, topk_teacher=args.topk_teacher, processes=args.processes,
-              num_sequences=args.num_sequences, checkpoint_every=args.checkpoint_every)
+              num_sequences=args.num_sequences, checkpoint_every=args.checkpoint_every,
+              adaspec_batch_size=args.adaspec_batch_size)
     train = TrainConfig(steps=args.steps, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size, lr=args.lr,
                         warmup_steps=args.warmup, bf16=args.bf16, checkpoint_every=args.checkpoint_every, seed=args.seed)
     return DistillConfig(
@@ -113,7 +117,7 @@ def distill_config(args):
         draft=DraftSpec(args.draft_layers, args.draft_init, args.draft_hidden, args.seed),
         train=train, teacher=TeacherConfig(top_k=args.topk_teacher, dtype=args.teacher_dtype), select_fraction=args.select_fraction,
         finetune=args.finetune, processes=args.processes, resume=args.resume, eval_sequences=args.eval_sequences,
-        draft_name=args.draft_name,
+        draft_name=args.draft_name, adaspec_batch_size=args.adaspec_batch_size,
     )
 
 

@@ -67,6 +67,15 @@ class DistillConfig:
     resume: bool = True
     eval_sequences: int = 64  # held-out sequences for the report's acceptance rate (stage all)
     draft_name: str = "draft"  # OUT/<name> of the AdaSPEC stage: a --select-fraction sweep keeps one per k
+    # Sequences per step of the AdaSPEC stage (None = train.batch_size). The authors' released configs give the
+    # selective stage 1/k times the reference's batch at the same number of steps (2 -> 5 at k = 0.4), so each
+    # step trains on as many tokens as a plain-distillation step.
+    adaspec_batch_size: int | None = None
+
+    def adaspec_train(self) -> TrainConfig:
+        if self.adaspec_batch_size is None:
+            return self.train
+        return replace(self.train, batch_size=self.adaspec_batch_size)
 
 
 def prepare_data(cfg: DistillConfig, tokenizer) -> Path:
@@ -187,6 +196,7 @@ def run_pipeline(cfg: DistillConfig, stage: str = "all") -> dict[str, Path]:
         raise ForetellError(f"--select-fraction must be in (0, 1], got {cfg.select_fraction}")
     check_draft_name(cfg.draft_name)
     cfg.train.micro_batches(cfg.processes)  # a bad batch split fails before any work
+    cfg.adaspec_train().micro_batches(cfg.processes)
     cfg.out.mkdir(parents=True, exist_ok=True)
     target_dir = resolve_model_dir(cfg.target)
     tokenizer = load_tokenizer(target_dir)
@@ -219,7 +229,7 @@ def run_pipeline(cfg: DistillConfig, stage: str = "all") -> dict[str, Path]:
     if stage in ("all", "draft"):
         ref_kl = prepare_ref_kl(cfg, data_file, teacher)
         draft = StageJob("adaspec", out=cfg.out / cfg.draft_name, ref_kl_file=ref_kl, select_fraction=cfg.select_fraction,
-                         resume=resume_for("draft"), **common)
+                         resume=resume_for("draft"), **{**common, "train": cfg.adaspec_train()})
         models["draft"] = run_job(cfg, draft)
     if stage == "all":
         models["distill-all-tokens"] = copy_reference_as_baseline(cfg, reference, baseline)
