@@ -1,7 +1,7 @@
 """Seed 000's checklist for a trained hidden-state draft: token-info load time and the share of decoding
 time spent resampling (the held-out hidden MSE is in the training run's eval.md).
 
-    .venv/bin/python benchmarks/hidden_state_checklist.py --hidden-draft runs/hidden_state/smollm2-self-long/draft
+    .venv/bin/python benchmarks/hidden_state_checklist.py --hidden-draft runs/hidden_state/smollm2-self-long2/draft
 
 Token-info: E(t) = W_E[t] W_1 W_2 is computed per tree node from the low-rank factors, or read from a
 precomputed table of the hot tokens; the table's build time is the "load time", set against its memory and

@@ -4,17 +4,19 @@
 # GSM8K bench against plain decoding. Missing runs are left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUN=${RUN:-runs/hidden_state/smollm2-self-long}
-BENCH=${BENCH:-runs/hidden-self-long-gsm8k}
-METHODS=${METHODS:-plain,prompt-lookup,hidden-state,hidden-state-auto,hidden-state-lookup}
-CHECK=${CHECK:-runs/hidden_checklist_self_long.md}
-RECIPE=${RECIPE:-"\`bash benchmarks/train_hidden_state.sh\`: 400 steps on the target's own answers to 1200 GSM8K + 800 ShareGPT prompts, then 800 more from that draft at full depth (\`OUT=runs/hidden_state/smollm2-self-long INIT_DRAFT=runs/hidden_state/smollm2-self/draft STEPS=800 LR=6e-4 bash benchmarks/train_hidden_state.sh\`)"}
+RUN=${RUN:-runs/hidden_state/smollm2-self-long2}
+BENCH=${BENCH:-runs/hidden-long2-gsm8k}
+METHODS=${METHODS:-plain,prompt-lookup,hidden-state,hidden-state-auto,hidden-state-lookup,hidden-state-auto-lookup}
+CHECK=${CHECK:-runs/hidden_checklist_self_long2.md}
+RECIPE=${RECIPE:-"\`bash benchmarks/train_hidden_state.sh\`: 400 steps on the target's own answers to 1200 GSM8K + 800 ShareGPT prompts, then 800 more from that draft at full depth (lr 6e-4), then 400 more (lr 4e-4) (\`OUT=runs/hidden_state/smollm2-self-long2 INIT_DRAFT=runs/hidden_state/smollm2-self-long/draft STEPS=400 LR=4e-4 bash benchmarks/train_hidden_state.sh\`)"}
 FIRST=runs/hidden_state/smollm2  # the first, short recipe on data-set text (STEPS=120, commit 77d26a2)
-COMPARE=${COMPARE:-runs/seed-hidden-long}
-COMPARE_METHODS=plain,prompt-lookup,draft-chain,draft-tree,hidden-state,hidden-state-auto,hidden-state-no-info,hidden-state-no-resample,hidden-state-no-fusion,hidden-state-full-vocab
+COMPARE=${COMPARE:-runs/seed-hidden-long2}
+COMPARE_METHODS=plain,prompt-lookup,draft-chain,draft-tree,hidden-state,hidden-state-auto,hidden-state-auto-lookup,hidden-state-no-info,hidden-state-no-resample,hidden-state-no-fusion,hidden-state-full-vocab
 KL=runs/hidden_state/smollm2-self-kl  # the same recipe with the loss weights MSE 0.1 / KL 0.9
-SHORT=runs/hidden_state/smollm2-self  # the 400-step draft the longer one continues from
+SHORT=runs/hidden_state/smollm2-self  # the 400-step draft (first stage)
 SHORT_COMPARE=runs/seed-hidden  # the comparison run with it
+MID=runs/hidden_state/smollm2-self-long  # the 1200-step draft (second stage) the third stage continues from
+MID_COMPARE=runs/seed-hidden-long  # the comparison run with it
 {
   echo "# Hidden-state speculative decoding (seed 000) on SmolLM2-135M-Instruct"
   echo
@@ -33,7 +35,8 @@ SHORT_COMPARE=runs/seed-hidden  # the comparison run with it
     echo "and tree (draft-tree) speculative decoding use the AdaSPEC-distilled 2-layer draft."
     echo; sed '1,2d' "$COMPARE/report.md" | sed 's/^## /### /' | grep -v '^!\[' ; echo
   fi
-  for other in "$SHORT:the 400-step draft before the 800 more steps (\`bash benchmarks/train_hidden_state.sh\`)" \
+  for other in "$MID:the 1200-step draft before the last 400 steps (second stage)" \
+               "$SHORT:the 400-step draft (first stage)" \
                "$FIRST:the first, short recipe (\`STEPS=120\`, commit 77d26a2) on data-set text, not the target's answers" \
                "$KL:loss weights MSE 0.1 / KL 0.9 instead of the seed's 0.7 / 0.3 (\`OUT=$KL MSE_WEIGHT=0.1 KL_WEIGHT=0.9 bash benchmarks/train_hidden_state.sh\`)"; do
     dir=${other%%:*}
@@ -42,10 +45,13 @@ SHORT_COMPARE=runs/seed-hidden  # the comparison run with it
       echo; sed 1d "$dir/eval.md" | awk '/^Hot vocabulary/{exit} {print}'
     fi
   done
-  if [ "$COMPARE" != "$SHORT_COMPARE" ] && [ -f "$SHORT_COMPARE/report.md" ]; then
-    echo "## For comparison: the same run with the 400-step draft (\`HIDDEN=$SHORT/draft OUT=$SHORT_COMPARE\`), overall"
-    echo; sed -n '/^## overall/,/^Pass rate/p' "$SHORT_COMPARE/report.md" | sed '1d;$d'; echo
-  fi
+  for other in "$MID_COMPARE:$MID:the 1200-step" "$SHORT_COMPARE:$SHORT:the 400-step"; do
+    report=${other%%:*}; rest=${other#*:}; draft=${rest%%:*}
+    if [ "$COMPARE" != "$report" ] && [ -f "$report/report.md" ]; then
+      echo "## For comparison: the same run with ${rest#*:} draft (\`HIDDEN=$draft/draft OUT=$report\`; without hidden-state-auto-lookup), overall"
+      echo; sed -n '/^## overall/,/^Pass rate/p' "$report/report.md" | sed '1d;$d'; echo
+    fi
+  done
   if [ -f "$CHECK" ]; then
     echo "## Seed 000's checklist (\`.venv/bin/python benchmarks/hidden_state_checklist.py --hidden-draft $RUN/draft --prompts 4 > $CHECK\`)"
     echo; echo "The held-out hidden MSE is in the first table above."; echo

@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 HEAD=${HEAD:-runs/parallel_head/smollm2-self-long2/head}
-HIDDEN=${HIDDEN:-runs/hidden_state/smollm2-self-long/draft}
+HIDDEN=${HIDDEN:-runs/hidden_state/smollm2-self-long2/draft}
 METHODS=plain,prompt-lookup,draft-chain,draft-tree,parallel-head,parallel-head-lookup,parallel-head-auto,parallel-head-auto-lookup
 [ -d "$HIDDEN" ] && METHODS=$METHODS,hidden-state,hidden-state-auto,hidden-state-no-info,hidden-state-no-resample,hidden-state-no-fusion,hidden-state-full-vocab
 .venv/bin/foretell bench --model smollm2-135m --dtype bfloat16 --draft "${DRAFT:-smollm2-135m-adaspec-sharegpt}" \

@@ -12,9 +12,11 @@
 # 0.3), LR (1e-3), INIT_DRAFT (continue from a trained draft folder; then the curriculum is off: full depth from the
 # first step). A variant with another OUT reuses the default run's data and cached features (linked).
 # After the default run, a second stage continues from its draft: MORE_STEPS (default 800; 0 skips it) more steps at
-# full depth with a fresh schedule (lr 6e-4) -> runs/hidden_state/smollm2-self-long (~40 min), the draft the bench
-# and doc scripts use. It is the same as
+# full depth with a fresh schedule (lr 6e-4) -> runs/hidden_state/smollm2-self-long (~40 min), the same as
 #   OUT=runs/hidden_state/smollm2-self-long INIT_DRAFT=runs/hidden_state/smollm2-self/draft STEPS=800 LR=6e-4 bash benchmarks/train_hidden_state.sh
+# and a third from that: LAST_STEPS (default 400; 0 skips it) at lr 4e-4 -> runs/hidden_state/smollm2-self-long2
+# (~20 min), the draft the bench and doc scripts use:
+#   OUT=runs/hidden_state/smollm2-self-long2 INIT_DRAFT=runs/hidden_state/smollm2-self-long/draft STEPS=400 LR=4e-4 bash benchmarks/train_hidden_state.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash benchmarks/self_data.sh
@@ -43,4 +45,7 @@ $F generate "Natalia sold clips to 48 of her friends in April, and then she sold
 
 if [ "$OUT" = "$BASE" ] && [ -z "${INIT_DRAFT:-}" ] && [ "${MORE_STEPS:-800}" != 0 ]; then
   OUT=$BASE-long INIT_DRAFT=$BASE/draft STEPS=${MORE_STEPS:-800} LR=6e-4 bash "$0"
+fi
+if [ "$OUT" = "$BASE-long" ] && [ "${LAST_STEPS:-400}" != 0 ]; then
+  OUT=$BASE-long2 INIT_DRAFT=$BASE-long/draft STEPS=${LAST_STEPS:-400} LR=4e-4 bash "$0"
 fi
