@@ -60,7 +60,7 @@ def main(run_dir: str) -> None:
             print(f"### {self_sets[name]}: {shape['layers']}-layer draft, {shape['steps']} steps per stage\n\n"
                   f"{format_table(rows)}\n\n{ordering(rows)}\n")
     sweep(Path(run_dir).parent / "adaspec-sweep")
-    batch_protocol(Path(run_dir).parent / "adaspec-batch" / "gsm8k-1layer-150.json")
+    batch_protocol(Path(run_dir).parent / "adaspec-batch")
 
 
 def sweep(folder: Path) -> None:
@@ -93,7 +93,8 @@ def sweep(folder: Path) -> None:
                   "the draft still needed, rather than noise it could not fit.\n")
 
 
-def batch_protocol(path: Path) -> None:
+def batch_protocol(folder: Path) -> None:
+    path = folder / "gsm8k-1layer-150.json"
     if not path.is_file():
         return
     rows = json.loads(path.read_text())
@@ -117,6 +118,14 @@ def batch_protocol(path: Path) -> None:
         line += (f"; with the same 40 sequences a step, plain distillation reaches {alpha['distill-all-tokens-b40']:.4f}, "
                  f"so AdaSPEC is {equal} it at equal data")
     print(line + ".\n")
+    table = folder / "gsm8k-2layer-120.json"
+    if table.is_file():
+        rows = json.loads(table.read_text())
+        alpha = {r["draft"]: r["alpha"] for r in rows}
+        verdict = "above" if alpha["adaspec-b40"] > alpha["distill-all-tokens"] else "below"
+        print("The same protocol on the main table's GSM8K run (2-layer draft, 120 steps, GSM8K text; alpha on "
+              f"GSM8K test):\n\n{format_table(rows)}\n\nAdaSPEC with 40 sequences a step is {verdict} plain "
+              "distillation.\n")
 
 
 def ordering(rows: list[dict]) -> str:
