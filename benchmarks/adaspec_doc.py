@@ -70,7 +70,7 @@ def sweep(folder: Path) -> None:
     rows = json.loads(path.read_text())
     base = next(r for r in rows if r["draft"] == "distill-all-tokens")
     best = max((r for r in rows if r["draft"].startswith("adaspec")), key=lambda r: r["alpha"])
-    verdict = "above" if best["alpha"] > base["alpha"] else "below"
+    verdict = above_or_below(best["alpha"], base["alpha"])
     print("## AdaSPEC's select fraction k (`bash benchmarks/adaspec_sweep.sh`)\n\n"
           "The self-data GSM8K run above (1-layer draft, 300 steps per stage), one more AdaSPEC draft per k, all from "
           "the same reference, data and steps; alpha on the held-out target answers.\n\n"
@@ -110,11 +110,11 @@ def batch_protocol(folder: Path) -> None:
           f"{format_table(rows)}\n")
     if "adaspec-b40" not in alpha:
         return
-    paper = "above" if alpha["adaspec-b40"] > alpha["distill-all-tokens"] else "below"
+    paper = above_or_below(alpha["adaspec-b40"], alpha["distill-all-tokens"])
     line = (f"AdaSPEC with the authors' batch ({alpha['adaspec-b40']:.4f}) is {paper} plain distillation at the plain "
             f"batch ({alpha['distill-all-tokens']:.4f}), the paper's comparison")
     if "distill-all-tokens-b40" in alpha:
-        equal = "above" if alpha["adaspec-b40"] > alpha["distill-all-tokens-b40"] else "below"
+        equal = above_or_below(alpha["adaspec-b40"], alpha["distill-all-tokens-b40"])
         line += (f"; with the same 40 sequences a step, plain distillation reaches {alpha['distill-all-tokens-b40']:.4f}, "
                  f"so AdaSPEC is {equal} it at equal data")
     print(line + ".\n")
@@ -122,10 +122,14 @@ def batch_protocol(folder: Path) -> None:
     if table.is_file():
         rows = json.loads(table.read_text())
         alpha = {r["draft"]: r["alpha"] for r in rows}
-        verdict = "above" if alpha["adaspec-b40"] > alpha["distill-all-tokens"] else "below"
+        verdict = above_or_below(alpha["adaspec-b40"], alpha["distill-all-tokens"])
         print("The same protocol on the main table's GSM8K run (2-layer draft, 120 steps, GSM8K text; alpha on "
               f"GSM8K test):\n\n{format_table(rows)}\n\nAdaSPEC with 40 sequences a step is {verdict} plain "
               "distillation.\n")
+
+
+def above_or_below(a: float, b: float) -> str:
+    return "above" if a > b else "below"
 
 
 def ordering(rows: list[dict]) -> str:
