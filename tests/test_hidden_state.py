@@ -3,6 +3,7 @@ token-info, resampling and fusion (and each off), sampled losslessness, token-in
 budget, resampling from cached logits, saving and loading, and a briefly trained draft."""
 
 import heapq
+from dataclasses import replace
 import itertools
 import math
 
@@ -100,6 +101,8 @@ def test_scheduled_tree_is_exact_and_the_scheduler_picks_the_budget(plain):
     drafter = HiddenStateDrafter(make_draft(plain.target.model), HiddenStateOptions(resample_when="always", fuse=True), sched)
     assert drafter.max_nodes == 20
     spec = plain.with_drafter(drafter)
+    assert spec.engine.draft_gate is not None  # a scheduled tree drafter gets the gate; here every pass drafts
+    spec = replace(spec, engine=replace(spec.engine, draft_gate=None))
     resampled = 0
     for prompt in PROMPTS:
         result = spec.engine.generate(prompt, GREEDY)
@@ -109,6 +112,26 @@ def test_scheduled_tree_is_exact_and_the_scheduler_picks_the_budget(plain):
     assert len(sched.history) > 0 and all(1 <= c.nodes <= 20 for c in sched.history)
     assert len({c.nodes for c in sched.history}) > 1, "the budget should move (probes at least)"
     assert sched.summary()["cost_correction"]  # the engine reported verification timings
+
+
+def test_draft_gate_with_the_lookup_branch_keeps_greedy_exact(plain):
+    """The gate (draft_gate.py) skips the drafter on some passes (exploring every 2nd decision, so
+    both choices occur with and without a prompt-lookup branch); the output stays plain greedy's."""
+    from test_tree_scheduler import curve
+
+    from foretell.draft_gate import DraftGate
+    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
+    from foretell.result_cache import ResultCache
+
+    drafter = HiddenStateDrafter(make_draft(plain.target.model), HiddenStateOptions(resample_when="always"),
+                                 AdaptiveTreeScheduler(curve(0.001)))
+    gate = DraftGate(explore_every=2)
+    spec = plain.with_drafter(drafter)
+    spec = replace(spec, engine=replace(spec.engine, draft_gate=gate, result_cache=ResultCache(include_prompt=True)))
+    for prompt in [*PROMPTS, [1, 5, 9, 12, 5, 9, 30, 5, 9, 12, 5, 9]]:
+        assert spec.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
+    assert 0 < gate.skipped < gate.decisions
+    assert set(gate._outcomes) == {(b, d) for b in (False, True) for d in (False, True)}
 
 
 def test_auto_budget_reaches_the_hidden_state_drafter_through_load(tiny_pair, tmp_path):
@@ -121,6 +144,8 @@ def test_auto_budget_reaches_the_hidden_state_drafter_through_load(tiny_pair, tm
     prompt = PROMPTS[0]
     assert spec.engine.generate(prompt, GREEDY).tokens == pipe.engine.generate(prompt, GREEDY).tokens
     assert scheduler.history, "the scheduler chose the budget"
+    assert spec.engine.draft_gate is not None and spec.engine.draft_gate.decisions > 0
+    assert load(target_dir, hidden_draft=tmp_path / "draft", warm_up=False).engine.draft_gate is None
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +163,9 @@ def micro(tmp_path_factory):
         (SamplingParams(temperature=1.0), HiddenStateOptions(depth=3, max_nodes=6, fuse=False, resample_when="always")),
         (SamplingParams(temperature=0.7, top_p=0.9), HiddenStateOptions(depth=3, max_nodes=8)),
         (SamplingParams(temperature=1.0), "scheduled"),
+        (SamplingParams(temperature=1.0), "gated"),
     ],
-    ids=["t1.0-fused", "t1.0-unfused", "t0.7-top_p0.9", "t1.0-scheduled"],
+    ids=["t1.0-fused", "t1.0-unfused", "t0.7-top_p0.9", "t1.0-scheduled", "t1.0-gated-lookup"],
 )
 def test_sampled_output_follows_the_target(micro, params, options):
     """Exact marginals of the first NEW tokens by enumeration vs 1500 seeded engine runs.
@@ -147,15 +173,22 @@ def test_sampled_output_follows_the_target(micro, params, options):
     Runs generate NEW + 2 tokens (the first NEW are counted) so that the drafter, which learns
     what was accepted at its next proposal, also reports the resampled nodes that were accepted."""
     hf_target, pipe = micro
-    if options == "scheduled":  # the adaptive scheduler's budget, resampled subtrees fused in
+    gate = None
+    if options in ("scheduled", "gated"):  # the adaptive scheduler's budget, resampled subtrees fused in
         from test_tree_scheduler import curve
 
+        from foretell.draft_gate import DraftGate
         from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler, ScheduleLimits
+        from foretell.result_cache import ResultCache
 
-        options = HiddenStateOptions(depth=3, fuse=True, resample_when="always")
+        gated = options == "gated"  # + the draft gate (both choices: explore every 2nd) and the lookup branch
+        options = HiddenStateOptions(depth=3, fuse=True, resample_when="unsure" if gated else "always")
         sched = AdaptiveTreeScheduler(curve(0.001), ScheduleLimits(max_nodes=8, probe_every=3))
         drafter = HiddenStateDrafter(make_draft(pipe.target.model, rank=8), options, sched)
         spec = pipe.with_drafter(drafter)
+        gate = DraftGate(explore_every=2) if gated else None
+        cache = ResultCache(include_prompt=True, min_ngram=1) if gated else None
+        spec = replace(spec, engine=replace(spec.engine, draft_gate=gate, result_cache=cache))
     else:
         spec, drafter = with_hidden(pipe, options, rank=8)
     counts = torch.zeros(NEW, VOCAB)
@@ -167,6 +200,8 @@ def test_sampled_output_follows_the_target(micro, params, options):
         accepted += sum(result.stats.accepted_per_position)
         resampled_accepted += drafter.stats.accepted_resampled_only
     assert accepted > 500, "the test should exercise accepted tree paths"
+    if gate is not None:
+        assert 0 < gate.skipped < gate.decisions and len(gate._outcomes) == 4
     if options.resample_when == "always":
         assert resampled_accepted > 10, "the test should exercise accepted resampled nodes"
     assert worst_p_value(counts, exact_marginals(hf_target, params)) > 1e-3 / NEW

@@ -8,7 +8,7 @@ import pytest
 from conftest import PROMPTS, greedy_params
 from foretell.budget import CostCurve
 from foretell.drafters.parallel_tree import ParallelHeadDrafter
-from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler, ScheduleLimits, node_depths, tree_shape
+from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler, Choice, ScheduleLimits, node_depths, tree_shape
 from foretell.errors import ForetellError
 from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head
 
@@ -127,3 +127,18 @@ def test_scheduled_head_with_a_deep_cache_branch_stays_exact(plain):
         first = engine.generate(prompt, greedy_params())
         assert first.tokens == want
         assert engine.generate(prompt, greedy_params()).tokens == want  # again: the cache now holds deep branches
+
+
+def test_growth_limits_follow_recent_choices():
+    """Before any choice the caps; then twice the largest recent budget (room for the double probe),
+    at least 8, and one level past the deepest chosen tree."""
+    sched = AdaptiveTreeScheduler(curve(0.001), ScheduleLimits(max_nodes=40, max_depth=6, probe_every=0))
+    assert sched.growth_limits() == (40, 6)
+    sched.history.append(Choice(nodes=3, depth=2, width=2, expected_tokens=1.5))
+    assert sched.growth_limits() == (8, 3)
+    sched.history.append(Choice(nodes=12, depth=4, width=3, expected_tokens=2.5))
+    assert sched.growth_limits() == (24, 5)
+    sched.history.append(Choice(nodes=30, depth=6, width=3, expected_tokens=3.0))
+    assert sched.growth_limits() == (40, 6)
+    sched.history.append(Choice(nodes=39, depth=6, width=3, expected_tokens=3.0, probe=True))
+    assert sched.growth_limits(recent=1) == (40, 6)  # a probe alone says nothing: the caps

@@ -15,6 +15,7 @@ from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
 from foretell.drafters.hidden_tree import HiddenStateDrafter, HiddenStateOptions
 from foretell.drafters.length_policy import DraftLengthPolicy, make_length_policy
 from foretell.drafters.parallel_tree import HeadTreeShape, ParallelHeadDrafter
+from foretell.draft_gate import DraftGate
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.engine import Chunk, Engine, GenerationResult
@@ -79,11 +80,13 @@ class Pipeline:
     ) -> "Pipeline":
         """The same models with another drafter (shares weights; handy for comparisons).
 
-        length_policy: a policy name (see make_length_policy) or a policy object.
+        length_policy: a policy name (see make_length_policy) or a policy object. A tree drafter
+        with the adaptive scheduler gets a fresh draft gate, as load(auto_budget=True) gives it.
         """
         if isinstance(length_policy, str):
             length_policy = make_length_policy(length_policy, gamma)
-        return replace(self, engine=replace(self.engine, drafter=drafter, length_policy=length_policy))
+        return replace(self, engine=replace(self.engine, drafter=drafter, length_policy=length_policy,
+                                            draft_gate=_gate_for(drafter)))
 
 
 def load(
@@ -123,7 +126,10 @@ def load(
     `auto_budget` the adaptive scheduler picks each step's budget, depth and width instead.
     `hidden_draft` is a saved hidden-state draft folder for the hidden-state drafter (seed 000;
     the default drafter when it is given), `hidden_options` its tree and ablation switches; with
-    `auto_budget` the adaptive scheduler picks each step's budget (up to 64 nodes).
+    `auto_budget` the adaptive scheduler picks each step's budget (up to 64 nodes). With auto_budget,
+    the parallel-head and hidden-state drafters also get the draft gate: each pass it decides from
+    measured tokens per second whether drafting pays at all (else the pass verifies only the result
+    cache's branch, or nothing).
     `lossy_threshold` (opt-in, LOSSY: the output no longer follows the target exactly): a draft
     token whose draft path probability exceeds it is accepted without the target's check; in (0, 1].
     `result_cache` (lossless) offers continuations committed earlier (this and previous requests)
@@ -200,7 +206,13 @@ def load(
         length_policy=policy,
         lossy_threshold=lossy_threshold,
         result_cache=ResultCache(include_prompt=result_cache == "prompt") if result_cache else None,
+        draft_gate=_gate_for(the_drafter),
     )
     if warm_up:
         engine.warm_up()
     return Pipeline(tgt, engine, drf)
+
+
+def _gate_for(drafter) -> DraftGate | None:
+    """Tree drafters with the adaptive scheduler also get the gate: whether to draft at all (draft_gate.py)."""
+    return DraftGate() if getattr(drafter, "scheduler", None) is not None else None

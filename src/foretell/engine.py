@@ -15,6 +15,7 @@ from typing import Iterator
 import torch
 
 from foretell.drafters.base import Drafter, empty_proposal
+from foretell.draft_gate import DraftGate
 from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength
 from foretell.errors import ForetellError
 from foretell.lossy import check_lossy_threshold, verify_controlled
@@ -55,9 +56,15 @@ class Engine:
     # the threshold skips the target's check) and the result cache (result_cache.py).
     lossy_threshold: float | None = None
     result_cache: ResultCache | None = None
+    # Hardware-aware, lossless: whether a tree drafter runs at all each pass (draft_gate.py).
+    draft_gate: DraftGate | None = None
 
     def __post_init__(self):
         self.lossy_threshold = check_lossy_threshold(self.lossy_threshold)
+        if self.draft_gate is not None and not getattr(self.drafter, "sizes_itself", False):
+            name = self.drafter.name if self.drafter is not None else "none"
+            raise ForetellError(f"the draft gate skips passes of a tree drafter "
+                                f"(draft-tree, parallel-head, hidden-state), not {name}")
         if self.result_cache is not None and not getattr(self.drafter, "sizes_itself", False):
             name = self.drafter.name if self.drafter is not None else "none"
             raise ForetellError(
@@ -126,15 +133,20 @@ class Engine:
             room = limit - (len(ids) - prompt_len)  # tokens we may still add
             n = self._draft_budget(room) if self.drafter else 0
             t1 = time.perf_counter()
-            proposal = self.drafter.propose(ids, n) if n > 0 else empty_proposal()
-            proposal, cache_nodes = self._extend_proposal(ids, proposal, n, stats)
+            branch = self._cache_branch(ids, n, stats)
+            drafted = n > 0 and (self.draft_gate is None or self.draft_gate.should_draft(bool(branch)))
+            proposal = self.drafter.propose(ids, n) if drafted else empty_proposal()
+            proposal, cache_nodes = self._extend_proposal(proposal, branch)
             t2 = time.perf_counter()
             verdict, committed_hidden = self._verify(ids[-1], proposal, cache, params, generator)
-            if proposal.size and hasattr(self.drafter, "verified"):  # drafters that learn from timings
+            if drafted and proposal.size and hasattr(self.drafter, "verified"):  # drafters that learn from timings
                 self.drafter.verified(verdict.accepted, time.perf_counter() - t2, proposal.size)
             if committed_hidden:
                 self.drafter.observe(committed_hidden)
             t3 = time.perf_counter()
+            if self.draft_gate is not None and n > 0:
+                self.draft_gate.record(bool(branch), drafted, 1 + verdict.accepted, t3 - t1,
+                                       1 + _branch_prefix(proposal, verdict, branch))
             stats.draft_seconds += t2 - t1
             stats.verify_seconds += t3 - t2
             stats.target_passes += 1
@@ -187,22 +199,26 @@ class Engine:
             return room - 1
         return min(self.length_policy.next_length(), self.max_draft, room - 1)
 
-    def _extend_proposal(self, ids: list[int], proposal, n: int, stats: GenerationStats):
+    def _cache_branch(self, ids: list[int], n: int, stats: GenerationStats) -> list[int]:
+        """The opt-in result cache's branch for this pass ([] when off or without a hit)."""
+        if self.result_cache is None or n <= 0:
+            return []
+        stats.cache_steps += 1
+        branch = self.result_cache.lookup(ids, n)
+        stats.cache_hits += bool(branch)
+        return branch
+
+    def _extend_proposal(self, proposal, branch: list[int]):
         """The opt-in extras around the drafter's proposal: lossy mode needs its draft probabilities;
-        the result cache merges in its branch. Returns the proposal and the nodes only the cache added."""
+        the result cache's branch is merged in. Returns the proposal and the nodes only the cache added."""
         if self.lossy_threshold is not None and proposal.size and proposal.draft_prob is None:
             raise ForetellError(
                 f"lossy verification needs per-node draft probabilities (Proposal.draft_prob), which the "
                 f"{self.drafter.name} drafter does not provide; use parallel-head, draft-model, draft-tree or "
                 "hidden-state, or leave lossy_threshold off"
             )
-        if self.result_cache is None or n <= 0:
-            return proposal, []
-        stats.cache_steps += 1
-        branch = self.result_cache.lookup(ids, n)
         if not branch:
             return proposal, []
-        stats.cache_hits += 1
         merged = merge_branch(proposal, branch, getattr(self.drafter, "max_nodes", self.max_draft))
         return merged.proposal, merged.added
 
@@ -233,3 +249,16 @@ class Engine:
         slots = accepted_slots(verdict.path)
         cache.commit_slots(slots)
         return verdict, {layer: h[slots.to(h.device)] for layer, h in out.hidden.items()}
+
+
+def _branch_prefix(proposal, verdict, branch: list[int]) -> int:
+    """Accepted tokens that lie along `branch`: what the branch alone would have had accepted."""
+    if not branch:
+        return 0
+    accepted = verdict.path if verdict.path is not None else range(verdict.accepted)
+    count = 0
+    for token, expected in zip(proposal.tokens[list(accepted)].tolist(), branch):
+        if token != expected:
+            break
+        count += 1
+    return count

@@ -144,6 +144,8 @@ def merge_branch(proposal: Proposal, branch: list[int], max_nodes: int) -> Merge
     draft_prob = None
     if proposal.draft_prob is not None:  # the drafter never vouched for the branch: never waived by lossy mode
         draft_prob = torch.cat([proposal.draft_prob[sel], torch.zeros(len(new), dtype=proposal.draft_prob.dtype)])
+    elif n == 0:  # no drafter this pass (the draft gate): the branch alone, vouched for by nobody
+        draft_prob = torch.zeros(len(new))
     merged = Proposal(
         tokens=torch.cat([proposal.tokens[sel], extra]), q=q,
         parents=torch.tensor(kept_parents, dtype=torch.long), draft_prob=draft_prob,

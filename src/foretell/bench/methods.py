@@ -399,11 +399,12 @@ def default_methods(has_draft: bool) -> list[str]:
 
 def build_methods(names: list[str], models: Models, opts: MethodOptions, warn=print) -> list:
     """Methods in the given order; unavailable optional ones are skipped with a message via `warn`."""
-    specs = {n: _tree_fixed_budget(n) if _is_budget_variant(n) else METHODS.get(n) or _extras_variant(n) for n in names}
+    specs = {n: _method_spec(n) for n in names}
     unknown = [n for n, spec in specs.items() if spec is None]
     if unknown:
         raise ForetellError(f"unknown method(s) {', '.join(unknown)}; use {', '.join(METHODS)}, draft-tree@N, "
-                            f"or M-lossy-T / M-cache / M-lookup for M in {', '.join(EXTRAS_BASES)}")
+                            f"M-lossy-T / M-cache / M-lookup for M in {', '.join(EXTRAS_BASES)}, "
+                            f"or any -auto method with -nogate (the draft gate off)")
     needing = [n for n in names if specs[n].needs_draft]
     if needing and not models.draft:
         raise ForetellError(f"method(s) {', '.join(needing)} need a draft model: pass --draft")
@@ -421,6 +422,26 @@ def build_methods(names: list[str], models: Models, opts: MethodOptions, warn=pr
         else:
             built.append(method)
     return built
+
+
+def _method_spec(name: str) -> MethodSpec | None:
+    if name.endswith(NO_GATE):  # the ablation of the draft gate: the same method, every pass drafted
+        spec = _method_spec(name[: -len(NO_GATE)])
+        if spec is None or "-auto" not in name:
+            return None
+        return replace(spec, build=lambda m, o, build=spec.build: _without_gate(build(m, o), name),
+                       help=f"{spec.help}, without the draft gate")
+    return _tree_fixed_budget(name) if _is_budget_variant(name) else METHODS.get(name) or _extras_variant(name)
+
+
+NO_GATE = "-nogate"
+
+
+def _without_gate(method, name: str):
+    if isinstance(method, ForetellMethod):
+        method.name = name
+        method.pipe = replace(method.pipe, engine=replace(method.pipe.engine, draft_gate=None))
+    return method
 
 
 def _is_budget_variant(name: str) -> bool:

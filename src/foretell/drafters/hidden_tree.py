@@ -268,6 +268,10 @@ class HiddenStateDrafter:
         depth = min(self.options.depth, max_tokens)
         if depth <= 0:
             return empty_proposal()
+        grow = self.max_nodes
+        if self.scheduler is not None:  # draft only what the scheduler may keep
+            grow, depth_cap = self.scheduler.growth_limits()
+            depth = min(depth, max(depth_cap, 2))  # >= 2: resampling reuses the levels past the first
         resampled = self._resample(tokens, depth) if self.options.resample else None
         self._chain = None
         if resampled is not None and (not self.options.fuse or not self._pending):
@@ -278,7 +282,7 @@ class HiddenStateDrafter:
         root = tokens[-1]
         regular = grow_info_tree(
             lambda level, token: self._child_probs(logits[level], token), depth, root,
-            self.max_nodes, self.options.width, self._out_ids,
+            grow, self.options.width, self._out_ids,
         )
         self.stats.chains += 1
         trees = [regular] if resampled is None else [regular, resampled]

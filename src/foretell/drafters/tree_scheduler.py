@@ -122,6 +122,16 @@ class AdaptiveTreeScheduler:
         self.history.append(Choice(best_n, depth, width, best_expected, probe))
         return best_n
 
+    def growth_limits(self, recent: int = 8) -> tuple[int, int]:
+        """(nodes, depth) worth drafting before `choose`: twice the largest of the last `recent` choices
+        (room for the double-budget probe) and one level past the deepest, within the caps. Growing
+        64 nodes to verify 5 costs a CPU drafter several milliseconds a pass."""
+        chosen = [c for c in self.history[-recent:] if not c.probe]
+        if not chosen:
+            return self.limits.max_nodes, self.limits.max_depth
+        nodes = max(8, 2 * max(c.nodes for c in chosen))
+        return min(self.limits.max_nodes, nodes), min(self.limits.max_depth, max(c.depth for c in chosen) + 1)
+
     def record(self, parents: list[int], scores: list[float], accepted_depth: int, verify_seconds: float,
                verified_nodes: int | None = None) -> None:
         """Learn from one verification: the tree sent, how deep its accepted path went, how long it took.
