@@ -131,7 +131,7 @@ def test_draft_gate_with_the_lookup_branch_keeps_greedy_exact(plain):
     for prompt in [*PROMPTS, [1, 5, 9, 12, 5, 9, 30, 5, 9, 12, 5, 9]]:
         assert spec.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
     assert 0 < gate.skipped < gate.decisions
-    assert set(gate._outcomes) == {(b, d) for b in (False, True) for d in (False, True)}
+    assert {(bool(m), d) for m, d in gate._outcomes} == {(b, d) for b in (False, True) for d in (False, True)}
 
 
 def test_auto_budget_reaches_the_hidden_state_drafter_through_load(tiny_pair, tmp_path):
@@ -201,7 +201,7 @@ def test_sampled_output_follows_the_target(micro, params, options):
         resampled_accepted += drafter.stats.accepted_resampled_only
     assert accepted > 500, "the test should exercise accepted tree paths"
     if gate is not None:
-        assert 0 < gate.skipped < gate.decisions and len(gate._outcomes) == 4
+        assert 0 < gate.skipped < gate.decisions and {bool(m) for m, _ in gate._outcomes} == {False, True}
     if options.resample_when == "always":
         assert resampled_accepted > 10, "the test should exercise accepted resampled nodes"
     assert worst_p_value(counts, exact_marginals(hf_target, params)) > 1e-3 / NEW
@@ -536,3 +536,32 @@ def test_a_briefly_trained_draft_gets_accepted(plain):
     with torch.no_grad():
         trained, untrained = accepted(draft), accepted(new_hidden_draft(target))
     assert trained > 1.2 * untrained and trained > 0
+
+
+def test_an_installed_draft_becomes_the_default_drafter_of_generate(tiny_pair, tmp_path, monkeypatch, capsys):
+    """`foretell train hidden-state --install` puts the draft where `foretell generate` finds it: with no
+    drafter chosen, generate then decodes with it (adaptive budget, gate, lookup branch), text unchanged."""
+    import json
+
+    from foretell.cli import main
+    from foretell.models.hidden_draft import install_hidden_draft, installed_hidden_draft
+
+    monkeypatch.setenv("FORETELL_CACHE", str(tmp_path / "cache"))
+    target_dir = str(tiny_pair[0])
+    args = ["generate", "w5 w6 w7 w5 w6", "--model", target_dir, "--dtype", "float32", "--max-new-tokens", "16", "--json"]
+
+    def run(*extra) -> tuple[dict, str]:
+        assert main([*args, *extra]) == 0
+        captured = capsys.readouterr()
+        return json.loads(captured.out), captured.err
+
+    assert run()[0]["drafter"] == "prompt-lookup" and installed_hidden_draft(target_dir) is None
+    save_hidden_draft(make_draft(load(target_dir, drafter="none", warm_up=False).target.model), tmp_path / "draft")
+    with pytest.raises(ForetellError, match="no hidden_draft.json"):
+        install_hidden_draft(tmp_path, target_dir)
+    installed = install_hidden_draft(tmp_path / "draft", target_dir)
+    assert installed_hidden_draft(target_dir) == installed
+    out, err = run()
+    assert out["drafter"] == "hidden-state" and "installed hidden-state draft" in err
+    assert out["tokens"] == run("--drafter", "none")[0]["tokens"]
+    assert run("--drafter", "prompt-lookup")[0]["drafter"] == "prompt-lookup"

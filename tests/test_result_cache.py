@@ -147,6 +147,24 @@ def test_greedy_equals_plain_and_hits_on_repeated_requests(plain):
     assert "cache_hit_rate" not in head_engine(plain, cache=False).generate(PROMPTS[0], greedy_params()).stats.to_dict()
 
 
+def test_draft_gate_skipping_the_head_keeps_greedy_exact(plain):
+    """The parallel head with the scheduler and the draft gate (exploring every 2nd decision): passes
+    without the head leave it features of several steps to catch up on; the output stays plain greedy's."""
+    from test_tree_scheduler import curve
+
+    from foretell.draft_gate import DraftGate
+    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
+
+    target = plain.engine.target
+    head = new_parallel_head(target, ParallelHeadConfig.for_target(target.config), seed=3)
+    drafter = ParallelHeadDrafter(head, HeadTreeShape(max_nodes=8), AdaptiveTreeScheduler(curve(0.001)))
+    gate = DraftGate(explore_every=2)
+    engine = replace(plain.with_drafter(drafter).engine, draft_gate=gate, result_cache=ResultCache(include_prompt=True))
+    for prompt in [*PROMPTS, [1, 5, 9, 12, 5, 9, 30, 5, 9, 12, 5, 9]]:
+        assert engine.generate(prompt, greedy_params()).tokens == plain.engine.generate(prompt, greedy_params()).tokens
+    assert 0 < gate.skipped < gate.decisions
+
+
 def test_draft_tree_with_cache_through_load(tiny_pair, plain):
     for kind, params in (("dynamic", greedy_params(24)),
                          ("static", SamplingParams(temperature=1.0, seed=2, max_new_tokens=24, ignore_eos=True))):

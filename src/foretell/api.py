@@ -26,7 +26,7 @@ from foretell.models.hidden_draft import load_hidden_draft
 from foretell.models.loading import LoadedModel, load_model
 from foretell.models.parallel_head import load_parallel_head
 from foretell.models.quant import apply_quant
-from foretell.result_cache import ResultCache
+from foretell.result_cache import make_result_cache
 from foretell.text import encode_prompt, stop_token_ids
 from foretell.types import SamplingParams
 
@@ -205,7 +205,7 @@ def load(
         drafter=the_drafter,
         length_policy=policy,
         lossy_threshold=lossy_threshold,
-        result_cache=ResultCache(include_prompt=result_cache == "prompt") if result_cache else None,
+        result_cache=make_result_cache(result_cache),
         draft_gate=_gate_for(the_drafter),
     )
     if warm_up:

@@ -140,6 +140,22 @@ def tree_shape(args):
                      total_tokens=args.tree_budget, children=args.tree_children)
 
 
+def installed_drafter(args) -> dict:
+    """With no drafter chosen, the target's installed hidden-state draft (`foretell train hidden-state
+    --install`) with the settings it is benchmarked with; {} when none is installed (load's default:
+    prompt lookup)."""
+    if args.drafter or args.draft or args.head or args.hidden_draft:
+        return {}
+    from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB
+    from foretell.models.hidden_draft import installed_hidden_draft
+
+    folder = installed_hidden_draft(args.model)
+    if folder is None:
+        return {}
+    return dict(drafter="hidden-state", hidden_draft=str(folder), auto_budget=True,
+                hot_vocab=args.hot_vocab or DEFAULT_HOT_VOCAB, result_cache=args.result_cache or "prompt")
+
+
 def cmd_generate(args) -> None:
     import torch
 
@@ -156,12 +172,17 @@ def cmd_generate(args) -> None:
 
     SamplingParams(**sampling)  # validate before spending time loading models
     tree_shape(args)
+    drafter_args = dict(drafter=args.drafter, auto_budget=args.auto_budget, hot_vocab=args.hot_vocab,
+                        hidden_draft=args.hidden_draft, result_cache=args.result_cache)
+    default = installed_drafter(args)
+    if default:
+        drafter_args.update(default)
+        print(f"[drafter: the installed hidden-state draft {default['hidden_draft']}; --drafter prompt-lookup for "
+              "prompt lookup]", file=sys.stderr)
     pipe = load(
-        args.model, draft=args.draft, drafter=args.drafter, dtype=args.dtype, device=args.device,
+        args.model, draft=args.draft, dtype=args.dtype, device=args.device,
         gamma=args.gamma, length_policy=args.length_policy, tree=tree_shape(args),
-        auto_budget=args.auto_budget, hot_vocab=args.hot_vocab,
-        draft_quant=args.draft_quant, head=args.head, hidden_draft=args.hidden_draft,
-        lossy_threshold=args.lossy_threshold, result_cache=args.result_cache,
+        draft_quant=args.draft_quant, head=args.head, lossy_threshold=args.lossy_threshold, **drafter_args,
     )
     drafter = pipe.engine.drafter.name if pipe.engine.drafter else "none"
     result = None

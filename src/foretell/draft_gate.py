@@ -7,9 +7,10 @@ numbers), a pass without the drafter yields more tokens per second. The schedule
 (tree_scheduler.py) sizes a tree only after the drafter has paid for it; the gate decides
 before, from what passes of each kind have delivered on this machine recently.
 
-Per situation (the result cache offered a branch, or not) it keeps decayed means of tokens per
-pass and seconds per pass with and without the drafter, and takes the choice with more tokens
-per second. Every `explore_every`-th decision in a situation takes the other choice, so both
+Per situation (the length of the n-gram whose continuation the result cache offers as a branch,
+0 = no branch: a longer key predicts better, so drafting adds less) it keeps decayed means of
+tokens per pass and seconds per pass with and without the drafter, and takes the choice with
+more tokens per second. Every `explore_every`-th decision in a situation takes the other choice, so both
 stay measured as the text and the machine's load change. When the drafter ran beside a branch,
 the tokens the branch alone would have given (the accepted path's prefix along the branch, + 1)
 count for the other choice too, so its estimate needs no extra passes.
@@ -57,42 +58,42 @@ class DraftGate:
     decay: float = 0.9  # forgetting per recorded pass of a choice
     decisions: int = 0
     skipped: int = 0  # passes the drafter did not run (reports)
-    _outcomes: dict[tuple[bool, bool], _Outcome] = field(default_factory=dict)  # (branch offered, drafted) ->
-    _counts: dict[bool, int] = field(default_factory=dict)  # decisions per situation
+    _outcomes: dict[tuple[int, bool], _Outcome] = field(default_factory=dict)  # (situation, drafted) ->
+    _counts: dict[int, int] = field(default_factory=dict)  # decisions per situation
 
     def __post_init__(self):
         if self.explore_every < 0 or not 0.0 < self.decay < 1.0:
             raise ForetellError(f"draft gate needs explore_every >= 0 and decay in (0, 1), got "
                                 f"{self.explore_every}, {self.decay}")
 
-    def _outcome(self, branch: bool, drafted: bool) -> _Outcome:
-        return self._outcomes.setdefault((branch, drafted), _Outcome())
+    def _outcome(self, match: int, drafted: bool) -> _Outcome:
+        return self._outcomes.setdefault((match, drafted), _Outcome())
 
-    def should_draft(self, branch: bool) -> bool:
-        """Run the drafter this pass? `branch`: the result cache offered a branch."""
+    def should_draft(self, match: int) -> bool:
+        """Run the drafter this pass? `match`: the n-gram length behind the result cache's branch (0 = none)."""
         self.decisions += 1
-        draft_rate, skip_rate = self._outcome(branch, True).rate(), self._outcome(branch, False).rate()
+        draft_rate, skip_rate = self._outcome(match, True).rate(), self._outcome(match, False).rate()
         if draft_rate is None or skip_rate is None:  # measure the drafter first, then the pass without it
             choice = draft_rate is None
         else:
-            count = self._counts[branch] = self._counts.get(branch, 0) + 1
+            count = self._counts[match] = self._counts.get(match, 0) + 1
             choice = draft_rate >= skip_rate
             if self.explore_every and count % self.explore_every == 0:
                 choice = not choice
         self.skipped += not choice
         return choice
 
-    def record(self, branch: bool, drafted: bool, tokens: int, seconds: float,
+    def record(self, match: int, drafted: bool, tokens: int, seconds: float,
                branch_only_tokens: int | None = None) -> None:
         """One pass's outcome. branch_only_tokens: when the drafter ran beside a branch, what the
         branch alone would have committed."""
-        outcome = self._outcome(branch, drafted)
+        outcome = self._outcome(match, drafted)
         outcome.tokens.add(tokens, self.decay)
         outcome.seconds.add(seconds, self.decay)
-        if drafted and branch and branch_only_tokens is not None:
-            self._outcome(branch, False).tokens.add(branch_only_tokens, self.decay)
+        if drafted and match and branch_only_tokens is not None:
+            self._outcome(match, False).tokens.add(branch_only_tokens, self.decay)
 
     def summary(self) -> dict:
-        rates = {f"{'branch' if b else 'no branch'}, {'draft' if d else 'skip'}": round(o.rate() or 0.0, 2)
-                 for (b, d), o in sorted(self._outcomes.items())}
+        rates = {f"{f'{m}-gram branch' if m else 'no branch'}, {'draft' if d else 'skip'}": round(o.rate() or 0.0, 2)
+                 for (m, d), o in sorted(self._outcomes.items())}
         return {"decisions": self.decisions, "skipped": self.skipped, "tokens_per_s": rates}

@@ -14,8 +14,8 @@ from typing import Iterator
 
 import torch
 
-from foretell.drafters.base import Drafter, empty_proposal
 from foretell.draft_gate import DraftGate
+from foretell.drafters.base import Drafter, empty_proposal
 from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength
 from foretell.errors import ForetellError
 from foretell.lossy import check_lossy_threshold, verify_controlled
@@ -133,8 +133,8 @@ class Engine:
             room = limit - (len(ids) - prompt_len)  # tokens we may still add
             n = self._draft_budget(room) if self.drafter else 0
             t1 = time.perf_counter()
-            branch = self._cache_branch(ids, n, stats)
-            drafted = n > 0 and (self.draft_gate is None or self.draft_gate.should_draft(bool(branch)))
+            branch, matched = self._cache_branch(ids, n, stats)
+            drafted = n > 0 and (self.draft_gate is None or self.draft_gate.should_draft(matched))
             proposal = self.drafter.propose(ids, n) if drafted else empty_proposal()
             proposal, cache_nodes = self._extend_proposal(proposal, branch)
             t2 = time.perf_counter()
@@ -145,7 +145,7 @@ class Engine:
                 self.drafter.observe(committed_hidden)
             t3 = time.perf_counter()
             if self.draft_gate is not None and n > 0:
-                self.draft_gate.record(bool(branch), drafted, 1 + verdict.accepted, t3 - t1,
+                self.draft_gate.record(matched, drafted, 1 + verdict.accepted, t3 - t1,
                                        1 + _branch_prefix(proposal, verdict, branch))
             stats.draft_seconds += t2 - t1
             stats.verify_seconds += t3 - t2
@@ -199,14 +199,14 @@ class Engine:
             return room - 1
         return min(self.length_policy.next_length(), self.max_draft, room - 1)
 
-    def _cache_branch(self, ids: list[int], n: int, stats: GenerationStats) -> list[int]:
-        """The opt-in result cache's branch for this pass ([] when off or without a hit)."""
+    def _cache_branch(self, ids: list[int], n: int, stats: GenerationStats) -> tuple[list[int], int]:
+        """The opt-in result cache's branch for this pass and its key's length ([], 0 when off or no hit)."""
         if self.result_cache is None or n <= 0:
-            return []
+            return [], 0
         stats.cache_steps += 1
-        branch = self.result_cache.lookup(ids, n)
+        branch, matched = self.result_cache.match(ids, n)
         stats.cache_hits += bool(branch)
-        return branch
+        return branch, matched if branch else 0
 
     def _extend_proposal(self, proposal, branch: list[int]):
         """The opt-in extras around the drafter's proposal: lossy mode needs its draft probabilities;

@@ -73,16 +73,20 @@ class ResultCache:
 
     def lookup(self, context: list[int], max_tokens: int) -> list[int]:
         """What followed the longest indexed suffix n-gram of `context` last time ([] when none)."""
+        return self.match(context, max_tokens)[0]
+
+    def match(self, context: list[int], max_tokens: int) -> tuple[list[int], int]:
+        """lookup's branch and the length n of the n-gram it matched (0 when none): longer keys predict better."""
         limit = min(max_tokens, self.max_branch)
         if limit <= 0:
-            return []
+            return [], 0
         for n in range(min(self.max_ngram, len(context)), self.min_ngram - 1, -1):
             hit = self._index.get(tuple(context[len(context) - n :]))
             if hit is None or hit[0] < self._first:
                 continue
             seq = self._sequences[hit[0] - self._first]
-            return seq[hit[1] : hit[1] + limit]
-        return []
+            return seq[hit[1] : hit[1] + limit], n
+        return [], 0
 
     def _evict(self) -> None:
         while len(self._sequences) > 1 and sum(map(len, self._sequences)) > self.max_tokens:
@@ -92,6 +96,16 @@ class ResultCache:
         # Stale entries point below _first and are skipped by lookup; drop them now and then.
         if len(self._index) > 4 * self.max_tokens:
             self._index = {k: v for k, v in self._index.items() if v[0] >= self._first}
+
+
+def make_result_cache(mode: bool | str | None) -> ResultCache | None:
+    """The cache for a mode: None / False = off; True / "outputs" = earlier outputs; "prompt" = the prompt
+    too, with single-token keys as prompt lookup uses (a weak key still pays off against a long prompt)."""
+    if mode in (None, False):
+        return None
+    if mode not in (True, "outputs", "prompt"):
+        raise ForetellError(f"result_cache is True / 'outputs' (earlier output) or 'prompt' (the prompt too), not {mode!r}")
+    return ResultCache(include_prompt=True, min_ngram=1) if mode == "prompt" else ResultCache()
 
 
 @dataclass

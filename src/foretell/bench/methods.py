@@ -9,24 +9,23 @@ A new drafter is one entry in METHODS.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
 import torch
 
-from dataclasses import replace
-
 from foretell.api import Pipeline, load
 from foretell.bench.runner import MONITOR_KEYS
 from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB
 from foretell.drafters.parallel_tree import HeadTreeShape, ParallelHeadDrafter
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
-from foretell.lossy import check_lossy_threshold
 from foretell.errors import ForetellError
+from foretell.lossy import check_lossy_threshold
 from foretell.models.loading import parse_dtype, resolve_model_dir
-from foretell.result_cache import ResultCache
+from foretell.result_cache import make_result_cache
 from foretell.types import SamplingParams
 
 
@@ -133,7 +132,7 @@ class ForetellMethod:
         self.pipe = pipe.with_drafter(drafter, length_policy, gamma=opts.gamma)
         if lossy_threshold is not None or result_cache:  # opt-in extras of the engine (lossy.py, result_cache.py)
             engine = replace(self.pipe.engine, lossy_threshold=lossy_threshold,
-                             result_cache=ResultCache(include_prompt=result_cache == "prompt") if result_cache else None)
+                             result_cache=make_result_cache(result_cache))
             self.pipe = replace(self.pipe, engine=engine)
         self.opts = opts
         self.cache_bytes = 0
@@ -328,7 +327,7 @@ def _scheduled_head_drafter(models: Models, o: MethodOptions) -> ParallelHeadDra
     return ParallelHeadDrafter(models.parallel_head(o.hot_vocab), scheduler=AdaptiveTreeScheduler(_target_cost(models)))
 
 
-HIDDEN_HOT_VOCAB = 8192  # the hot-vocabulary size of the hidden-state methods (seed 000: a few thousand hot tokens)
+HIDDEN_HOT_VOCAB = DEFAULT_HOT_VOCAB  # the hot-vocabulary size of the hidden-state methods
 # name, hot vocabulary (0 = full), ablation switches, help suffix
 HIDDEN_STATE_VARIANTS = (
     ("hidden-state", HIDDEN_HOT_VOCAB, {}, f" (--hidden-draft; {HIDDEN_HOT_VOCAB} hot tokens, token-info, resampling, fusion)"),

@@ -49,6 +49,7 @@ from foretell.sampling import processed_probs
 from foretell.types import Proposal, SamplingParams
 
 RESAMPLE_TRIGGERS = ("unsure", "plausible", "always")
+DEFAULT_HOT_VOCAB = 8192  # output tokens of the benchmarked configuration (seed 000: a few thousand hot tokens)
 INFO_MEMO_BYTES = 64 << 20  # E rows kept between proposals of one generation (tokens recur: digits, " the")
 
 

@@ -18,6 +18,7 @@ The target's embedding (for E) and output layer are shared (frozen, not copied, 
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -276,3 +277,32 @@ def load_hidden_draft(folder: str | Path, target: Transformer, hot: HotVocab | N
     draft = HiddenDraft(config, target, hot)
     load_weights(draft, folder, FOLDER_FORMAT)
     return draft.to(dtype=target.dtype, device=target.device)
+
+
+INSTALL_DIR = "hidden-drafts"  # under the foretell cache: one installed draft per target name
+
+
+def installed_hidden_draft_dir(target_name: str, cache_dir: Path | None = None) -> Path:
+    from foretell.models.loading import default_cache_dir
+
+    return Path(cache_dir or default_cache_dir()) / INSTALL_DIR / Path(target_name).name
+
+
+def installed_hidden_draft(target_name: str, cache_dir: Path | None = None) -> Path | None:
+    """The draft installed for this target (`foretell train hidden-state --install`), or None."""
+    folder = installed_hidden_draft_dir(target_name, cache_dir)
+    return folder if (folder / CONFIG_FILE).is_file() else None
+
+
+def install_hidden_draft(folder: str | Path, target_name: str, cache_dir: Path | None = None) -> Path:
+    """Copy a saved draft to where `foretell generate` looks for this target's default drafter.
+    The copy lands under a temporary name first, so an interrupted install leaves the old draft whole."""
+    folder = Path(folder)
+    read_hidden_draft_config(folder)  # a clear error for a folder that is not a saved draft
+    dest = installed_hidden_draft_dir(target_name, cache_dir)
+    staging = dest.with_name(dest.name + ".installing")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(folder, staging)
+    shutil.rmtree(dest, ignore_errors=True)
+    staging.rename(dest)
+    return dest

@@ -146,6 +146,13 @@ def cmd_train(args) -> None:
         from foretell.train.hidden_commands import hidden_state_config
         from foretell.train.hidden_pipeline import run_hidden_state
 
-        print(f"draft: {run_hidden_state(hidden_state_config(args))}")
+        draft_dir = run_hidden_state(hidden_state_config(args))
+        print(f"draft: {draft_dir}")
+        if args.install:
+            from foretell.models.hidden_draft import CONFIG_FILE, install_hidden_draft
+
+            if not (draft_dir / CONFIG_FILE).is_file():
+                raise ForetellError(f"--install: {draft_dir} is not trained yet; rerun the command to finish training")
+            print(f"installed as the default drafter of {args.target}: {install_hidden_draft(draft_dir, args.target)}")
         return
     raise ForetellError(f"unknown training kind {args.train_command!r}; use one of {', '.join(WHAT)}")

@@ -43,6 +43,9 @@ def add_hidden_state_parser(kinds) -> None:
                    help="draft logits are clamped to [-C, C] before the KL (default: %(default)s)")
     p.add_argument("--anchors", type=int, default=loss.anchors,
                    help="anchors per sequence and step for the KL; the MSE uses all (default: %(default)s)")
+    p.add_argument("--install", action="store_true",
+                   help="once trained, install the draft as the target's default drafter: `foretell generate --model "
+                   "TARGET` then uses it (with the adaptive budget, the draft gate and the prompt-lookup branch)")
     p.add_argument("--hot-vocab-sizes", default=",".join(map(str, cfg.hot_vocab_sizes)),
                    help="hot-vocabulary sizes whose held-out coverage is reported (default: %(default)s)")
 
