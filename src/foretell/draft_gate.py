@@ -5,15 +5,21 @@ drafts are rarely accepted (a translation the draft never learned), or when prom
 branch already holds what the drafter would add (a GSM8K answer copying its question's
 numbers), a pass without the drafter yields more tokens per second. The scheduler
 (tree_scheduler.py) sizes a tree only after the drafter has paid for it; the gate decides
-before, from what passes of each kind have delivered on this machine recently.
+before, from what passes of each kind have delivered on this machine.
 
-Per situation (the length of the n-gram whose continuation the result cache offers as a branch,
-0 = no branch: a longer key predicts better, so drafting adds less) it keeps decayed means of
-tokens per pass and seconds per pass with and without the drafter, and takes the choice with
-more tokens per second. Every `explore_every`-th decision in a situation takes the other choice, so both
-stay measured as the text and the machine's load change. When the drafter ran beside a branch,
-the tokens the branch alone would have given (the accepted path's prefix along the branch, + 1)
-count for the other choice too, so its estimate needs no extra passes.
+Situations are told apart by the length of the n-gram whose continuation the result cache
+offers as a branch (0 = no branch): a longer key predicts better, leaving the drafter less to
+add. Per situation the gate keeps
+  - the tokens a pass commits without the drafter: measured on passes without it, and on passes
+    with it as what the branch alone would have given (the accepted path's prefix along the
+    branch, + 1; exactly 1 without a branch),
+  - the drafter's gain: tokens committed less that, on the passes it ran (a paired difference,
+    so the branch's own luck cancels out),
+  - the seconds of a pass with and without the drafter,
+and drafts when (tokens without + gain) / seconds with >= tokens without / seconds without.
+Token estimates start afresh with each request (`begin`: how well a drafter does depends on the
+text), timings carry over (they are the machine's). After `explore_every` skipped passes in a
+row in a situation the drafter runs once, so its gain stays measured as the text moves on.
 
 Skipping changes only what the target verifies (the branch alone, or nothing: a plain pass),
 never how it verifies, so the output is exactly the target's either way.
@@ -43,57 +49,75 @@ class _Mean:
 
 
 @dataclass
-class _Outcome:
-    tokens: _Mean = field(default_factory=_Mean)  # tokens committed per pass
-    seconds: _Mean = field(default_factory=_Mean)  # draft + verification seconds per pass
+class _Situation:
+    without: _Mean = field(default_factory=_Mean)  # tokens a pass commits without the drafter (this request)
+    gain: _Mean = field(default_factory=_Mean)  # tokens the drafter adds to that, when it runs (this request)
+    seconds_with: _Mean = field(default_factory=_Mean)  # draft + verification seconds (all requests)
+    seconds_without: _Mean = field(default_factory=_Mean)
+    skips_in_row: int = 0
 
-    def rate(self) -> float | None:
-        tokens, seconds = self.tokens.value, self.seconds.value
-        return None if tokens is None or seconds is None else tokens / max(seconds, 1e-9)
+    def rates(self) -> tuple[float, float] | None:
+        """(tokens/s with the drafter, without), or None while something is unmeasured."""
+        parts = (self.without.value, self.gain.value, self.seconds_with.value, self.seconds_without.value)
+        if any(x is None for x in parts):
+            return None
+        without, gain, with_s, without_s = parts
+        return (without + gain) / max(with_s, 1e-9), without / max(without_s, 1e-9)
 
 
 @dataclass
 class DraftGate:
-    explore_every: int = 8  # decisions per situation between tries of the choice not preferred (0 = never)
-    decay: float = 0.9  # forgetting per recorded pass of a choice
+    explore_every: int = 4  # skipped passes in a row (per situation) before the drafter runs once (0 = never)
+    decay: float = 0.8  # forgetting of token estimates, per pass recorded
+    time_decay: float = 0.9  # forgetting of timings
     decisions: int = 0
     skipped: int = 0  # passes the drafter did not run (reports)
-    _outcomes: dict[tuple[int, bool], _Outcome] = field(default_factory=dict)  # (situation, drafted) ->
-    _counts: dict[int, int] = field(default_factory=dict)  # decisions per situation
+    _situations: dict[int, _Situation] = field(default_factory=dict)  # n-gram length of the branch (0 = none) ->
 
     def __post_init__(self):
-        if self.explore_every < 0 or not 0.0 < self.decay < 1.0:
-            raise ForetellError(f"draft gate needs explore_every >= 0 and decay in (0, 1), got "
-                                f"{self.explore_every}, {self.decay}")
+        if self.explore_every < 0 or not (0.0 < self.decay < 1.0 and 0.0 < self.time_decay < 1.0):
+            raise ForetellError(f"draft gate needs explore_every >= 0 and decay, time_decay in (0, 1), got "
+                                f"{self.explore_every}, {self.decay}, {self.time_decay}")
 
-    def _outcome(self, match: int, drafted: bool) -> _Outcome:
-        return self._outcomes.setdefault((match, drafted), _Outcome())
+    def _situation(self, match: int) -> _Situation:
+        return self._situations.setdefault(match, _Situation())
+
+    def begin(self) -> None:
+        """A new request: forget token estimates (they depend on the text), keep timings."""
+        for s in self._situations.values():
+            s.without, s.gain, s.skips_in_row = _Mean(), _Mean(), 0
 
     def should_draft(self, match: int) -> bool:
         """Run the drafter this pass? `match`: the n-gram length behind the result cache's branch (0 = none)."""
         self.decisions += 1
-        draft_rate, skip_rate = self._outcome(match, True).rate(), self._outcome(match, False).rate()
-        if draft_rate is None or skip_rate is None:  # measure the drafter first, then the pass without it
-            choice = draft_rate is None
+        s = self._situation(match)
+        if s.gain.value is None:  # measure the drafter first, then time a pass without it
+            choice = True
+        elif s.seconds_without.value is None:
+            choice = False
         else:
-            count = self._counts[match] = self._counts.get(match, 0) + 1
-            choice = draft_rate >= skip_rate
-            if self.explore_every and count % self.explore_every == 0:
-                choice = not choice
+            with_rate, without_rate = s.rates()
+            choice = with_rate >= without_rate or bool(self.explore_every) and s.skips_in_row >= self.explore_every
         self.skipped += not choice
         return choice
 
-    def record(self, match: int, drafted: bool, tokens: int, seconds: float,
-               branch_only_tokens: int | None = None) -> None:
-        """One pass's outcome. branch_only_tokens: when the drafter ran beside a branch, what the
-        branch alone would have committed."""
-        outcome = self._outcome(match, drafted)
-        outcome.tokens.add(tokens, self.decay)
-        outcome.seconds.add(seconds, self.decay)
-        if drafted and match and branch_only_tokens is not None:
-            self._outcome(match, False).tokens.add(branch_only_tokens, self.decay)
+    def record(self, match: int, drafted: bool, tokens: int, seconds: float, without_tokens: int) -> None:
+        """One pass's outcome: tokens committed and seconds taken; without_tokens: what the pass would have
+        committed without the drafter (with the drafter: the branch's accepted prefix + 1; else = tokens)."""
+        s = self._situation(match)
+        s.without.add(without_tokens, self.decay)
+        if drafted:
+            s.gain.add(tokens - without_tokens, self.decay)
+            s.seconds_with.add(seconds, self.time_decay)
+            s.skips_in_row = 0
+        else:
+            s.seconds_without.add(seconds, self.time_decay)
+            s.skips_in_row += 1
 
     def summary(self) -> dict:
-        rates = {f"{f'{m}-gram branch' if m else 'no branch'}, {'draft' if d else 'skip'}": round(o.rate() or 0.0, 2)
-                 for (m, d), o in sorted(self._outcomes.items())}
+        rates = {}
+        for match, s in sorted(self._situations.items()):
+            r = s.rates()
+            if r is not None:
+                rates[f"{match}-gram branch" if match else "no branch"] = {"draft": round(r[0], 2), "skip": round(r[1], 2)}
         return {"decisions": self.decisions, "skipped": self.skipped, "tokens_per_s": rates}

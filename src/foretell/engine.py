@@ -107,6 +107,8 @@ class Engine:
         stats = GenerationStats(prompt_tokens=len(ids), lossy_threshold=self.lossy_threshold)
         if self.result_cache is not None:
             self.result_cache.begin(ids)
+        if self.draft_gate is not None:
+            self.draft_gate.begin()
         limit = min(params.max_new_tokens, self.context_window - len(ids))
         capacity = len(ids) + limit + max(self.max_draft, getattr(self.drafter, "max_nodes", 0)) + 1
         device = self.target.device

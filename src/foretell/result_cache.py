@@ -99,13 +99,12 @@ class ResultCache:
 
 
 def make_result_cache(mode: bool | str | None) -> ResultCache | None:
-    """The cache for a mode: None / False = off; True / "outputs" = earlier outputs; "prompt" = the prompt
-    too, with single-token keys as prompt lookup uses (a weak key still pays off against a long prompt)."""
+    """The cache for a mode: None / False = off; True / "outputs" = earlier outputs; "prompt" = the prompt too."""
     if mode in (None, False):
         return None
     if mode not in (True, "outputs", "prompt"):
         raise ForetellError(f"result_cache is True / 'outputs' (earlier output) or 'prompt' (the prompt too), not {mode!r}")
-    return ResultCache(include_prompt=True, min_ngram=1) if mode == "prompt" else ResultCache()
+    return ResultCache(include_prompt=mode == "prompt")
 
 
 @dataclass
