@@ -101,8 +101,6 @@ def test_scheduled_tree_is_exact_and_the_scheduler_picks_the_budget(plain):
     drafter = HiddenStateDrafter(make_draft(plain.target.model), HiddenStateOptions(resample_when="always", fuse=True), sched)
     assert drafter.max_nodes == 20
     spec = plain.with_drafter(drafter)
-    assert spec.engine.draft_gate is not None  # a scheduled tree drafter gets the gate; here every pass drafts
-    spec = replace(spec, engine=replace(spec.engine, draft_gate=None))
     resampled = 0
     for prompt in PROMPTS:
         result = spec.engine.generate(prompt, GREEDY)
@@ -144,8 +142,13 @@ def test_auto_budget_reaches_the_hidden_state_drafter_through_load(tiny_pair, tm
     prompt = PROMPTS[0]
     assert spec.engine.generate(prompt, GREEDY).tokens == pipe.engine.generate(prompt, GREEDY).tokens
     assert scheduler.history, "the scheduler chose the budget"
-    assert spec.engine.draft_gate is not None and spec.engine.draft_gate.decisions > 0
-    assert load(target_dir, hidden_draft=tmp_path / "draft", warm_up=False).engine.draft_gate is None
+    assert spec.engine.draft_gate is None  # opt-in
+    gated = load(target_dir, hidden_draft=tmp_path / "draft", auto_budget=True, draft_gate=True, result_cache="prompt",
+                 warm_up=False, cache_dir=tmp_path / "c")
+    assert gated.engine.generate(prompt, GREEDY).tokens == pipe.engine.generate(prompt, GREEDY).tokens
+    assert gated.engine.draft_gate.decisions > 0
+    with pytest.raises(ForetellError, match="draft_gate needs a tree drafter"):
+        load(target_dir, drafter="prompt-lookup", draft_gate=True, warm_up=False)
 
 
 @pytest.fixture(scope="module")

@@ -195,26 +195,25 @@ def test_bench_lookup_variants_build(tiny_pair):
     assert _extras_variant("draft-chain-lookup") is None and _extras_variant("parallel-head-auto-x") is None
 
 
-def test_bench_nogate_variants(plain, monkeypatch):
-    """M-nogate: an -auto method with the draft gate off (its ablation); other names are refused."""
+def test_bench_gate_variants(plain, monkeypatch):
+    """M-gate: a parallel-head / hidden-state -auto method with the draft gate; other names are refused."""
     from test_tree_scheduler import curve
 
     from foretell.bench import methods
     from foretell.bench.methods import MethodOptions, Models, _method_spec
 
     monkeypatch.setattr(methods, "_target_cost", lambda models: curve(0.001))
-
-    assert _method_spec("parallel-head-auto-lookup-nogate") is not None
-    assert _method_spec("hidden-state-auto-nogate") is not None
-    assert _method_spec("parallel-head-nogate") is None and _method_spec("plain-nogate") is None
+    assert _method_spec("parallel-head-auto-lookup-gate") is not None
+    assert _method_spec("hidden-state-auto-gate") is not None
+    assert _method_spec("parallel-head-gate") is None and _method_spec("draft-tree-auto-gate") is None
     models = Models(target="unused", head="unused")
     models._pipe = plain
     models._modules["head", 0] = new_parallel_head(plain.engine.target, ParallelHeadConfig.for_target(
         plain.engine.target.config), seed=3)
-    gated = _method_spec("parallel-head-auto").build(models, MethodOptions())
-    ungated = _method_spec("parallel-head-auto-nogate").build(models, MethodOptions())
+    ungated = _method_spec("parallel-head-auto").build(models, MethodOptions())
+    gated = _method_spec("parallel-head-auto-gate").build(models, MethodOptions())
     assert gated.pipe.engine.draft_gate is not None and ungated.pipe.engine.draft_gate is None
-    assert ungated.name == "parallel-head-auto-nogate"
+    assert gated.name == "parallel-head-auto-gate"
 
 
 def test_cache_needs_a_tree_drafter(tiny_pair, plain):

@@ -80,13 +80,12 @@ class Pipeline:
     ) -> "Pipeline":
         """The same models with another drafter (shares weights; handy for comparisons).
 
-        length_policy: a policy name (see make_length_policy) or a policy object. A tree drafter
-        with the adaptive scheduler gets a fresh draft gate, as load(auto_budget=True) gives it.
+        length_policy: a policy name (see make_length_policy) or a policy object. The draft gate,
+        whose measurements belong to the old drafter, is dropped (add one with replace()).
         """
         if isinstance(length_policy, str):
             length_policy = make_length_policy(length_policy, gamma)
-        return replace(self, engine=replace(self.engine, drafter=drafter, length_policy=length_policy,
-                                            draft_gate=_gate_for(drafter)))
+        return replace(self, engine=replace(self.engine, drafter=drafter, length_policy=length_policy, draft_gate=None))
 
 
 def load(
@@ -109,6 +108,7 @@ def load(
     hidden_options: HiddenStateOptions | None = None,
     lossy_threshold: float | None = None,
     result_cache: bool | str | None = False,
+    draft_gate: bool = False,
 ) -> Pipeline:
     """Load a target and a drafter: none | draft-model | draft-tree (both need `draft`) | prompt-lookup
     | parallel-head (needs `head`).
@@ -126,10 +126,10 @@ def load(
     `auto_budget` the adaptive scheduler picks each step's budget, depth and width instead.
     `hidden_draft` is a saved hidden-state draft folder for the hidden-state drafter (seed 000;
     the default drafter when it is given), `hidden_options` its tree and ablation switches; with
-    `auto_budget` the adaptive scheduler picks each step's budget (up to 64 nodes). With auto_budget,
-    the parallel-head and hidden-state drafters also get the draft gate: each pass it decides from
-    measured tokens per second whether drafting pays at all (else the pass verifies only the result
-    cache's branch, or nothing).
+    `auto_budget` the adaptive scheduler picks each step's budget (up to 64 nodes).
+    `draft_gate` (tree drafters; lossless, off by default: about even overall in our benchmarks)
+    decides before each pass, from measured tokens per second, whether drafting pays at all; when
+    not, the pass verifies only the result cache's branch, or nothing (draft_gate.py).
     `lossy_threshold` (opt-in, LOSSY: the output no longer follows the target exactly): a draft
     token whose draft path probability exceeds it is accepted without the target's check; in (0, 1].
     `result_cache` (lossless) offers continuations committed earlier (this and previous requests)
@@ -157,6 +157,8 @@ def load(
         )
     if result_cache not in (None, False, True, "outputs", "prompt"):
         raise ForetellError(f"result_cache is True / 'outputs' (earlier output) or 'prompt' (the prompt too), not {result_cache!r}")
+    if draft_gate and drafter not in ("draft-tree", "parallel-head", "hidden-state"):
+        raise ForetellError(f"draft_gate needs a tree drafter (draft-tree, parallel-head, hidden-state), not {drafter}")
     if result_cache and drafter not in ("draft-tree", "parallel-head", "hidden-state"):
         raise ForetellError(f"result_cache needs a tree drafter (draft-tree, parallel-head, hidden-state), not {drafter}")
     if not 1 <= gamma <= 16:
@@ -206,13 +208,8 @@ def load(
         length_policy=policy,
         lossy_threshold=lossy_threshold,
         result_cache=make_result_cache(result_cache),
-        draft_gate=_gate_for(the_drafter),
+        draft_gate=DraftGate() if draft_gate else None,
     )
     if warm_up:
         engine.warm_up()
     return Pipeline(tgt, engine, drf)
-
-
-def _gate_for(drafter) -> DraftGate | None:
-    """Tree drafters with the adaptive scheduler also get the gate: whether to draft at all (draft_gate.py)."""
-    return DraftGate() if getattr(drafter, "scheduler", None) is not None else None

@@ -42,6 +42,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lossy-threshold", type=float,
                    help="LOSSY, off by default: accept a draft token without the target's check when its draft path "
                         "probability exceeds this value in (0, 1] (seed 003's shortcut; output no longer exact)")
+    p.add_argument("--draft-gate", action="store_true",
+                   help="tree drafters: before each pass, decide from measured tokens/s whether drafting pays at all "
+                   "(else verify only the --result-cache branch, or nothing). Lossless; about even overall in our runs")
     p.add_argument("--result-cache", nargs="?", const="outputs", choices=("outputs", "prompt"),
                    help="tree drafters: also propose, as one more branch, what followed the context's last n-gram in "
                    "earlier output (this and previous requests); =prompt searches the prompt too (prompt lookup "
@@ -182,7 +185,8 @@ def cmd_generate(args) -> None:
     pipe = load(
         args.model, draft=args.draft, dtype=args.dtype, device=args.device,
         gamma=args.gamma, length_policy=args.length_policy, tree=tree_shape(args),
-        draft_quant=args.draft_quant, head=args.head, lossy_threshold=args.lossy_threshold, **drafter_args,
+        draft_quant=args.draft_quant, head=args.head, lossy_threshold=args.lossy_threshold,
+        draft_gate=args.draft_gate, **drafter_args,
     )
     drafter = pipe.engine.drafter.name if pipe.engine.drafter else "none"
     result = None

@@ -17,6 +17,7 @@ import torch
 
 from foretell.api import Pipeline, load
 from foretell.bench.runner import MONITOR_KEYS
+from foretell.draft_gate import DraftGate
 from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
 from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB
@@ -403,7 +404,7 @@ def build_methods(names: list[str], models: Models, opts: MethodOptions, warn=pr
     if unknown:
         raise ForetellError(f"unknown method(s) {', '.join(unknown)}; use {', '.join(METHODS)}, draft-tree@N, "
                             f"M-lossy-T / M-cache / M-lookup for M in {', '.join(EXTRAS_BASES)}, "
-                            f"or any -auto method with -nogate (the draft gate off)")
+                            f"or M-gate for a parallel-head / hidden-state -auto method M (with the draft gate)")
     needing = [n for n in names if specs[n].needs_draft]
     if needing and not models.draft:
         raise ForetellError(f"method(s) {', '.join(needing)} need a draft model: pass --draft")
@@ -424,22 +425,22 @@ def build_methods(names: list[str], models: Models, opts: MethodOptions, warn=pr
 
 
 def _method_spec(name: str) -> MethodSpec | None:
-    if name.endswith(NO_GATE):  # the ablation of the draft gate: the same method, every pass drafted
-        spec = _method_spec(name[: -len(NO_GATE)])
-        if spec is None or "-auto" not in name:
+    if name.endswith(GATE):  # M-gate: M (a tree drafter's -auto method) with the draft gate (draft_gate.py)
+        spec = _method_spec(name[: -len(GATE)])
+        if spec is None or "-auto" not in name or not name.startswith(("parallel-head", "hidden-state")):
             return None
-        return replace(spec, build=lambda m, o, build=spec.build: _without_gate(build(m, o), name),
-                       help=f"{spec.help}, without the draft gate")
+        return replace(spec, build=lambda m, o, build=spec.build: _with_gate(build(m, o), name),
+                       help=f"{spec.help}, with the draft gate")
     return _tree_fixed_budget(name) if _is_budget_variant(name) else METHODS.get(name) or _extras_variant(name)
 
 
-NO_GATE = "-nogate"
+GATE = "-gate"
 
 
-def _without_gate(method, name: str):
+def _with_gate(method, name: str):
     if isinstance(method, ForetellMethod):
         method.name = name
-        method.pipe = replace(method.pipe, engine=replace(method.pipe.engine, draft_gate=None))
+        method.pipe = replace(method.pipe, engine=replace(method.pipe.engine, draft_gate=DraftGate()))
     return method
 
 
