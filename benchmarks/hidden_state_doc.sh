@@ -5,14 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/hidden_state/smollm2-self-long2}
-BENCH=${BENCH:-runs/hidden-long2-gsm8k}
+BENCH=${BENCH:-runs/hidden-growth-gsm8k}
 METHODS=${METHODS:-plain,prompt-lookup,hidden-state,hidden-state-auto,hidden-state-lookup,hidden-state-auto-lookup}
 CHECK=${CHECK:-runs/hidden_checklist_self_long2.md}
 RECIPE=${RECIPE:-"\`bash benchmarks/train_hidden_state.sh\`: 400 steps on the target's own answers to 1200 GSM8K + 800 ShareGPT prompts, then 800 more from that draft at full depth (lr 6e-4), then 400 more (lr 4e-4) (\`OUT=runs/hidden_state/smollm2-self-long2 INIT_DRAFT=runs/hidden_state/smollm2-self-long/draft STEPS=400 LR=4e-4 bash benchmarks/train_hidden_state.sh\`)"}
 FIRST=runs/hidden_state/smollm2  # the first, short recipe on data-set text (STEPS=120, commit 77d26a2)
-COMPARE=${COMPARE:-runs/seed-hidden-gate}
-COMPARE_METHODS=plain,prompt-lookup,draft-chain,draft-tree,hidden-state,hidden-state-auto,hidden-state-auto-nogate,hidden-state-auto-lookup,hidden-state-auto-lookup-nogate,hidden-state-no-info,hidden-state-no-resample,hidden-state-no-fusion,hidden-state-full-vocab
-BEFORE_GATE=runs/seed-hidden-long2  # the same comparison before the draft gate (commit d43785c)
+COMPARE=${COMPARE:-runs/seed-hidden-growth}
+COMPARE_METHODS=plain,prompt-lookup,draft-chain,draft-tree,hidden-state,hidden-state-auto,hidden-state-auto-gate,hidden-state-auto-lookup,hidden-state-auto-lookup-gate,parallel-head-auto-lookup,parallel-head-auto-lookup-gate,hidden-state-no-info,hidden-state-no-resample,hidden-state-no-fusion,hidden-state-full-vocab
+BEFORE=runs/seed-hidden-long2  # the same comparison before the scheduler's growth limits (commit d43785c)
 KL=runs/hidden_state/smollm2-self-kl  # the same recipe with the loss weights MSE 0.1 / KL 0.9
 SHORT=runs/hidden_state/smollm2-self  # the 400-step draft (first stage)
 SHORT_COMPARE=runs/seed-hidden  # the comparison run with it
@@ -33,10 +33,10 @@ MID_COMPARE=runs/seed-hidden-long  # the comparison run with it
     echo "## Seed 000's comparison with its ablations, one interleaved run (GSM8K test + Spec-Bench, 4 prompts a category)"
     echo
     echo "\`ONLY=$COMPARE_METHODS HIDDEN=$RUN/draft OUT=$COMPARE bash benchmarks/seed_drafters_bench.sh\`; standard (draft-chain)"
-    echo "and tree (draft-tree) speculative decoding use the AdaSPEC-distilled 2-layer draft. The -auto methods"
-    echo "carry the draft gate (src/foretell/draft_gate.py: before each pass, whether drafting pays at all, from the"
-    echo "tokens per second measured with and without the drafter, separately for passes where prompt lookup's"
-    echo "branch exists and where it does not); -nogate is the same method drafting on every pass."
+    echo "and tree (draft-tree) speculative decoding use the AdaSPEC-distilled 2-layer draft. The -gate methods add"
+    echo "the opt-in draft gate (src/foretell/draft_gate.py: before each pass, whether drafting pays at all, from"
+    echo "tokens per second measured with and without the drafter, per length of prompt lookup's n-gram match);"
+    echo "parallel-head-auto-lookup is seed 003's head (docs/jetspec.md), here for the gate's effect on a second drafter."
     echo; sed '1,2d' "$COMPARE/report.md" | sed 's/^## /### /' | grep -v '^!\[' ; echo
   fi
   for other in "$MID:the 1200-step draft before the last 400 steps (second stage)" \
@@ -49,9 +49,9 @@ MID_COMPARE=runs/seed-hidden-long  # the comparison run with it
       echo; sed 1d "$dir/eval.md" | awk '/^Hot vocabulary/{exit} {print}'
     fi
   done
-  if [ "$COMPARE" != "$BEFORE_GATE" ] && [ -f "$BEFORE_GATE/report.md" ]; then
-    echo "## For comparison: the same draft before the draft gate and the scheduler's growth limits (commit d43785c, \`OUT=$BEFORE_GATE\`), overall"
-    echo; sed -n '/^## overall/,/^Pass rate/p' "$BEFORE_GATE/report.md" | sed '1d;$d'; echo
+  if [ "$COMPARE" != "$BEFORE" ] && [ -f "$BEFORE/report.md" ]; then
+    echo "## For comparison: the same draft before the scheduler's growth limits (commit d43785c: every scheduled step grew 64 nodes and 5 levels; \`OUT=$BEFORE\`), overall"
+    echo; sed -n '/^## overall/,/^Pass rate/p' "$BEFORE/report.md" | sed '1d;$d'; echo
   fi
   for other in "$MID_COMPARE:$MID:the 1200-step" "$SHORT_COMPARE:$SHORT:the 400-step"; do
     report=${other%%:*}; rest=${other#*:}; draft=${rest%%:*}

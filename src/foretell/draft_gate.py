@@ -97,7 +97,8 @@ class DraftGate:
             choice = False
         else:
             with_rate, without_rate = s.rates()
-            choice = with_rate >= without_rate or bool(self.explore_every) and s.skips_in_row >= self.explore_every
+            probe = bool(self.explore_every) and s.skips_in_row >= self.explore_every
+            choice = with_rate >= without_rate or probe
         self.skipped += not choice
         return choice
 
