@@ -3,9 +3,9 @@ token-info, resampling and fusion (and each off), sampled losslessness, token-in
 budget, resampling from cached logits, saving and loading, and a briefly trained draft."""
 
 import heapq
-from dataclasses import replace
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 import torch

@@ -9,13 +9,13 @@ from typing import Iterator
 import torch
 
 from foretell.budget import HardwareAwareLength, cost_curve
+from foretell.draft_gate import DraftGate
 from foretell.drafters.base import Drafter
 from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
 from foretell.drafters.hidden_tree import HiddenStateDrafter, HiddenStateOptions
 from foretell.drafters.length_policy import DraftLengthPolicy, make_length_policy
 from foretell.drafters.parallel_tree import HeadTreeShape, ParallelHeadDrafter
-from foretell.draft_gate import DraftGate
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.engine import Chunk, Engine, GenerationResult
