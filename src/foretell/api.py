@@ -155,12 +155,10 @@ def load(
             f"lossy_threshold needs a drafter with draft probabilities (draft-model, draft-tree, parallel-head, "
             f"hidden-state); the {drafter} drafter has none"
         )
-    if result_cache not in (None, False, True, "outputs", "prompt"):
-        raise ForetellError(f"result_cache is True / 'outputs' (earlier output) or 'prompt' (the prompt too), not {result_cache!r}")
-    if draft_gate and drafter not in ("draft-tree", "parallel-head", "hidden-state"):
-        raise ForetellError(f"draft_gate needs a tree drafter (draft-tree, parallel-head, hidden-state), not {drafter}")
-    if result_cache and drafter not in ("draft-tree", "parallel-head", "hidden-state"):
-        raise ForetellError(f"result_cache needs a tree drafter (draft-tree, parallel-head, hidden-state), not {drafter}")
+    the_result_cache = make_result_cache(result_cache)  # checks the mode before any loading
+    for option, on in (("draft_gate", draft_gate), ("result_cache", the_result_cache is not None)):
+        if on and drafter not in ("draft-tree", "parallel-head", "hidden-state"):
+            raise ForetellError(f"{option} needs a tree drafter (draft-tree, parallel-head, hidden-state), not {drafter}")
     if not 1 <= gamma <= 16:
         raise ForetellError(f"gamma (draft length) must be between 1 and 16, got {gamma}")
     tgt = load_model(target, dtype, device, cache_dir)
@@ -207,7 +205,7 @@ def load(
         drafter=the_drafter,
         length_policy=policy,
         lossy_threshold=lossy_threshold,
-        result_cache=make_result_cache(result_cache),
+        result_cache=the_result_cache,
         draft_gate=DraftGate() if draft_gate else None,
     )
     if warm_up:

@@ -61,16 +61,11 @@ class Engine:
 
     def __post_init__(self):
         self.lossy_threshold = check_lossy_threshold(self.lossy_threshold)
-        if self.draft_gate is not None and not getattr(self.drafter, "sizes_itself", False):
-            name = self.drafter.name if self.drafter is not None else "none"
-            raise ForetellError(f"the draft gate skips passes of a tree drafter "
-                                f"(draft-tree, parallel-head, hidden-state), not {name}")
-        if self.result_cache is not None and not getattr(self.drafter, "sizes_itself", False):
-            name = self.drafter.name if self.drafter is not None else "none"
-            raise ForetellError(
-                f"the result cache merges its branch into a tree proposal, so it needs a tree drafter "
-                f"(draft-tree, parallel-head, hidden-state), not {name}"
-            )
+        name = self.drafter.name if self.drafter is not None else "none"
+        for extra, why in ((self.draft_gate, "the draft gate skips passes of"),
+                           (self.result_cache, "the result cache merges its branch into a tree proposal, so it needs")):
+            if extra is not None and not getattr(self.drafter, "sizes_itself", False):
+                raise ForetellError(f"{why} a tree drafter (draft-tree, parallel-head, hidden-state), not {name}")
 
     @property
     def context_window(self) -> int:
@@ -146,9 +141,11 @@ class Engine:
             if committed_hidden:
                 self.drafter.observe(committed_hidden)
             t3 = time.perf_counter()
-            if self.draft_gate is not None and n > 0:
+            accepted = verdict.path if verdict.path is not None else range(verdict.accepted)
+            accepted_tokens = proposal.tokens[list(accepted)].tolist()
+            if self.draft_gate is not None and n > 0:  # without the drafter: the branch's accepted prefix + 1
                 self.draft_gate.record(matched, drafted, 1 + verdict.accepted, t3 - t1,
-                                       1 + _branch_prefix(proposal, verdict, branch))
+                                       1 + _common_prefix(accepted_tokens, branch))
             stats.draft_seconds += t2 - t1
             stats.verify_seconds += t3 - t2
             stats.target_passes += 1
@@ -165,8 +162,7 @@ class Engine:
                     stats.cache_useful += int(from_cache > 0)
                     stats.cache_accepted_tokens += from_cache
 
-            accepted = verdict.path if verdict.path is not None else range(verdict.accepted)
-            new = [*proposal.tokens[list(accepted)].tolist(), verdict.next_token]
+            new = [*accepted_tokens, verdict.next_token]
             finish = ""
             for i, token in enumerate(new):
                 if token in self.stop_ids and not params.ignore_eos:
@@ -208,7 +204,7 @@ class Engine:
         stats.cache_steps += 1
         branch, matched = self.result_cache.match(ids, n)
         stats.cache_hits += bool(branch)
-        return branch, matched if branch else 0
+        return branch, matched
 
     def _extend_proposal(self, proposal, branch: list[int]):
         """The opt-in extras around the drafter's proposal: lossy mode needs its draft probabilities;
@@ -253,14 +249,10 @@ class Engine:
         return verdict, {layer: h[slots.to(h.device)] for layer, h in out.hidden.items()}
 
 
-def _branch_prefix(proposal, verdict, branch: list[int]) -> int:
-    """Accepted tokens that lie along `branch`: what the branch alone would have had accepted."""
-    if not branch:
-        return 0
-    accepted = verdict.path if verdict.path is not None else range(verdict.accepted)
+def _common_prefix(a: list[int], b: list[int]) -> int:
     count = 0
-    for token, expected in zip(proposal.tokens[list(accepted)].tolist(), branch):
-        if token != expected:
+    for x, y in zip(a, b):
+        if x != y:
             break
         count += 1
     return count

@@ -45,7 +45,7 @@ def add_hidden_state_parser(kinds) -> None:
                    help="anchors per sequence and step for the KL; the MSE uses all (default: %(default)s)")
     p.add_argument("--install", action="store_true",
                    help="once trained, install the draft as the target's default drafter: `foretell generate --model "
-                   "TARGET` then uses it (with the adaptive budget, the draft gate and the prompt-lookup branch)")
+                   "TARGET` then uses it (with the adaptive budget, 8192 hot tokens and the prompt-lookup branch)")
     p.add_argument("--hot-vocab-sizes", default=",".join(map(str, cfg.hot_vocab_sizes)),
                    help="hot-vocabulary sizes whose held-out coverage is reported (default: %(default)s)")
 
