@@ -239,3 +239,44 @@ def test_seed_drafter_methods_are_exact(bench_setup, tmp_path, monkeypatch):
     assert all(r["memory_mb"] > plain_mb for r in rows if r["method"] != "plain")  # the drafter's own weights count
     with pytest.raises(ForetellError, match="--hidden-draft"):
         build_methods(["hidden-state"], Models(models.target, dtype="float32"), MethodOptions())
+
+
+def test_hidden_state_budget_variants_are_exact_and_capped(bench_setup, tmp_path):
+    """hidden-state@N and hidden-state-lookup@N (the ceiling sweep's methods) verify at most N nodes a pass."""
+    from foretell.models.hidden_draft import new_hidden_draft, save_hidden_draft
+
+    prompts, _, encode, models, _ = bench_setup
+    hidden = save_hidden_draft(new_hidden_draft(models.pipeline().target.model), tmp_path / "hidden")
+    with_draft = Models(models.target, dtype="float32", hidden_draft=str(hidden))
+    names = ["plain", "hidden-state@2", "hidden-state@12", "hidden-state-lookup@3"]
+    rows = read_rows(run_bench(prompts, build_methods(names, with_draft, MethodOptions()), encode,
+                               config(tmp_path / "out")))
+    assert all(r["greedy_equal_to_plain"] for r in rows)
+    verified = {name: max(r["mean_verified_drafts"] for r in rows if r["method"] == name) for name in names[1:]}
+    assert 0 < verified["hidden-state@2"] <= 2 and 0 < verified["hidden-state-lookup@3"] <= 3
+    assert verified["hidden-state@12"] > verified["hidden-state@2"]
+    for bad in ("hidden-state@0", "hidden-state@x", "hidden-state-no-info@4"):
+        with pytest.raises(ForetellError, match="hidden-state@N"):
+            build_methods([bad], with_draft, MethodOptions())
+
+
+def test_ceiling_points_bound_the_speedup_by_budget():
+    from foretell.bench.ceiling import budget_of, ceiling_points
+    from foretell.bench.report import MethodSummary
+
+    def summary(name, tau, verified, speedup):
+        return MethodSummary(name, 4, 10.0, speedup, tau, verified_per_pass=verified)
+
+    cost = lambda n: 0.040 + 0.002 * (n - 1)  # noqa: E731  seconds for n tokens: a rising curve
+    overall = [summary("plain", 1.0, None, 1.0), summary("hidden-state@16", 2.0, 15.0, 1.1),
+               summary("hidden-state@4", 1.6, 4.0, 1.2), summary("hidden-state-lookup@8", 2.2, 8.0, 1.5),
+               summary("hidden-state-auto", 1.8, 6.0, 1.4)]
+    points = ceiling_points(overall, cost)
+    assert [p.method for p in points] == ["hidden-state@4", "hidden-state@16", "hidden-state-lookup@8"]
+    at16 = points[1]
+    assert (at16.base, at16.budget, at16.any_hardware) == ("hidden-state", 16, 2.0)
+    assert at16.free_drafting == pytest.approx(2.0 * 0.040 / 0.070)  # 15 drafts + the root: c(16)
+    assert all(p.measured <= p.free_drafting <= p.any_hardware for p in points)
+    dipping = ceiling_points([summary("hidden-state@4", 1.5, 4.0, 1.1)], lambda n: 0.05 if n == 1 else 0.04)
+    assert dipping[0].free_drafting == 1.5  # never above tau, even where a noisy curve dips
+    assert budget_of("draft-tree@12") == ("draft-tree", 12) and budget_of("hidden-state") is None

@@ -306,10 +306,24 @@ def _chain_auto(models: Models, o: MethodOptions):
     return ForetellMethod("draft-chain-auto", pipe, _chain(models, o), o, length_policy=policy)
 
 
-def _tree_fixed_budget(name: str):
-    """'draft-tree@16': the dynamic tree verifying exactly 16 nodes (for budget sweeps)."""
-    budget = int(name.split("@", 1)[1])
-    return MethodSpec(_foretell(name, lambda m, o: _tree(m, _dynamic(o, budget), o)), True, f"dynamic tree, budget {budget}")
+BUDGET_BASES = ("draft-tree", "hidden-state", "hidden-state-lookup")  # the methods with an @N budget variant
+
+
+def _fixed_budget_variant(name: str) -> MethodSpec | None:
+    """'draft-tree@16', 'hidden-state@16', 'hidden-state-lookup@16': that tree verifying at most 16
+    nodes a pass (budget sweeps; None when the name is not one)."""
+    base, _, digits = name.partition("@")
+    if base not in BUDGET_BASES or not digits.isdigit() or int(digits) < 1:
+        return None
+    budget = int(digits)
+    if base == "draft-tree":
+        return MethodSpec(_foretell(name, lambda m, o: _tree(m, _dynamic(o, budget), o)), True,
+                          f"dynamic tree, budget {budget}")
+    lookup = "prompt" if base == "hidden-state-lookup" else None
+    build = lambda m, o: ForetellMethod(  # noqa: E731
+        name, m.pipeline(), _hidden_state(HIDDEN_HOT_VOCAB, max_nodes=budget)(m, o), o, result_cache=lookup)
+    return MethodSpec(build, help=f"foretell, hidden-state draft, tree of at most {budget} nodes"
+                      + (" with prompt lookup's match as one more branch" if lookup else ""), needs_hidden_draft=True)
 
 
 @dataclass(frozen=True)
@@ -402,7 +416,8 @@ def build_methods(names: list[str], models: Models, opts: MethodOptions, warn=pr
     specs = {n: _method_spec(n) for n in names}
     unknown = [n for n, spec in specs.items() if spec is None]
     if unknown:
-        raise ForetellError(f"unknown method(s) {', '.join(unknown)}; use {', '.join(METHODS)}, draft-tree@N, "
+        raise ForetellError(f"unknown method(s) {', '.join(unknown)}; use {', '.join(METHODS)}, "
+                            f"{' / '.join(b + '@N' for b in BUDGET_BASES)}, "
                             f"M-lossy-T / M-cache / M-lookup for M in {', '.join(EXTRAS_BASES)}, "
                             f"or M-gate for a parallel-head / hidden-state -auto method M (with the draft gate)")
     needing = [n for n in names if specs[n].needs_draft]
@@ -431,7 +446,7 @@ def _method_spec(name: str) -> MethodSpec | None:
             return None
         return replace(spec, build=lambda m, o, build=spec.build: _with_gate(build(m, o), name),
                        help=f"{spec.help}, with the draft gate")
-    return _tree_fixed_budget(name) if _is_budget_variant(name) else METHODS.get(name) or _extras_variant(name)
+    return METHODS.get(name) or _fixed_budget_variant(name) or _extras_variant(name)
 
 
 GATE = "-gate"
@@ -442,11 +457,6 @@ def _with_gate(method, name: str):
         method.name = name
         method.pipe = replace(method.pipe, engine=replace(method.pipe.engine, draft_gate=DraftGate()))
     return method
-
-
-def _is_budget_variant(name: str) -> bool:
-    head, _, budget = name.partition("@")
-    return head == "draft-tree" and budget.isdigit() and int(budget) > 0
 
 
 def _head_drafter(models: Models, o: MethodOptions) -> ParallelHeadDrafter:
