@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 HIDDEN=${HIDDEN:-runs/hidden_state/smollm2-self-long2/draft}
 OUT=${OUT:-runs/hidden-ceiling}
 ONLY=plain
-for n in ${BUDGETS:-4 8 16 24 48 96}; do ONLY=$ONLY,hidden-state@$n; done
-for n in ${LOOKUP_BUDGETS:-8 24 96}; do ONLY=$ONLY,hidden-state-lookup@$n; done
+for n in ${BUDGETS:-4 8 16 32 64}; do ONLY=$ONLY,hidden-state@$n; done
+for n in ${LOOKUP_BUDGETS:-8 24 64}; do ONLY=$ONLY,hidden-state-lookup@$n; done
 # The cost curve first, alone: the bench's -auto methods are not in this run, so nothing else measures it.
 .venv/bin/foretell cost smollm2-135m --dtype bfloat16 --threads 2 --plot "$OUT-cost.png"
 # The same prompts and settings as benchmarks/seed_drafters_bench.sh (the seed comparison), no draft model needed.

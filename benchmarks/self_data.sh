@@ -5,7 +5,7 @@
 #   runs/self_data/smollm2-mix.jsonl        1200 GSM8K train (<= 256 new tokens) + 800 ShareGPT train (<= 192)
 #   runs/self_data/smollm2-gsm8k-test.jsonl  48 GSM8K test prompts (held-out evaluation)
 #   runs/self_data/smollm2-mix-test.jsonl    those + 24 ShareGPT held-out prompts
-# Rerunning continues unfinished files and skips finished ones. Environment: THREADS.
+# Rerunning continues unfinished files and skips finished ones. Environment: THREADS, FRESH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -13,6 +13,15 @@ bash scripts/setup.sh
 F=.venv/bin/foretell
 D=runs/self_data
 T=${THREADS:-2}
+# The answers this script made (on 2 cores, bf16) ship with the repository, gzipped: a fresh clone unpacks them and
+# skips the ~35 min of decoding. Delete runs/self_data and set FRESH=1 to decode them again.
+mkdir -p $D
+if [ -z "${FRESH:-}" ]; then
+  for f in benchmarks/data/self_data/*.jsonl.gz; do
+    out=$D/$(basename "${f%.gz}")
+    if [ -e "$f" ] && [ ! -e "$out" ]; then gunzip -c "$f" > "$out"; fi
+  done
+fi
 $F self-data --data gsm8k --num-prompts 1200 --max-new-tokens 256 --batch-size 64 --threads "$T" --out $D/smollm2-gsm8k.jsonl
 $F self-data --data sharegpt --num-prompts 800 --max-new-tokens 192 --batch-size 64 --threads "$T" --out $D/smollm2-sharegpt.jsonl
 $F self-data --data gsm8k --split test --num-prompts 48 --max-new-tokens 256 --batch-size 48 --threads "$T" --out $D/smollm2-gsm8k-test.jsonl
