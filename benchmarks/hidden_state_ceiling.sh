@@ -3,15 +3,16 @@
 # (GSM8K test + Spec-Bench, PER prompts a category, bf16, greedy), then BENCH/ceiling.md and ceiling.png: per budget
 # the measured speedup, the speedup with drafting for free on this CPU (tau * c(1) / c(1 + verified)) and on any
 # hardware (tau). Run it on free cores (timings, and the cost curve measured on first use).
-# Environment: HIDDEN (a trained draft folder), PER (default 4), BUDGETS, LOOKUP_BUDGETS, OUT (default runs/hidden-ceiling).
+# Environment: HIDDEN (a trained draft folder), PER (default 4), BUDGETS, LOOKUP_BUDGETS, EXTRA (more methods),
+# OUT (default runs/hidden-ceiling).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HIDDEN=${HIDDEN:-runs/hidden_state/smollm2-self-long2/draft}
 OUT=${OUT:-runs/hidden-ceiling}
-ONLY=plain
+ONLY=plain,${EXTRA:-prompt-lookup,hidden-state-auto-lookup}  # references: the baseline and the best hidden-state method
 for n in ${BUDGETS:-4 8 16 32 64}; do ONLY=$ONLY,hidden-state@$n; done
 for n in ${LOOKUP_BUDGETS:-8 24 64}; do ONLY=$ONLY,hidden-state-lookup@$n; done
-# The cost curve first, alone: the bench's -auto methods are not in this run, so nothing else measures it.
+# The cost curve first (cached once per machine; the -auto method and the ceiling report read it).
 .venv/bin/foretell cost smollm2-135m --dtype bfloat16 --threads 2 --plot "$OUT-cost.png"
 # The same prompts and settings as benchmarks/seed_drafters_bench.sh (the seed comparison), no draft model needed.
 .venv/bin/foretell bench --model smollm2-135m --dtype bfloat16 --hidden-draft "$HIDDEN" --datasets gsm8k,spec-bench \

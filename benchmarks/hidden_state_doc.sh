@@ -18,6 +18,8 @@ SHORT=runs/hidden_state/smollm2-self  # the 400-step draft (first stage)
 SHORT_COMPARE=runs/seed-hidden  # the comparison run with it
 MID=runs/hidden_state/smollm2-self-long  # the 1200-step draft (second stage) the third stage continues from
 MID_COMPARE=runs/seed-hidden-long  # the comparison run with it
+CEILING=${CEILING:-runs/hidden-ceiling}  # benchmarks/hidden_state_ceiling.sh's budget sweep
+CEILING_DRAFT=${CEILING_DRAFT:-$RUN/draft}
 {
   echo "# Hidden-state speculative decoding (seed 000) on SmolLM2-135M-Instruct"
   echo
@@ -60,6 +62,17 @@ MID_COMPARE=runs/seed-hidden-long  # the comparison run with it
       echo; sed -n '/^## overall/,/^Pass rate/p' "$report/report.md" | sed '1d;$d'; echo
     fi
   done
+  if [ -f "$CEILING/ceiling.md" ]; then
+    echo "## Speed ceilings by tree budget (\`HIDDEN=$CEILING_DRAFT OUT=$CEILING bash benchmarks/hidden_state_ceiling.sh\`)"
+    echo
+    echo "One interleaved run on the seed comparison's prompts (GSM8K test + Spec-Bench, 4 a category, bf16, greedy) with"
+    echo "fixed tree budgets (the seed's depth 5 and branching 3; -lookup adds prompt lookup's match as one more branch)."
+    echo "Per budget: the measured speedup; the speedup if drafting and the engine cost nothing on this CPU"
+    echo "(tau * c(1) / c(1 + drafts verified), c from the cost curve); and on any hardware (tau: a pass never costs less"
+    echo "than one plain decoding step). src/foretell/bench/ceiling.py."
+    echo; sed 's/^### /#### /' "$CEILING/ceiling.md" | sed 's/(ceiling.png)/(hidden-state-ceiling.png)/'; echo
+    cp "$CEILING/ceiling.png" docs/hidden-state-ceiling.png
+  fi
   if [ -f "$CHECK" ]; then
     echo "## Seed 000's checklist (\`.venv/bin/python benchmarks/hidden_state_checklist.py --hidden-draft $RUN/draft --prompts 4 > $CHECK\`)"
     echo; echo "The held-out hidden MSE is in the first table above."; echo
