@@ -2,7 +2,7 @@
 # Trains the hidden-state draft (seed 000) for SmolLM2-135M-Instruct on the target's own answers to GSM8K and
 # ShareGPT prompts (benchmarks/self_data.sh), reports its held-out hidden MSE, per-depth acceptance and hot-vocabulary
 # coverage (OUT/eval.json, OUT/eval.md), and decodes one prompt with it. On 2 CPU cores:
-#   self data      2000 prompts answered by the target (batched)                      ~35 min (skipped once made)
+#   self data      2000 prompts answered by the target: shipped in benchmarks/data/self_data, unpacked (FRESH=1: ~35 min)
 #   feature pass   2000 sequences x 320 tokens, bf16                                  ~10 min
 #   training       400 steps x 8 sequences, 16 KL anchors each, bf16; the unrolled steps grow 1 -> 5 over the first
 #                  half (2.5-7 s a step)                                               ~30-45 min

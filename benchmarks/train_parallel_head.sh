@@ -2,7 +2,7 @@
 # Trains a parallel draft head (depth 4, one layer) for SmolLM2-135M-Instruct on the target's own answers to
 # GSM8K and ShareGPT prompts (benchmarks/self_data.sh), then reports its per-depth acceptance on held-out target
 # answers to GSM8K test prompts and decodes one prompt with it. Times measured on 2 CPU cores:
-#   self data      2000 prompts answered by the target (batched)                      ~35 min (skipped once made)
+#   self data      2000 prompts answered by the target: shipped in benchmarks/data/self_data, unpacked (FRESH=1: ~35 min)
 #   feature pass   2000 sequences x 320 tokens, bf16                                  ~12 min, ~2.4 GB in OUT/features
 #   training       600 steps x 16 sequences x 32 anchors                              ~26 min
 #   evaluation     48 held-out sequences, every anchor                                ~1 min
