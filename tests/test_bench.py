@@ -261,8 +261,8 @@ def test_hidden_state_budget_variants_are_exact_and_capped(bench_setup, tmp_path
 
 
 def test_ceiling_points_bound_the_speedup_by_budget():
-    from foretell.bench.ceiling import budget_of, ceiling_points
-    from foretell.bench.report import MethodSummary
+    from foretell.bench.ceiling import ceiling_points
+    from foretell.bench.report import MethodSummary, budget_of
 
     def summary(name, tau, verified, speedup):
         return MethodSummary(name, 4, 10.0, speedup, tau, verified_per_pass=verified)

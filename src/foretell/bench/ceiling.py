@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from foretell.bench.report import MethodSummary
+from foretell.bench.report import MethodSummary, budget_of
 
 
 @dataclass(frozen=True)
@@ -30,12 +30,6 @@ class CeilingPoint:
     @property
     def any_hardware(self) -> float:
         return self.tau
-
-
-def budget_of(method: str) -> tuple[str, int] | None:
-    """'hidden-state@16' -> ('hidden-state', 16); None for a method without a budget."""
-    base, _, digits = method.partition("@")
-    return (base, int(digits)) if digits.isdigit() else None
 
 
 def ceiling_points(overall: list[MethodSummary], cost) -> list[CeilingPoint]:

@@ -181,13 +181,19 @@ def plot_acceptance(overall: list[MethodSummary], path: Path) -> None:
     plt.close(fig)
 
 
+def budget_of(method: str) -> tuple[str, int] | None:
+    """'hidden-state@16' -> ('hidden-state', 16); None for a method without a budget."""
+    base, _, digits = method.partition("@")
+    return (base, int(digits)) if digits.isdigit() else None
+
+
 def sweep_points(overall: list[MethodSummary], default_budget: int | None) -> list[tuple[int, MethodSummary]]:
     """(budget, summary) for every fixed-budget dynamic tree in the run, smallest budget first."""
     points = []
     for s in overall:
-        head, _, budget = s.method.partition("@")
-        if head == "draft-tree" and budget.isdigit():
-            points.append((int(budget), s))
+        parsed = budget_of(s.method)
+        if parsed is not None and parsed[0] == "draft-tree":
+            points.append((parsed[1], s))
         elif s.method == "draft-tree" and default_budget:
             points.append((int(default_budget), s))
     return sorted(points, key=lambda p: p[0])
