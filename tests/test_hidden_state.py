@@ -476,6 +476,26 @@ def test_save_load_round_trip(plain, tmp_path, tiny_pair):
         assert pipe.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
 
 
+@pytest.mark.parametrize("hot_size", [0, 24])
+def test_int8_draft_keeps_greedy_exact_and_leaves_the_target_alone(plain, tmp_path, tiny_pair, hot_size):
+    from foretell.models.quant import Int8Linear
+
+    target = plain.target.model
+    save_hidden_draft(make_draft(target, rank=8, seed=3), tmp_path / "hd")
+    pipe = load(tiny_pair[0], hidden_draft=tmp_path / "hd", draft_quant="int8", hot_vocab=hot_size, warm_up=False,
+                cache_dir=tmp_path / "c")
+    draft = pipe.engine.drafter.draft
+    assert all(not isinstance(m, torch.nn.Linear) for m in draft.layer.modules())
+    head = pipe.target.model.lm_head
+    assert isinstance(head, torch.nn.Linear)  # the target's own output layer is never quantized
+    assert isinstance(draft.shared.lm_head, Int8Linear) == bool(hot_size)  # only the draft's hot copy
+    for prompt in PROMPTS:
+        assert pipe.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
+    # "auto" is int8 on CPU; "none" keeps every projection as it was.
+    kept = load(tiny_pair[0], hidden_draft=tmp_path / "hd", draft_quant="none", warm_up=False)
+    assert isinstance(kept.engine.drafter.draft.layer.qkv_proj, torch.nn.Linear)
+
+
 def test_load_errors(plain, tmp_path, tiny_pair):
     target = plain.target.model
     # Damaged folders in general: tests/test_module_folder.py. Here: this kind's own checks.

@@ -119,7 +119,8 @@ def load(
     draft length (chain) or tree depth and size (dynamic tree) maximising expected tokens/s.
     `hot_vocab` > 0 restricts the draft's output layer to that many frequent tokens (lossless).
     `draft_quant` "int8" stores the draft's projections as int8 (2-3x faster draft steps on
-    CPU; lossless: only acceptance can change); "auto" means int8 on CPU, none elsewhere.
+    CPU; lossless: only acceptance can change); "auto" means int8 on CPU, none elsewhere. It
+    applies to a draft model and to the hidden-state draft's own layer.
     `warm_up` runs a few throw-away forwards so the first generation is not the slow one.
     `head` is a saved parallel head folder for the parallel-head drafter (the default drafter
     when it is given), `head_tree` its tree budget (default 16 nodes, depth 4, width 3); with
@@ -190,12 +191,12 @@ def load(
     elif drafter == "hidden-state":
         hot = draft_hot_vocab(tgt, tgt, hot_vocab, cache_dir)  # the draft shares the target's output layer
         scheduler = AdaptiveTreeScheduler(cost_curve(tgt.model, str(target), cache_dir)) if auto_budget else None
-        the_drafter = HiddenStateDrafter(load_hidden_draft(hidden_draft, tgt.model, hot),
+        the_drafter = HiddenStateDrafter(load_hidden_draft(hidden_draft, tgt.model, hot).quantize(draft_quant),
                                          hidden_options or HiddenStateOptions(), scheduler)
     if auto_budget and drafter not in ("draft-model", "draft-tree", "parallel-head", "hidden-state"):
         raise ForetellError("auto_budget needs a draft-model, draft-tree, parallel-head or hidden-state drafter")
-    if draft_quant not in ("none", "auto") and drafter not in ("draft-model", "draft-tree"):
-        raise ForetellError("draft_quant needs a draft-model or draft-tree drafter")
+    if draft_quant not in ("none", "auto") and drafter not in ("draft-model", "draft-tree", "hidden-state"):
+        raise ForetellError("draft_quant needs a draft-model, draft-tree or hidden-state drafter")
     if hot_vocab and drafter not in ("draft-model", "draft-tree", "parallel-head", "hidden-state"):
         raise ForetellError("hot_vocab needs a draft-model, draft-tree, parallel-head or hidden-state drafter")
     engine = Engine(

@@ -67,7 +67,7 @@ class Models:
     target: str
     draft: str | None = None
     dtype: str = "bfloat16"
-    draft_quant: str = "none"  # applies to every foretell draft method (they share the draft's weights)
+    draft_quant: str = "none"  # every foretell draft-model method (they share the draft's weights) and the hidden-state draft
     head: str | None = None  # a saved parallel head folder, for the parallel-head* methods
     hidden_draft: str | None = None  # a saved hidden-state draft folder, for the hidden-state* methods
     _pipe: Pipeline | None = field(default=None, repr=False)
@@ -98,8 +98,10 @@ class Models:
 
             target = self.pipeline().target
             hot = draft_hot_vocab(target, target, hot_vocab)
-            loader = load_parallel_head if kind == "head" else load_hidden_draft
-            self._modules[kind, hot_vocab] = loader(folder, target.model, hot)
+            if kind == "head":
+                self._modules[kind, hot_vocab] = load_parallel_head(folder, target.model, hot)
+            else:
+                self._modules[kind, hot_vocab] = load_hidden_draft(folder, target.model, hot).quantize(self.draft_quant)
         return self._modules[kind, hot_vocab]
 
     def hf(self, which: str):

@@ -19,7 +19,7 @@ The target's embedding (for E) and output layer are shared (frozen, not copied, 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ from foretell.hot_vocab import HotVocab
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
 from foretell.models.module_folder import WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module
+from foretell.models.quant import quantize_int8, resolve_quant
 from foretell.models.token_info import TokenInfo
 from foretell.models.transformer import DecoderLayer, RMSNorm, Transformer, rope_tables
 
@@ -184,6 +185,20 @@ class HiddenDraft(nn.Module):
         if self.shared.hot is not None:
             return self.token_info.hot_forward(embedded, self.shared.hot.ids)
         return self.token_info(embedded)
+
+    def quantize(self, mode: str) -> "HiddenDraft":
+        """Store the draft's own projections as int8 per `mode` (models/quant.py; "auto" = int8 on CPU).
+
+        Lossless for decoding (drafts only propose); inference only, since int8 weights do not train.
+        The decoder layer and, with a hot vocabulary, the output layer's hot rows (the draft's own
+        copy) are quantized; the target's shared modules and the small token-info factors are not.
+        """
+        if resolve_quant(mode, self.device) != "int8":
+            return self
+        quantize_int8(self.layer)
+        if self.shared.hot is not None:
+            self.shared = replace(self.shared, lm_head=quantize_int8(nn.Sequential(self.shared.lm_head))[0])
+        return self
 
     def forward_training(self, hidden: torch.Tensor, steps: int) -> torch.Tensor:
         """Unroll `steps` draft steps from every position of whole sequences (cache-free, for training).
