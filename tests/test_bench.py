@@ -6,6 +6,7 @@ import importlib.util
 import json
 
 import pytest
+import torch
 
 from foretell.bench.datasets import load_prompts, package_file
 from foretell.bench.methods import MethodOptions, Models, build_methods
@@ -257,6 +258,28 @@ def test_hidden_state_budget_variants_are_exact_and_capped(bench_setup, tmp_path
     assert verified["hidden-state@12"] > verified["hidden-state@2"]
     for bad in ("hidden-state@0", "hidden-state@x", "hidden-state-no-info@4"):
         with pytest.raises(ForetellError, match="hidden-state@N"):
+            build_methods([bad], with_draft, MethodOptions())
+
+
+def test_full_precision_variant_runs_the_unquantized_draft_beside_the_int8_one(bench_setup, tmp_path):
+    """M-fp: the same hidden-state method with its draft left unquantized, in the same run as the int8 one."""
+    from foretell.models.hidden_draft import new_hidden_draft, save_hidden_draft
+    from foretell.models.quant import Int8Linear
+
+    prompts, _, encode, models, _ = bench_setup
+    hidden = save_hidden_draft(new_hidden_draft(models.pipeline().target.model), tmp_path / "hidden")
+    with_draft = Models(models.target, dtype="float32", hidden_draft=str(hidden), draft_quant="int8")
+    names = ["plain", "hidden-state", "hidden-state-fp", "hidden-state-auto-lookup-fp"]
+    methods = build_methods(names, with_draft, MethodOptions())
+    assert [m.name for m in methods] == names
+    layers = {m.name: m.pipe.engine.drafter.draft.layer.qkv_proj for m in methods[1:]}
+    assert isinstance(layers["hidden-state"], Int8Linear)
+    assert isinstance(layers["hidden-state-fp"], torch.nn.Linear) and isinstance(layers["hidden-state-auto-lookup-fp"], torch.nn.Linear)
+    assert len({id(m.pipe.target) for m in methods}) == 1  # one target shared by every method
+    rows = read_rows(run_bench(prompts, methods, encode, config(tmp_path / "out")))
+    assert all(r["greedy_equal_to_plain"] for r in rows)
+    for bad in ("prompt-lookup-fp", "hidden-state-nonsense-fp"):
+        with pytest.raises(ForetellError, match="unknown method"):
             build_methods([bad], with_draft, MethodOptions())
 
 

@@ -71,7 +71,7 @@ class Models:
     head: str | None = None  # a saved parallel head folder, for the parallel-head* methods
     hidden_draft: str | None = None  # a saved hidden-state draft folder, for the hidden-state* methods
     _pipe: Pipeline | None = field(default=None, repr=False)
-    _modules: dict = field(default_factory=dict, repr=False)  # (kind, hot-vocabulary size) -> head or draft
+    _modules: dict = field(default_factory=dict, repr=False)  # (kind, hot-vocabulary size, quant) -> head or draft
     _hf: dict = field(default_factory=dict, repr=False)
 
     def pipeline(self) -> Pipeline:
@@ -90,8 +90,10 @@ class Models:
         return self._shared_output_module("hidden", self.hidden_draft, hot_vocab)
 
     def _shared_output_module(self, kind: str, folder: str, hot_vocab: int):
-        """A trained module that reuses the target's output layer, loaded once per hot-vocabulary size."""
-        if (kind, hot_vocab) not in self._modules:
+        """A trained module that reuses the target's output layer, loaded once per hot-vocabulary size
+        (and, for the hidden-state draft, per quantization mode)."""
+        key = (kind, hot_vocab, self.draft_quant if kind == "hidden" else "none")
+        if key not in self._modules:
             from foretell.api import draft_hot_vocab
             from foretell.models.hidden_draft import load_hidden_draft
             from foretell.models.parallel_head import load_parallel_head
@@ -99,10 +101,10 @@ class Models:
             target = self.pipeline().target
             hot = draft_hot_vocab(target, target, hot_vocab)
             if kind == "head":
-                self._modules[kind, hot_vocab] = load_parallel_head(folder, target.model, hot)
+                self._modules[key] = load_parallel_head(folder, target.model, hot)
             else:
-                self._modules[kind, hot_vocab] = load_hidden_draft(folder, target.model, hot).quantize(self.draft_quant)
-        return self._modules[kind, hot_vocab]
+                self._modules[key] = load_hidden_draft(folder, target.model, hot).quantize(self.draft_quant)
+        return self._modules[key]
 
     def hf(self, which: str):
         """The transformers copy of the target or the draft (separate weights: other module classes)."""
@@ -421,7 +423,8 @@ def build_methods(names: list[str], models: Models, opts: MethodOptions, warn=pr
         raise ForetellError(f"unknown method(s) {', '.join(unknown)}; use {', '.join(METHODS)}, "
                             f"{' / '.join(b + '@N' for b in BUDGET_BASES)}, "
                             f"M-lossy-T / M-cache / M-lookup for M in {', '.join(EXTRAS_BASES)}, "
-                            f"or M-gate for a parallel-head / hidden-state -auto method M (with the draft gate)")
+                            f"M-gate for a parallel-head / hidden-state -auto method M (with the draft gate), "
+                            f"or M-fp for a hidden-state method M (its draft unquantized)")
     needing = [n for n in names if specs[n].needs_draft]
     if needing and not models.draft:
         raise ForetellError(f"method(s) {', '.join(needing)} need a draft model: pass --draft")
@@ -448,10 +451,28 @@ def _method_spec(name: str) -> MethodSpec | None:
             return None
         return replace(spec, build=lambda m, o, build=spec.build: _with_gate(build(m, o), name),
                        help=f"{spec.help}, with the draft gate")
+    if name.endswith(FULL_PRECISION) and name.startswith("hidden-state"):  # M-fp: M without the int8 draft
+        spec = _method_spec(name[: -len(FULL_PRECISION)])
+        if spec is None:
+            return None
+        return replace(spec, build=lambda m, o, build=spec.build: _renamed(build(_full_precision(m), o), name),
+                       help=f"{spec.help}, full-precision draft (no int8; the same-run reference for --draft-quant)")
     return METHODS.get(name) or _fixed_budget_variant(name) or _extras_variant(name)
 
 
 GATE = "-gate"
+FULL_PRECISION = "-fp"
+
+
+def _full_precision(models: Models) -> Models:
+    """The same target and module cache, with the hidden-state draft loaded unquantized."""
+    models.pipeline()  # load the target first, so both views share it
+    return replace(models, draft_quant="none")
+
+
+def _renamed(method, name: str):
+    method.name = name
+    return method
 
 
 def _with_gate(method, name: str):
