@@ -15,9 +15,11 @@
 # full depth with a fresh schedule (lr 6e-4) -> runs/hidden_state/smollm2-self-long (~40 min), the same as
 #   OUT=runs/hidden_state/smollm2-self-long INIT_DRAFT=runs/hidden_state/smollm2-self/draft STEPS=800 LR=6e-4 bash benchmarks/train_hidden_state.sh
 # and a third from that: LAST_STEPS (default 400; 0 skips it) at lr 4e-4 -> runs/hidden_state/smollm2-self-long2
-# (~20 min), the draft the bench and doc scripts use. It is not installed as `foretell generate`'s default drafter
-# (--install): it does not beat prompt lookup overall (docs/hidden-state.md).
+# (~20 min), the draft the bench and doc scripts use:
 #   OUT=runs/hidden_state/smollm2-self-long2 INIT_DRAFT=runs/hidden_state/smollm2-self-long/draft STEPS=400 LR=4e-4 bash benchmarks/train_hidden_state.sh
+# That last stage installs its draft as `foretell generate`'s default drafter for smollm2-135m (--install; INSTALL=0
+# skips it): with prompt lookup's branch and the adaptive budget it is ahead of prompt lookup alone overall
+# (docs/hidden-state.md). `foretell generate --drafter prompt-lookup` still picks prompt lookup.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash benchmarks/self_data.sh
@@ -34,11 +36,13 @@ fi
 
 CURRICULUM=0.5
 if [ -n "${INIT_DRAFT:-}" ]; then CURRICULUM=0; fi  # a trained draft already unrolls the full depth
+INSTALL_FLAG=
+if [ "$OUT" = "$BASE-long2" ] && [ "${INSTALL:-1}" != 0 ]; then INSTALL_FLAG=--install; fi
 $F train hidden-state --target smollm2-135m --data $D/smollm2-mix.jsonl --eval-data $D/smollm2-mix-test.jsonl \
   --seq-len 320 --depth 5 --token-info-rank 256 --init-layer middle --mse-weight "${MSE_WEIGHT:-0.7}" --kl-weight "${KL_WEIGHT:-0.3}" --noise 0.1 \
   --curriculum "$CURRICULUM" ${INIT_DRAFT:+--init-draft "$INIT_DRAFT"} --logit-clamp 50 --anchors 16 --topk-teacher 32 --feature-dtype bfloat16 \
   --steps "${STEPS:-400}" --batch-size 8 --lr "${LR:-1e-3}" --bf16 --checkpoint-every 20 --eval-sequences 48 \
-  --threads "${THREADS:-2}" --out "$OUT"
+  --threads "${THREADS:-2}" --out "$OUT" $INSTALL_FLAG
 
 # The draft in use: lossless, so the text equals plain greedy decoding; the statistics line shows tau.
 $F generate "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?" \
