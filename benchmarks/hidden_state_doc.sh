@@ -19,6 +19,9 @@ SHORT_COMPARE=runs/seed-hidden  # the comparison run with it
 MID=runs/hidden_state/smollm2-self-long  # the 1200-step draft (second stage) the third stage continues from
 MID_COMPARE=runs/seed-hidden-long  # the comparison run with it
 CEILING=${CEILING:-runs/hidden-ceiling}  # benchmarks/hidden_state_ceiling.sh's budget sweep
+INT8=${INT8:-runs/hidden-int8-long2}  # the hidden-state methods with the int8 draft (the default since session 11)
+INT8_EARLIER=runs/hidden-int8  # the same run with the 1200-step draft
+INT8_AB=${INT8_AB:-runs/hidden-int8-ab}  # with the 1200-step draft unquantized (M-fp) beside the int8 one
 CEILING_DRAFT=${CEILING_DRAFT:-$RUN/draft}
 {
   echo "# Hidden-state speculative decoding (seed 000) on SmolLM2-135M-Instruct"
@@ -62,6 +65,25 @@ CEILING_DRAFT=${CEILING_DRAFT:-$RUN/draft}
       echo; sed -n '/^## overall/,/^Pass rate/p' "$report/report.md" | sed '1d;$d'; echo
     fi
   done
+  BENCH_ARGS="--model smollm2-135m --dtype bfloat16 --datasets gsm8k,spec-bench --max-new-tokens 128 --threads 2 --hot-vocab 8192"
+  INT8_METHODS=plain,prompt-lookup,hidden-state,hidden-state-auto,hidden-state-auto-lookup,hidden-state-lookup@8,hidden-state@4
+  MID_ARGS="--hidden-draft $MID/draft $BENCH_ARGS"
+  if [ -f "$INT8/report.md" ]; then
+    echo "## Int8 draft, and the drafter foretell generate installs (\`foretell bench --hidden-draft $RUN/draft $BENCH_ARGS --per-category 4 --methods $INT8_METHODS --out $INT8\`)"
+    echo
+    echo "The hidden-state draft's own projections (its decoder layer and its copy of the hot output rows) are int8 on CPU"
+    echo "(\`--draft-quant auto\`, the default, as for draft models; lossless). hidden-state-auto-lookup is what"
+    echo "\`foretell generate\` uses once a draft is installed (\`--install\`, the last stage of train_hidden_state.sh)."
+    echo; sed '1,2d' "$INT8/report.md" | sed 's/^## /### /' | grep -v '^!\[' ; echo
+  fi
+  if [ "$INT8_EARLIER" != "$INT8" ] && [ -f "$INT8_EARLIER/report.md" ]; then
+    echo "### The same run with the 1200-step draft (\`foretell bench $MID_ARGS --per-category 4 --methods $INT8_METHODS --out $INT8_EARLIER\`), overall"
+    echo; sed -n '/^## overall/,/^Pass rate/p' "$INT8_EARLIER/report.md" | sed '1d;$d'; echo
+  fi
+  if [ -f "$INT8_AB/report.md" ]; then
+    echo "### Int8 against the unquantized draft, one run (\`foretell bench $MID_ARGS --per-category 2 --methods plain,prompt-lookup,hidden-state-auto,hidden-state-auto-fp,hidden-state-auto-lookup,hidden-state-auto-lookup-fp --out $INT8_AB\`), overall"
+    echo; sed -n '/^## overall/,/^Pass rate/p' "$INT8_AB/report.md" | sed '1d;$d'; echo
+  fi
   if [ -f "$CEILING/ceiling.md" ]; then
     echo "## Speed ceilings by tree budget (\`HIDDEN=$CEILING_DRAFT OUT=$CEILING bash benchmarks/hidden_state_ceiling.sh\`)"
     echo
