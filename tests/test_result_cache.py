@@ -208,7 +208,7 @@ def test_bench_gate_variants(plain, monkeypatch):
     assert _method_spec("parallel-head-gate") is None and _method_spec("draft-tree-auto-gate") is None
     models = Models(target="unused", head="unused")
     models._pipe = plain
-    models._modules["head", 0] = new_parallel_head(plain.engine.target, ParallelHeadConfig.for_target(
+    models._modules["head", 0, "none"] = new_parallel_head(plain.engine.target, ParallelHeadConfig.for_target(
         plain.engine.target.config), seed=3)
     ungated = _method_spec("parallel-head-auto").build(models, MethodOptions())
     gated = _method_spec("parallel-head-auto-gate").build(models, MethodOptions())
