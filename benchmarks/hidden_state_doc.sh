@@ -71,8 +71,9 @@ CEILING_DRAFT=${CEILING_DRAFT:-$RUN/draft}
   if [ -f "$INT8/report.md" ]; then
     echo "## Int8 draft, and the drafter foretell generate installs (\`foretell bench --hidden-draft $RUN/draft $BENCH_ARGS --per-category 4 --methods $INT8_METHODS --out $INT8\`)"
     echo
-    echo "The hidden-state draft's own projections (its decoder layer and its copy of the hot output rows) are int8 on CPU"
-    echo "(\`--draft-quant auto\`, the default, as for draft models; lossless). hidden-state-auto-lookup is what"
+    echo "The hidden-state draft's decoder-layer projections are int8 on CPU (\`--draft-quant auto\`, the default, as for"
+    echo "draft models; lossless). These runs had the draft's hot output rows in int8 too; those are now left in bf16, which"
+    echo "was faster (\`.venv/bin/python benchmarks/hidden_draft_step.py --hidden-draft DIR\`). hidden-state-auto-lookup is what"
     echo "\`foretell generate\` uses once a draft is installed (\`--install\`, the last stage of train_hidden_state.sh)."
     echo; sed '1,2d' "$INT8/report.md" | sed 's/^## /### /' | grep -v '^!\[' ; echo
   fi

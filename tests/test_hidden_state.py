@@ -486,12 +486,11 @@ def test_int8_draft_keeps_greedy_exact_and_leaves_the_target_alone(plain, tmp_pa
                 cache_dir=tmp_path / "c")
     draft = pipe.engine.drafter.draft
     assert all(not isinstance(m, torch.nn.Linear) for m in draft.layer.modules())
-    head = pipe.target.model.lm_head
-    assert isinstance(head, torch.nn.Linear)  # the target's own output layer is never quantized
-    assert isinstance(draft.shared.lm_head, Int8Linear) == bool(hot_size)  # only the draft's hot copy
+    assert isinstance(pipe.target.model.lm_head, torch.nn.Linear)  # the target's own output layer is never quantized
+    assert not isinstance(draft.shared.lm_head, Int8Linear)  # nor the draft's hot copy (slower as int8 on CPU)
     for prompt in PROMPTS:
         assert pipe.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
-    # "auto" is int8 on CPU; "none" keeps every projection as it was.
+    # "none" (the API's default) keeps every projection as it was.
     kept = load(tiny_pair[0], hidden_draft=tmp_path / "hd", draft_quant="none", warm_up=False)
     assert isinstance(kept.engine.drafter.draft.layer.qkv_proj, torch.nn.Linear)
 

@@ -19,7 +19,7 @@ The target's embedding (for E) and output layer are shared (frozen, not copied, 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -187,17 +187,13 @@ class HiddenDraft(nn.Module):
         return self.token_info(embedded)
 
     def quantize(self, mode: str) -> "HiddenDraft":
-        """Store the draft's own projections as int8 per `mode` (models/quant.py; "auto" = int8 on CPU).
-
-        Lossless for decoding (drafts only propose); inference only, since int8 weights do not train.
-        The decoder layer and, with a hot vocabulary, the output layer's hot rows (the draft's own
-        copy) are quantized; the target's shared modules and the small token-info factors are not.
+        """Store the draft's decoder-layer projections as int8 per `mode` (models/quant.py; "auto" = int8
+        on CPU). Lossless for decoding (drafts only propose); inference only (int8 weights do not train).
+        The output layer stays as it is: on CPU its hot rows over a few rows ran slower as int8
+        (benchmarks/hidden_draft_step.py), and without a hot vocabulary it is the target's own.
         """
-        if resolve_quant(mode, self.device) != "int8":
-            return self
-        quantize_int8(self.layer)
-        if self.shared.hot is not None:
-            self.shared = replace(self.shared, lm_head=quantize_int8(nn.Sequential(self.shared.lm_head))[0])
+        if resolve_quant(mode, self.device) == "int8":
+            quantize_int8(self.layer)
         return self
 
     def forward_training(self, hidden: torch.Tensor, steps: int) -> torch.Tensor:
