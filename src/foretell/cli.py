@@ -77,14 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     cost.add_argument("--plot", default="cost_curve.png", help="PNG to write (default: %(default)s)")
     add_bench_parser(sub)
-    from foretell.train.commands import add_distill_parser, add_eval_draft_parser
-    from foretell.train.head_commands import add_train_parser
-    from foretell.train.self_data import add_self_data_parser
+    from foretell.train.cli import add_training_parsers
 
-    add_distill_parser(sub)
-    add_eval_draft_parser(sub)
-    add_train_parser(sub)
-    add_self_data_parser(sub)
+    add_training_parsers(sub)  # each sets its own `run` (args -> None)
     return parser
 
 
@@ -276,36 +271,11 @@ def cmd_bench(args) -> None:
     print(f"foretell bench: rows in {out / 'results.jsonl'}, report in {report}", file=sys.stderr)
 
 
-def cmd_distill(args) -> None:
-    from foretell.train.commands import cmd_distill as run
-
-    run(args)
-
-
-def cmd_eval_draft(args) -> None:
-    from foretell.train.commands import cmd_eval_draft as run
-
-    run(args)
-
-
-def cmd_train(args) -> None:
-    from foretell.train.head_commands import cmd_train as run
-
-    run(args)
-
-
-def cmd_self_data(args) -> None:
-    from foretell.train.self_data import cmd_self_data as run
-
-    run(args)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    commands = {"generate": cmd_generate, "models": cmd_models, "cost": cmd_cost, "bench": cmd_bench}
     try:
-        {"generate": cmd_generate, "models": cmd_models, "cost": cmd_cost, "bench": cmd_bench,
-         "distill": cmd_distill, "eval-draft": cmd_eval_draft, "train": cmd_train,
-         "self-data": cmd_self_data}[args.command](args)
+        (commands.get(args.command) or args.run)(args)  # training commands carry their own `run`
     except ForetellError as e:
         print(f"foretell: error: {e}", file=sys.stderr)
         return 2
