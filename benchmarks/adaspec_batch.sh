@@ -17,10 +17,10 @@ S=runs/self_data
 if [ ! -f "$OUT/draft/done.json" ]; then DATASETS=gsm8k LAYERS=1 STEPS=150 TAG=1layer-150 bash benchmarks/adaspec_self.sh; fi
 COMMON=(--target smollm2-135m --data "$S/smollm2-gsm8k.jsonl" --draft-layers 1 --seq-len 256 --steps 150
         --micro-batch-size 4 --bf16 --teacher-dtype bfloat16 --eval-sequences 0 --threads 2)
-$F distill --stage draft --draft-name draft-b40 --batch-size 16 --adaspec-batch-size 40 "${COMMON[@]}" --out "$OUT"
+$F train adaspec --stage draft --draft-name draft-b40 --batch-size 16 --adaspec-batch-size 40 "${COMMON[@]}" --out "$OUT"
 mkdir -p "$WIDE"
 for PART in data teacher init; do [ -e "$WIDE/$PART" ] || ln -s "$OUT/$PART" "$WIDE/$PART"; done
-$F distill --stage distill-all-tokens --batch-size 40 "${COMMON[@]}" --out "$WIDE"
+$F train adaspec --stage distill-all-tokens --batch-size 40 "${COMMON[@]}" --out "$WIDE"
 mkdir -p runs/adaspec-batch
 $F eval-draft --target smollm2-135m --data "$S/smollm2-gsm8k-test.jsonl" --num-sequences 48 --prompts 0 \
   --temperature 1.0 --dtype bfloat16 --draft "distill-all-tokens=$OUT/distill-all-tokens/model" \
@@ -28,7 +28,7 @@ $F eval-draft --target smollm2-135m --data "$S/smollm2-gsm8k-test.jsonl" --num-s
   --draft "adaspec-b40=$OUT/draft-b40/model" --json runs/adaspec-batch/gsm8k-1layer-150.json
 TABLE="$CACHE/drafts/smollm2-adaspec-gsm8k"
 if [ ! -f "$TABLE/draft/done.json" ]; then DATASETS=gsm8k bash benchmarks/adaspec_table.sh; fi
-$F distill --target smollm2-135m --data gsm8k --draft-layers 2 --num-sequences 1000 --seq-len 256 --steps 120 \
+$F train adaspec --target smollm2-135m --data gsm8k --draft-layers 2 --num-sequences 1000 --seq-len 256 --steps 120 \
   --batch-size 16 --micro-batch-size 4 --bf16 --teacher-dtype bfloat16 --eval-sequences 0 \
   --stage draft --draft-name draft-b40 --adaspec-batch-size 40 --out "$TABLE"
 $F eval-draft --target smollm2-135m --data gsm8k --num-sequences 64 --prompts 0 --temperature 1.0 --dtype bfloat16 \

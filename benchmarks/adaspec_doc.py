@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from foretell.train.evaluate import format_table
+from foretell.train.adaspec.evaluate import format_table
 
 SETS = {
     "gsm8k": "GSM8K (train: GSM8K train; alpha: GSM8K test; decoded: 12 GSM8K test prompts)",

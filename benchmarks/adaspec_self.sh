@@ -24,7 +24,7 @@ for DATA in ${DATASETS:-gsm8k sharegpt}; do
       if [ -e "$BASE/$part" ] && [ ! -e "$OUT/$part" ]; then ln -s "$BASE/$part" "$OUT/$part"; fi
     done
   fi
-  $F distill --target smollm2-135m --data "$S/smollm2-$DATA.jsonl" --draft-layers "${LAYERS:-2}" --seq-len 256 \
+  $F train adaspec --target smollm2-135m --data "$S/smollm2-$DATA.jsonl" --draft-layers "${LAYERS:-2}" --seq-len 256 \
     --steps "${STEPS:-120}" --batch-size 16 --micro-batch-size 4 --bf16 --teacher-dtype bfloat16 --eval-sequences 0 \
     --threads 2 --out "$OUT"
   $F eval-draft --target smollm2-135m --data "$S/smollm2-$DATA-test.jsonl" --num-sequences 48 --prompts 0 \

@@ -16,7 +16,7 @@ DRAFTS=(--draft "undistilled=$OUT/init/model" --draft "distill-all-tokens=$OUT/d
         --draft "adaspec-k0.4=$OUT/draft/model")
 TOKENS=(--draft "all-tokens=$OUT/distill-all-tokens/model" --draft "k0.4=$OUT/draft/model")
 for K in ${FRACTIONS:-0.6 0.8}; do
-  $F distill --stage draft --select-fraction "$K" --draft-name "draft-k$K" --target smollm2-135m \
+  $F train adaspec --stage draft --select-fraction "$K" --draft-name "draft-k$K" --target smollm2-135m \
     --data "$S/smollm2-gsm8k.jsonl" --draft-layers 1 --seq-len 256 --steps 300 --batch-size 16 --micro-batch-size 4 \
     --bf16 --teacher-dtype bfloat16 --eval-sequences 0 --threads 2 --out "$OUT"
   DRAFTS+=(--draft "adaspec-k$K=$OUT/draft-k$K/model")

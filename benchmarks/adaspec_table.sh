@@ -4,7 +4,7 @@
 # KL(p||q_draft) - KL(p||q_ref)); same size, data, steps and batch. Per data set:
 #   gsm8k:    train on GSM8K train; alpha on GSM8K test; decode 12 GSM8K test prompts
 #   sharegpt: train on ShareGPT;    alpha on ShareGPT test; decode 12 Spec-Bench prompts (2 per category)
-# Writes docs/adaspec.md. Each distill stage checkpoints; rerunning resumes. The trained drafts
+# Writes docs/adaspec.md. Each AdaSPEC stage checkpoints; rerunning resumes. The trained drafts
 # become usable by name: smollm2-135m-adaspec-gsm8k, smollm2-135m-adaspec-sharegpt.
 # Environment: DATASETS (default "gsm8k sharegpt"), STEPS (120), SEQUENCES (1000), LAYERS (draft layers, 2),
 # ADASPEC_BATCH (sequences per AdaSPEC step, 16; the authors' configs use 16 / k = 40: benchmarks/adaspec_batch.sh),
@@ -24,7 +24,7 @@ for DATA in ${DATASETS:-gsm8k sharegpt}; do
   for PART in data teacher; do  # same data and target as the base run: its caches are valid here
     [ -z "$TAG" ] || [ -d "$OUT/$PART" ] || [ ! -d "$BASE/$PART" ] || { mkdir -p "$OUT"; cp -r "$BASE/$PART" "$OUT/"; }
   done
-  $F distill --target smollm2-135m --data "$DATA" --draft-layers "${LAYERS:-2}" --num-sequences "${SEQUENCES:-1000}" \
+  $F train adaspec --target smollm2-135m --data "$DATA" --draft-layers "${LAYERS:-2}" --num-sequences "${SEQUENCES:-1000}" \
     --seq-len 256 --steps "${STEPS:-120}" --batch-size 16 --micro-batch-size 4 --bf16 --teacher-dtype bfloat16 \
     --adaspec-batch-size "${ADASPEC_BATCH:-16}" --eval-sequences 0 --out "$OUT"
   [ -n "$TAG" ] || for STAGE in reference draft; do cp "$OUT/$STAGE/loss.png" "docs/adaspec-$DATA-$STAGE-loss.png"; done

@@ -16,8 +16,8 @@ import json
 import torch
 
 from foretell.models.loading import build_model, load_tokenizer, resolve_model_dir
-from foretell.train.data import DataConfig, build_token_data
-from foretell.train.evaluate import acceptance_per_token, format_table, teacher_forced_logits
+from foretell.train.adaspec.evaluate import acceptance_per_token, format_table, teacher_forced_logits
+from foretell.train.common.data import DataConfig, build_token_data
 
 BUCKETS = [(0.0, 0.3), (0.3, 0.6), (0.6, 0.9), (0.9, 0.99), (0.99, 1.01)]
 

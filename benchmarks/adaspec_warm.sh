@@ -17,7 +17,7 @@ mkdir -p "$OUT" runs/adaspec-warm
 for PART in data teacher; do  # same data and target: the base run's cache is valid here
   [ -d "$OUT/$PART" ] || [ ! -d "$D/smollm2-adaspec-gsm8k/$PART" ] || cp -r "$D/smollm2-adaspec-gsm8k/$PART" "$OUT/"
 done
-$F distill --target smollm2-135m --data gsm8k --draft-init "$INIT" --num-sequences 1000 --seq-len 256 --steps 120 \
+$F train adaspec --target smollm2-135m --data gsm8k --draft-init "$INIT" --num-sequences 1000 --seq-len 256 --steps 120 \
   --batch-size 16 --micro-batch-size 4 --bf16 --teacher-dtype bfloat16 --eval-sequences 0 --out "$OUT"
 $F eval-draft --target smollm2-135m --data gsm8k --prompts-from data --num-sequences 64 --prompts 0 \
   --temperature 1.0 --dtype bfloat16 --draft "undistilled=$OUT/init/model" \

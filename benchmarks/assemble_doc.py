@@ -34,7 +34,9 @@ def section(run_dir: Path) -> str:
         shutil.copy(run_dir / png, DOCS / "img" / f"{name}_{png}")
     report = (run_dir / "report.md").read_text()
     report = report.split("\n", 1)[1] if report.startswith("# ") else report  # drop its own title
-    report = "\n".join("#" + line if line.startswith("## ") else line for line in report.splitlines())
+    # Its own plot links point next to report.md; the doc links the copies in img/ below instead.
+    report = "\n".join("#" + line if line.startswith("## ") else line for line in report.splitlines()
+                       if not line.startswith("![") or "](img/" in line)
     return "\n".join([
         f"## {settings.get('model')}" + (f" with draft {settings['draft']}" if settings.get("draft") else ""),
         "",

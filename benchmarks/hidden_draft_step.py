@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from foretell.api import draft_hot_vocab
+from foretell.drafters.factory import DrafterWeights
 from foretell.models.hidden_draft import load_hidden_draft
 from foretell.models.loading import load_model
 
@@ -52,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = load_model(args.model, "bfloat16", "cpu")
-    hot = draft_hot_vocab(target, target, args.hot_vocab)
+    hot = DrafterWeights(target, args.model).hot_vocab(args.hot_vocab)
     print("| draft projections | ms per draft step | ms for the output layer over 5 rows |")
     print("|---|---:|---:|")
     for mode in ("none", "int8"):

@@ -17,8 +17,8 @@ import time
 import torch
 
 from foretell.api import load
+from foretell.config import SpeculativeConfig
 from foretell.bench.datasets import load_prompts
-from foretell.drafters.hidden_tree import HiddenStateOptions
 from foretell.models.token_info import TokenInfoTable
 
 
@@ -39,7 +39,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
-    pipe = load("smollm2-135m", dtype="bfloat16", hidden_draft=args.hidden_draft, hot_vocab=args.hot_vocab)
+    pipe = load("smollm2-135m", SpeculativeConfig(method='hidden-state', model=str(args.hidden_draft), hot_vocab=args.hot_vocab, draft_quant="none"), dtype="bfloat16")
     drafter = pipe.engine.drafter
     draft = drafter.draft
     columns = draft.output_ids.tolist() if draft.output_ids is not None else list(range(draft.config.vocab_size))

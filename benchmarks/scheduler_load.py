@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from foretell.api import load
+from foretell.config import SpeculativeConfig
 from foretell.bench.datasets import load_gsm8k
 from foretell.drafters.parallel_tree import ParallelHeadDrafter
 from foretell.types import SamplingParams
@@ -54,8 +55,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    auto = load(args.target, head=args.head, auto_budget=True, dtype="bfloat16")
-    fixed = load(args.target, head=args.head, dtype="bfloat16", warm_up=False)
+    auto = load(args.target, SpeculativeConfig(method='parallel-head', model=str(args.head), budget="auto"), dtype="bfloat16")
+    fixed = load(args.target, SpeculativeConfig(method='parallel-head', model=str(args.head)), dtype="bfloat16", warm_up=False)
     plain = auto.with_drafter(None)
     scheduler = auto.engine.drafter.scheduler
     assert isinstance(fixed.engine.drafter, ParallelHeadDrafter)

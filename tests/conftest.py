@@ -101,7 +101,7 @@ def plain(tiny_pair):
     """Plain greedy decoding of the tiny target: the reference every drafter must match."""
     from foretell.api import load
 
-    return load(tiny_pair[0], drafter="none", warm_up=False)
+    return load(tiny_pair[0], "none", warm_up=False)
 
 
 def accepted_drafts(plain, drafter, prompts) -> int:

@@ -56,6 +56,9 @@ class CountingMethod:
     def memory_bytes(self):
         return self.inner.memory_bytes()
 
+    def reset(self):
+        self.inner.reset()
+
 
 def config(out_dir, **kw):
     return RunConfig(out_dir, MAX_NEW, warmup_tokens=2, progress=False, settings={"max_new_tokens": MAX_NEW}, **kw)
@@ -141,11 +144,37 @@ def test_cli_bench_end_to_end(bench_setup, tiny_pair, tmp_path, monkeypatch, cap
     assert "--no-resume" in capsys.readouterr().err
 
 
+def test_cli_generate_and_bench_take_the_same_configuration_file(bench_setup, tiny_pair, tmp_path, monkeypatch,
+                                                                 capsys):
+    """generate --save-spec-config writes what its flags describe; the bench runs that file as a method, beside
+    the named methods, with the same (exact) output; a bad entry is refused before anything loads."""
+    _, _, _, _, data = bench_setup
+    monkeypatch.setenv("FORETELL_DATA", str(data.parent.parent))
+    target, draft = tiny_pair
+    saved = tmp_path / "tree.json"
+    assert main(["generate", "w5 w6 w7", "--model", str(target), "--draft", str(draft), "--drafter", "draft-tree",
+                 "--tree-budget", "6", "--draft-quant", "none", "--dtype", "float32", "--max-new-tokens", "8",
+                 "--json", "--save-spec-config", str(saved)]) == 0
+    generated = json.loads(capsys.readouterr().out)
+    assert generated["speculative"] == json.loads(saved.read_text())
+    assert json.loads(saved.read_text())["tree"]["total_tokens"] == 6
+    args = ["bench", "--model", str(target), "--dtype", "float32", "--per-category", "1", "--max-new-tokens", "8",
+            "--out", str(tmp_path / "out"), "--spec-config", f"mine={saved}"]
+    assert main(args) == 0
+    rows = read_rows(tmp_path / "out" / RESULTS)
+    assert {r["method"] for r in rows} == {"plain", "mine"} and all(r["greedy_equal_to_plain"] for r in rows)
+    capsys.readouterr()
+    for entry, message in [("mine", "takes NAME=FILE"), (f"plain={saved}", "repeat a method name"),
+                           (f"x={tmp_path / 'none.json'}", "no speculative config file")]:
+        assert main([*args[:-2], "--methods", "plain", "--spec-config", entry, "--no-resume"]) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_method_errors(bench_setup, tiny_pair):
     _, _, _, models, _ = bench_setup
     with pytest.raises(ForetellError, match="unknown method"):
         build_methods(["plain", "nope"], models, MethodOptions())
-    with pytest.raises(ForetellError, match="need a draft model"):
+    with pytest.raises(ForetellError, match="method.s. draft-tree need --draft"):
         build_methods(["draft-tree"], Models(str(tiny_pair[0]), dtype="float32"), MethodOptions())
     with pytest.raises(ForetellError, match="gamma"):
         MethodOptions(gamma=0)
@@ -185,7 +214,7 @@ def test_budgeted_methods_are_exact_and_report_their_budget(bench_setup, tmp_pat
     assert 0 < by_method["draft-tree@4"]["mean_verified_drafts"] <= 4
     assert by_method["draft-tree@12"]["mean_verified_drafts"] > by_method["draft-tree@4"]["mean_verified_drafts"]
     assert by_method["draft-tree-auto"]["mean_verified_drafts"] >= 1
-    with pytest.raises(ForetellError, match="draft-tree@N"):
+    with pytest.raises(ForetellError, match="unknown method.s. draft-tree@x; .*M@N"):
         build_methods(["draft-tree@x"], models, MethodOptions())
 
 
@@ -256,9 +285,11 @@ def test_hidden_state_budget_variants_are_exact_and_capped(bench_setup, tmp_path
     verified = {name: max(r["mean_verified_drafts"] for r in rows if r["method"] == name) for name in names[1:]}
     assert 0 < verified["hidden-state@2"] <= 2 and 0 < verified["hidden-state-lookup@3"] <= 3
     assert verified["hidden-state@12"] > verified["hidden-state@2"]
-    for bad in ("hidden-state@0", "hidden-state@x", "hidden-state-no-info@4"):
-        with pytest.raises(ForetellError, match="hidden-state@N"):
+    for bad in ("hidden-state@0", "hidden-state@x"):
+        with pytest.raises(ForetellError, match="unknown method"):
             build_methods([bad], with_draft, MethodOptions())
+    with pytest.raises(ForetellError, match="hidden.max_nodes fixes"):  # the scheduler sizes an -auto tree
+        build_methods(["hidden-state-auto@4"], with_draft, MethodOptions())
 
 
 def test_full_precision_variant_runs_the_unquantized_draft_beside_the_int8_one(bench_setup, tmp_path):
@@ -278,9 +309,10 @@ def test_full_precision_variant_runs_the_unquantized_draft_beside_the_int8_one(b
     assert len({id(m.pipe.target) for m in methods}) == 1  # one target shared by every method
     rows = read_rows(run_bench(prompts, methods, encode, config(tmp_path / "out")))
     assert all(r["greedy_equal_to_plain"] for r in rows)
-    for bad in ("prompt-lookup-fp", "hidden-state-nonsense-fp"):
-        with pytest.raises(ForetellError, match="unknown method"):
-            build_methods([bad], with_draft, MethodOptions())
+    with pytest.raises(ForetellError, match="unknown method"):
+        build_methods(["hidden-state-nonsense-fp"], with_draft, MethodOptions())
+    with pytest.raises(ForetellError, match="draft_quant .* not prompt-lookup"):
+        build_methods(["prompt-lookup-fp"], with_draft, MethodOptions())
 
 
 def test_ceiling_points_bound_the_speedup_by_budget():

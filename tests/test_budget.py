@@ -13,7 +13,8 @@ from foretell.budget import (
     cost_curve,
     expected_chain_tokens,
 )
-from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+from foretell.drafters.draft_tree import DraftTreeDrafter
+from foretell.config import TreeShape
 from foretell.types import SamplingParams
 
 FLAT = CostCurve([1, 8, 64], [0.040, 0.042, 0.080], context=256)  # bf16 CPU-like: 8 tokens ~ 1
@@ -56,7 +57,7 @@ def test_hardware_aware_length_adapts_to_acceptance():
 
 
 def test_cost_curve_is_measured_once_and_cached(tiny_pair, tmp_path):
-    model = load(tiny_pair[0], drafter="none").target.model
+    model = load(tiny_pair[0], "none").target.model
     first = cost_curve(model, "tiny", tmp_path, sizes=(1, 4), context=16, repeats=1)
     files = list((tmp_path / "costs").glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["sizes"] == [1, 4]
@@ -67,8 +68,8 @@ def test_cost_curve_is_measured_once_and_cached(tiny_pair, tmp_path):
 @pytest.mark.parametrize("curve", [FLAT, STEEP], ids=["flat", "steep"])
 def test_budgeted_tree_is_exact_and_within_bounds(tiny_pair, curve):
     target, draft = tiny_pair
-    plain = load(target, drafter="none")
-    drafter = DraftTreeDrafter(load(draft, drafter="none").target.model, 48, TreeShape(depth=5, top_k=3, total_tokens=16), curve)
+    plain = load(target, "none")
+    drafter = DraftTreeDrafter(load(draft, "none").target.model, 48, TreeShape(depth=5, top_k=3, total_tokens=16), curve)
     tuned = plain.with_drafter(drafter)
     params = SamplingParams(max_new_tokens=30, ignore_eos=True)
     prompt = [1, 5, 9, 12, 5, 9, 30]

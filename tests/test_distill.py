@@ -16,14 +16,15 @@ from foretell.cli import main
 from foretell.errors import ForetellError
 from foretell.models.derive import DraftShape, draft_from_config, save_model_folder, truncated_copy
 from foretell.models.loading import build_model, load_model
-from foretell.train.data import DataConfig, TokenData, build_token_data, sharegpt_messages, sharegpt_objects, tokenize_conversation
-from foretell.train.distributed import launch
-from foretell.train.evaluate import acceptance_per_token, token_acceptance
-from foretell.train.losses import adaspec_loss, full_kl, keep_count, select_tokens, topk_kl
-from foretell.train.pipeline import DistillConfig, DraftSpec, run_pipeline
-from foretell.train.stages import StageJob, begin_stage, run_stage
-from foretell.train.teacher import TeacherConfig
-from foretell.train.trainer import TrainConfig, WarmupCosine
+from foretell.train.adaspec.evaluate import acceptance_per_token, token_acceptance
+from foretell.train.adaspec.losses import adaspec_loss, keep_count, select_tokens
+from foretell.train.adaspec.pipeline import DistillConfig, DraftSpec, run_pipeline
+from foretell.train.adaspec.stages import StageJob, begin_stage, run_stage
+from foretell.train.adaspec.teacher import TeacherConfig
+from foretell.train.common.data import DataConfig, TokenData, build_token_data, sharegpt_messages, sharegpt_objects, tokenize_conversation
+from foretell.train.common.distributed import launch
+from foretell.train.common.topk import full_kl, topk_kl
+from foretell.train.common.trainer import TrainConfig, WarmupCosine
 
 VOCAB = 48
 SEQ_LEN = 24
@@ -55,7 +56,7 @@ def prepared(tmp_path_factory):
 
 
 def adaspec_job(cfg: DistillConfig, out: Path, **train) -> StageJob:
-    from foretell.train.pipeline import prepare_ref_kl
+    from foretell.train.adaspec.pipeline import prepare_ref_kl
 
     data_file = cfg.out / "data" / "train.safetensors"
     ref_kl = prepare_ref_kl(cfg, data_file, cfg.out / "teacher")
@@ -175,7 +176,7 @@ def test_resumed_run_matches_an_uninterrupted_one(prepared, tmp_path):
 
 
 def launch_context():
-    from foretell.train.distributed import DistContext
+    from foretell.train.common.distributed import DistContext
 
     return DistContext()
 
@@ -315,10 +316,14 @@ def test_cli_errors_are_one_line(prepared, tmp_path, capsys):
     cases = [
         (["eval-draft", "--target", cfg.target, "--draft", str(other), "--data", cfg.data.source], "different tokenizers"),
         (["eval-draft", "--target", cfg.target, "--draft", str(tmp_path / "missing"), "--data", cfg.data.source], "no model"),
-        (["distill", "--target", cfg.target, "--stage", "draft", "--data", cfg.data.source, "--out", str(tmp_path / "new"),
+        (["train", "adaspec", "--target", cfg.target, "--stage", "draft", "--data", cfg.data.source, "--out", str(tmp_path / "new"),
           "--seq-len", str(SEQ_LEN), "--steps", "2", "--batch-size", "4", "--topk-teacher", "8"], "needs the reference"),
-        (["distill", "--target", cfg.target, "--out", str(tmp_path / "x"), "--batch-size", "6", "--micro-batch-size", "4"],
+        (["train", "adaspec", "--target", cfg.target, "--out", str(tmp_path / "x"), "--batch-size", "6", "--micro-batch-size", "4"],
          "multiple of micro batch"),
+        # The options every training kind shares are checked alike (here for AdaSPEC).
+        (["train", "adaspec", "--target", cfg.target, "--out", str(tmp_path / "x"), "--lr", "0"], "--lr must be > 0"),
+        (["train", "adaspec", "--target", cfg.target, "--out", str(tmp_path / "x"), "--warmup", "-1"], "--warmup must be >= 0"),
+        (["train", "adaspec", "--target", cfg.target, "--out", str(tmp_path / "x"), "--threads", "0"], "--threads must be >= 1"),
     ]
     for argv, message in cases:
         assert main(argv) == 2
@@ -333,6 +338,6 @@ def test_a_trained_draft_folder_is_a_valid_init(prepared, tmp_path, capsys):
     init = run_pipeline(warm, "reference")["init"]
     start, source = load_file(str(init / "model.safetensors")), load_file(str(models["reference"] / "model.safetensors"))
     assert start.keys() == source.keys() and all(torch.equal(start[k], source[k]) for k in start)
-    assert main(["distill", "--target", cfg.target, "--data", cfg.data.source, "--draft-init", str(tmp_path / "nowhere"),
+    assert main(["train", "adaspec", "--target", cfg.target, "--data", cfg.data.source, "--draft-init", str(tmp_path / "nowhere"),
                  "--out", str(tmp_path / "bad")]) == 2
     assert "--draft-init" in capsys.readouterr().err

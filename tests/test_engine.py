@@ -1,10 +1,10 @@
 """End-to-end on tiny models: greedy speculative output equals plain greedy, for every drafter."""
 
 import pytest
-import torch
 
 from conftest import PROMPTS, greedy_params
 from foretell.api import load
+from foretell.config import SpeculativeConfig
 from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.types import SamplingParams
@@ -20,7 +20,7 @@ def plain_tokens(pipe, prompt):
 @pytest.mark.parametrize("gamma", [1, 4, 7])
 def test_draft_model_greedy_equals_plain(tiny_pair, plain, policy, gamma):
     target, draft = tiny_pair
-    spec = load(target, draft=draft, gamma=gamma, length_policy=policy)
+    spec = load(target, SpeculativeConfig(method='draft-model', model=str(draft), gamma=gamma, length_policy=policy, draft_quant="none"))
     accepted_any = rejected_any = False
     for prompt in PROMPTS:
         result = spec.engine.generate(prompt, GREEDY)
@@ -41,7 +41,7 @@ def test_prompt_lookup_greedy_equals_plain(plain):
 def test_target_as_its_own_draft_accepts_everything(tiny_pair, plain):
     """All drafts pass, so every step ends with a bonus token (gamma + 1 tokens a pass)."""
     target, _ = tiny_pair
-    self_draft = plain.with_drafter(DraftModelDrafter(load(target, drafter="none").target.model, 48), gamma=4)
+    self_draft = plain.with_drafter(DraftModelDrafter(load(target, "none").target.model, 48), gamma=4)
     result = self_draft.engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=21, ignore_eos=True))
     assert result.tokens == plain_tokens(plain, PROMPTS[0])[:21]
     assert result.stats.acceptance_rate == 1.0
@@ -52,7 +52,7 @@ def test_target_as_its_own_draft_accepts_everything(tiny_pair, plain):
 
 def test_sampling_is_reproducible_with_a_seed(tiny_pair):
     target, draft = tiny_pair
-    spec = load(target, draft=draft)
+    spec = load(target, SpeculativeConfig(method='draft-model', model=str(draft), draft_quant="none"))
     params = SamplingParams(temperature=0.8, top_k=20, seed=123, max_new_tokens=30, ignore_eos=True)
     a = spec.engine.generate(PROMPTS[0], params).tokens
     b = spec.engine.generate(PROMPTS[0], params).tokens
@@ -87,7 +87,7 @@ def test_stop_string_truncates_text_and_stream_matches(plain):
 
 def test_streamed_text_equals_final_text(tiny_pair):
     target, draft = tiny_pair
-    spec = load(target, draft=draft)
+    spec = load(target, SpeculativeConfig(method='draft-model', model=str(draft), draft_quant="none"))
     chunks = list(spec.engine.stream(PROMPTS[1], SamplingParams(max_new_tokens=25, ignore_eos=True)))
     assert all(c.result is None for c in chunks[:-1])
     assert "".join(c.text for c in chunks) == chunks[-1].result.text
@@ -117,10 +117,11 @@ TREE_SHAPES = {
 
 @pytest.mark.parametrize("shape", list(TREE_SHAPES))
 def test_tree_drafter_greedy_equals_plain(tiny_pair, plain, shape):
-    from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+    from foretell.drafters.draft_tree import DraftTreeDrafter
+    from foretell.config import TreeShape
 
     target, draft = tiny_pair
-    draft_model = load(draft, drafter="none").target.model
+    draft_model = load(draft, "none").target.model
     tree = plain.with_drafter(DraftTreeDrafter(draft_model, 48, TreeShape(**TREE_SHAPES[shape])))
     chain = plain.with_drafter(DraftModelDrafter(draft_model, 48), gamma=4)
     tree_tau = chain_tau = 0.0
@@ -134,11 +135,12 @@ def test_tree_drafter_greedy_equals_plain(tiny_pair, plain, shape):
 
 
 def test_dynamic_tree_respects_budget_and_topology(tiny_pair):
-    from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+    from foretell.drafters.draft_tree import DraftTreeDrafter
+    from foretell.config import TreeShape
     from foretell.tree import check_parents
 
     _, draft = tiny_pair
-    drafter = DraftTreeDrafter(load(draft, drafter="none").target.model, 48, TreeShape(depth=4, top_k=3, total_tokens=7))
+    drafter = DraftTreeDrafter(load(draft, "none").target.model, 48, TreeShape(depth=4, top_k=3, total_tokens=7))
     drafter.start(PROMPTS[0], 64, SamplingParams(), None)
     proposal = drafter.propose(PROMPTS[0], 10)
     assert proposal.size == 7 and proposal.q is None

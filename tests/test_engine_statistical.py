@@ -12,6 +12,7 @@ from scipy.stats import chisquare
 import foretell.engine
 from conftest import make_hf_model, make_tokenizer, perturbed_copy, save_model_folder
 from foretell.api import load
+from foretell.config import SpeculativeConfig
 from foretell.sampling import processed_probs
 from foretell.types import SamplingParams
 from test_verify_statistical import accept_if_argmax_rule
@@ -49,19 +50,20 @@ def exact_marginals(hf_model, params: SamplingParams) -> torch.Tensor:
 
 def make_pipe(root, drafter: str):
     from foretell.drafters.draft_model import DraftModelDrafter
-    from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+    from foretell.drafters.draft_tree import DraftTreeDrafter
+    from foretell.config import TreeShape
     from foretell.hot_vocab import HotVocab
 
-    pipe = load(root / "t", draft=root / "d", drafter="draft-model", gamma=GAMMA)
+    pipe = load(root / "t", SpeculativeConfig(method="draft-model", model=str(root / "d"), gamma=GAMMA, draft_quant="none"))
     shapes = {
         "tree-sampled": TreeShape(kind="static", branching=(3, 2, 1, 1), children="sampled"),
         "tree-topk": TreeShape(kind="dynamic", depth=4, top_k=3, total_tokens=10),
     }
     if drafter in shapes:
-        return pipe.with_drafter(DraftTreeDrafter(pipe.draft.model, VOCAB, shapes[drafter]))
+        return pipe.with_drafter(DraftTreeDrafter(pipe.engine.drafter.model, VOCAB, shapes[drafter]))
     if drafter == "chain-hot":  # q is zero outside 5 of the 8 tokens
         hot = HotVocab(torch.tensor([0, 2, 3, 5, 6]), VOCAB)
-        return pipe.with_drafter(DraftModelDrafter(pipe.draft.model, VOCAB, hot), gamma=GAMMA)
+        return pipe.with_drafter(DraftModelDrafter(pipe.engine.drafter.model, VOCAB, hot), gamma=GAMMA)
     return pipe
 
 

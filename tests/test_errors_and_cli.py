@@ -8,6 +8,7 @@ import pytest
 
 from conftest import make_hf_model, make_tokenizer, save_model_folder
 from foretell.api import load
+from foretell.config import SpeculativeConfig
 from foretell.cli import main
 from foretell.errors import ForetellError
 from foretell.models import presets
@@ -19,11 +20,11 @@ def test_mismatched_tokenizers_are_refused(tiny_pair, tmp_path):
     target, _ = tiny_pair
     other = save_model_folder(tmp_path / "other", make_hf_model("llama", 48, seed=9), make_tokenizer(48, shift=100))
     with pytest.raises(ForetellError, match="different tokenizers"):
-        load(target, draft=other)
+        load(target, SpeculativeConfig(method='draft-model', model=str(other), draft_quant="none"))
 
 
 def test_prompt_longer_than_context_window(tiny_pair):
-    pipe = load(tiny_pair[0], drafter="none")
+    pipe = load(tiny_pair[0], "none")
     too_long = [5] * pipe.engine.context_window
     with pytest.raises(ForetellError, match="context window"):
         pipe.engine.generate(too_long, SamplingParams())
@@ -91,7 +92,7 @@ def test_cli_generate_streams_text_and_statistics(tiny_pair, capsys):
         (["--temperature", "-1"], "temperature"),
         (["--top-p", "2"], "top_p"),
         (["--model", "/no/such/model"], "no model"),
-        (["--drafter", "draft-model"], "needs a draft model"),
+        (["--drafter", "draft-model"], "needs model: a draft model (--draft)"),
     ],
 )
 def test_cli_bad_input_is_one_line(args, message, capsys):

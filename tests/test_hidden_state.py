@@ -3,7 +3,6 @@ token-info, resampling and fusion (and each off), sampled losslessness, token-in
 budget, resampling from cached logits, saving and loading, and a briefly trained draft."""
 
 import heapq
-import itertools
 import math
 from dataclasses import replace
 
@@ -12,7 +11,8 @@ import torch
 
 from conftest import PROMPTS, accepted_drafts, greedy_params, make_hf_model, make_tokenizer, save_model_folder
 from foretell.api import load
-from foretell.drafters.hidden_tree import HiddenStateDrafter, HiddenStateOptions, follow, grow_info_tree, merge_trees
+from foretell.config import HiddenStateOptions, SpeculativeConfig
+from foretell.drafters.hidden_tree import HiddenStateDrafter, follow, grow_info_tree, merge_trees
 from foretell.errors import ForetellError
 from foretell.hot_vocab import HotVocab
 from foretell.models.hidden_draft import (
@@ -134,21 +134,20 @@ def test_draft_gate_with_the_lookup_branch_keeps_greedy_exact(plain):
 
 def test_auto_budget_reaches_the_hidden_state_drafter_through_load(tiny_pair, tmp_path):
     target_dir = tiny_pair[0]
-    pipe = load(target_dir, drafter="none", warm_up=False)
+    pipe = load(target_dir, "none", warm_up=False)
     save_hidden_draft(make_draft(pipe.target.model), tmp_path / "draft")
-    spec = load(target_dir, hidden_draft=tmp_path / "draft", auto_budget=True, warm_up=False, cache_dir=tmp_path / "c")
+    spec = load(target_dir, SpeculativeConfig(method='hidden-state', model=str(tmp_path / "draft"), budget="auto", draft_quant="none"), warm_up=False, cache_dir=tmp_path / "c")
     scheduler = spec.engine.drafter.scheduler
     assert scheduler is not None
     prompt = PROMPTS[0]
     assert spec.engine.generate(prompt, GREEDY).tokens == pipe.engine.generate(prompt, GREEDY).tokens
     assert scheduler.history, "the scheduler chose the budget"
     assert spec.engine.draft_gate is None  # opt-in
-    gated = load(target_dir, hidden_draft=tmp_path / "draft", auto_budget=True, draft_gate=True, result_cache="prompt",
-                 warm_up=False, cache_dir=tmp_path / "c")
+    gated = load(target_dir, SpeculativeConfig(method='hidden-state', model=str(tmp_path / "draft"), result_cache="prompt", draft_gate=True, budget="auto", draft_quant="none"), warm_up=False, cache_dir=tmp_path / "c")
     assert gated.engine.generate(prompt, GREEDY).tokens == pipe.engine.generate(prompt, GREEDY).tokens
     assert gated.engine.draft_gate.decisions > 0
-    with pytest.raises(ForetellError, match="draft_gate needs a tree drafter"):
-        load(target_dir, drafter="prompt-lookup", draft_gate=True, warm_up=False)
+    with pytest.raises(ForetellError, match="draft_gate .* applies to the draft-tree, parallel-head, hidden-state"):
+        load(target_dir, SpeculativeConfig(method="prompt-lookup", draft_gate=True), warm_up=False)
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +155,7 @@ def micro(tmp_path_factory):
     root = tmp_path_factory.mktemp("micro_hidden")
     target = make_hf_model("llama", VOCAB, seed=11, init_std=0.5)
     save_model_folder(root / "t", target, make_tokenizer(VOCAB))
-    return target, load(root / "t", drafter="none", warm_up=False)
+    return target, load(root / "t", "none", warm_up=False)
 
 
 @pytest.mark.parametrize(
@@ -470,7 +469,7 @@ def test_save_load_round_trip(plain, tmp_path, tiny_pair):
         assert torch.equal(v, own[k])
     assert loaded.shared.lm_head is target.lm_head and loaded.shared.embed_tokens is target.embed_tokens
     # Through the public API: hidden_draft=PATH picks the hidden-state drafter.
-    pipe = load(tiny_pair[0], hidden_draft=tmp_path / "hd", warm_up=False)
+    pipe = load(tiny_pair[0], SpeculativeConfig(method='hidden-state', model=str(tmp_path / "hd"), draft_quant="none"), warm_up=False)
     assert pipe.engine.drafter.name == "hidden-state"
     for prompt in PROMPTS:
         assert pipe.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
@@ -482,8 +481,7 @@ def test_int8_draft_keeps_greedy_exact_and_leaves_the_target_alone(plain, tmp_pa
 
     target = plain.target.model
     save_hidden_draft(make_draft(target, rank=8, seed=3), tmp_path / "hd")
-    pipe = load(tiny_pair[0], hidden_draft=tmp_path / "hd", draft_quant="int8", hot_vocab=hot_size, warm_up=False,
-                cache_dir=tmp_path / "c")
+    pipe = load(tiny_pair[0], SpeculativeConfig(method='hidden-state', model=str(tmp_path / "hd"), hot_vocab=hot_size, draft_quant="int8"), warm_up=False, cache_dir=tmp_path / "c")
     draft = pipe.engine.drafter.draft
     assert all(not isinstance(m, torch.nn.Linear) for m in draft.layer.modules())
     assert isinstance(pipe.target.model.lm_head, torch.nn.Linear)  # the target's own output layer is never quantized
@@ -491,7 +489,7 @@ def test_int8_draft_keeps_greedy_exact_and_leaves_the_target_alone(plain, tmp_pa
     for prompt in PROMPTS:
         assert pipe.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
     # "none" (the API's default) keeps every projection as it was.
-    kept = load(tiny_pair[0], hidden_draft=tmp_path / "hd", draft_quant="none", warm_up=False)
+    kept = load(tiny_pair[0], SpeculativeConfig(method='hidden-state', model=str(tmp_path / "hd"), draft_quant="none"), warm_up=False)
     assert isinstance(kept.engine.drafter.draft.layer.qkv_proj, torch.nn.Linear)
 
 
@@ -510,8 +508,8 @@ def test_load_errors(plain, tmp_path, tiny_pair):
     (tmp_path / "r8" / CONFIG_FILE).write_text((small / CONFIG_FILE).read_text())  # says rank 4
     with pytest.raises(ForetellError, match="does not match"):
         load_hidden_draft(tmp_path / "r8", target)
-    with pytest.raises(ForetellError, match="needs hidden_draft=PATH"):
-        load(tiny_pair[0], drafter="hidden-state", warm_up=False)
+    with pytest.raises(ForetellError, match="hidden-state method needs model: a saved hidden-state draft folder"):
+        load(tiny_pair[0], SpeculativeConfig(method="hidden-state"), warm_up=False)
     with pytest.raises(ForetellError, match="resample_when"):
         HiddenStateOptions(resample_when="sometimes")
     with pytest.raises(ForetellError, match="must be >= 1"):
@@ -578,7 +576,7 @@ def test_an_installed_draft_becomes_the_default_drafter_of_generate(tiny_pair, t
         return json.loads(captured.out), captured.err
 
     assert run()[0]["drafter"] == "prompt-lookup" and installed_hidden_draft(target_dir) is None
-    save_hidden_draft(make_draft(load(target_dir, drafter="none", warm_up=False).target.model), tmp_path / "draft")
+    save_hidden_draft(make_draft(load(target_dir, "none", warm_up=False).target.model), tmp_path / "draft")
     with pytest.raises(ForetellError, match="no hidden_draft.json"):
         install_hidden_draft(tmp_path, target_dir)
     installed = install_hidden_draft(tmp_path / "draft", target_dir)

@@ -6,7 +6,8 @@ import torch
 
 from foretell.api import load
 from foretell.drafters.draft_model import DraftModelDrafter
-from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+from foretell.drafters.draft_tree import DraftTreeDrafter
+from foretell.config import TreeShape
 from foretell.hot_vocab import count_tokens, default_hot_vocab, hot_vocab_from_counts
 from foretell.types import SamplingParams
 from conftest import make_tokenizer
@@ -38,8 +39,8 @@ def test_default_hot_vocab_is_counted_once_and_cached(tmp_path):
 
 def test_drafting_with_a_hot_vocabulary_stays_exact(tiny_pair):
     target, draft = tiny_pair
-    plain = load(target, drafter="none")
-    draft_model = load(draft, drafter="none").target.model
+    plain = load(target, "none")
+    draft_model = load(draft, "none").target.model
     hot = hot_vocab_from_counts(Counter(range(3, 30)), size=30, full_size=48)
     prompt = [1, 5, 9, 12, 5, 9, 30]
     params = SamplingParams(max_new_tokens=30, ignore_eos=True)

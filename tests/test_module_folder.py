@@ -17,7 +17,7 @@ KINDS = {
 
 @pytest.fixture(scope="module")
 def target(tiny_pair):
-    return load(tiny_pair[0], drafter="none", warm_up=False).target.model
+    return load(tiny_pair[0], "none", warm_up=False).target.model
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -8,13 +8,16 @@ import math
 import pytest
 import torch
 
-from conftest import PROMPTS, accepted_drafts, greedy_params, make_hf_model, make_tokenizer, perturbed_copy, save_model_folder
+from conftest import PROMPTS, accepted_drafts, greedy_params, make_hf_model, make_tokenizer, save_model_folder
 from foretell.api import load
-from foretell.drafters.parallel_tree import HeadTreeShape, ParallelHeadDrafter, grow_tree
+from foretell.config import HeadTreeShape, SpeculativeConfig
+from foretell.drafters.base import DrafterBase
+from foretell.drafters.parallel_tree import ParallelHeadDrafter, grow_tree
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.errors import ForetellError
+from foretell.models.module_folder import WEIGHTS_FILE
 from foretell.models.parallel_head import (
-    CONFIG_FILE, WEIGHTS_FILE, ParallelHeadConfig, load_parallel_head, new_parallel_head, save_parallel_head,
+    CONFIG_FILE, ParallelHeadConfig, load_parallel_head, new_parallel_head, save_parallel_head,
     training_layout,
 )
 from foretell.tree import depths
@@ -64,7 +67,7 @@ def micro(tmp_path_factory):
     root = tmp_path_factory.mktemp("micro_head")
     target = make_hf_model("llama", VOCAB, seed=11, init_std=0.5)
     save_model_folder(root / "t", target, make_tokenizer(VOCAB))
-    return target, load(root / "t", drafter="none")
+    return target, load(root / "t", "none")
 
 
 @pytest.mark.parametrize(
@@ -88,7 +91,7 @@ def test_sampled_output_follows_the_target(micro, params):
 # --- the engine hook -----------------------------------------------------------------------
 
 
-class OracleChain:
+class OracleChain(DrafterBase):
     """A chain drafter reading hidden states: proposes a known continuation with planted errors."""
 
     name = "oracle"
@@ -218,7 +221,7 @@ def test_save_load_round_trip(plain, tmp_path, tiny_pair):
         assert torch.equal(v, own[k])
     assert loaded.shared.lm_head is target.lm_head  # shared, not copied
     # Through the public API: head=PATH picks the parallel-head drafter.
-    pipe = load(tiny_pair[0], head=tmp_path / "head", warm_up=False)
+    pipe = load(tiny_pair[0], SpeculativeConfig(method='parallel-head', model=str(tmp_path / "head")), warm_up=False)
     assert pipe.engine.drafter.name == "parallel-head"
     for prompt in PROMPTS:
         assert pipe.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
@@ -228,7 +231,7 @@ def test_load_errors(plain, tmp_path, tiny_pair):
     target = plain.target.model
     # Damaged folders in general: tests/test_module_folder.py. Here: this kind's own checks.
     # Heads for another target of the same sizes load; other sizes, or weights not matching the config, do not.
-    other = load(tiny_pair[1], drafter="none", warm_up=False).target.model  # same sizes: loads fine
+    other = load(tiny_pair[1], "none", warm_up=False).target.model  # same sizes: loads fine
     load_parallel_head(save_parallel_head(new_parallel_head(other), tmp_path / "o"), target)
     wide = ParallelHeadConfig.for_target(target.config)
     wide = ParallelHeadConfig(**{**wide.__dict__, "hidden_size": 32})
@@ -239,8 +242,8 @@ def test_load_errors(plain, tmp_path, tiny_pair):
     (tmp_path / "two" / CONFIG_FILE).write_text((tmp_path / "o" / CONFIG_FILE).read_text())  # says 1 layer
     with pytest.raises(ForetellError, match="does not match"):
         load_parallel_head(tmp_path / "two", target)
-    with pytest.raises(ForetellError, match="needs head=PATH"):
-        load(tiny_pair[0], drafter="parallel-head", warm_up=False)
+    with pytest.raises(ForetellError, match="parallel-head method needs model: a saved head folder"):
+        load(tiny_pair[0], SpeculativeConfig(method="parallel-head"), warm_up=False)
     with pytest.raises(ForetellError, match="fuse_layers"):
         ParallelHeadConfig.for_target(target.config, fuse_layers=(1, 7))
     with pytest.raises(ForetellError, match="exceeds the parallel head's depth"):

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from foretell.api import load
-from foretell.drafters.draft_tree import TreeShape
+from foretell.config import SpeculativeConfig, TreeShape
 from foretell.errors import ForetellError
 from foretell.models.quant import Int8Linear, quantize_int8, select_rows
 from foretell.models.transformer import small_step_attention
@@ -40,7 +40,7 @@ def test_select_rows_keeps_exactly_those_rows():
 
 def test_quantize_replaces_every_projection_and_unties_the_head(tiny_pair):
     _, draft = tiny_pair
-    model = load(draft, drafter="none", warm_up=False).target.model
+    model = load(draft, "none", warm_up=False).target.model
     embed = model.embed_tokens.weight.clone()
     quantize_int8(model)
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
@@ -51,10 +51,10 @@ def test_quantize_replaces_every_projection_and_unties_the_head(tiny_pair):
 @pytest.mark.parametrize("drafter", ["draft-model", "draft-tree"])
 def test_int8_draft_greedy_equals_plain(tiny_pair, drafter):
     target, draft = tiny_pair
-    plain = load(target, drafter="none")
-    spec = load(target, draft=draft, drafter=drafter, gamma=4, draft_quant="int8",
-                tree=TreeShape(kind="dynamic", depth=4, top_k=3, total_tokens=10))
-    assert isinstance(spec.draft.model.lm_head, Int8Linear)
+    plain = load(target, "none")
+    shape = {"gamma": 4} if drafter == "draft-model" else {"tree": TreeShape(kind="dynamic", depth=4, top_k=3, total_tokens=10)}
+    spec = load(target, SpeculativeConfig(method=drafter, model=str(draft), draft_quant="int8", **shape))
+    assert isinstance(spec.engine.drafter.model.lm_head, Int8Linear)
     accepted = 0
     for prompt in PROMPTS:
         result = spec.engine.generate(prompt, GREEDY)
@@ -65,18 +65,18 @@ def test_int8_draft_greedy_equals_plain(tiny_pair, drafter):
 
 def test_int8_draft_with_hot_vocab_greedy_equals_plain(tiny_pair):
     target, draft = tiny_pair
-    plain = load(target, drafter="none")
-    spec = load(target, draft=draft, gamma=3, draft_quant="int8", hot_vocab=32)
+    plain = load(target, "none")
+    spec = load(target, SpeculativeConfig(method='draft-model', model=str(draft), gamma=3, hot_vocab=32, draft_quant="int8"))
     for prompt in PROMPTS:
         assert spec.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
 
 
 def test_unknown_quant_mode_is_a_clear_error(tiny_pair):
     target, draft = tiny_pair
-    with pytest.raises(ForetellError, match="draft quantization"):
-        load(target, draft=draft, draft_quant="int4")
+    with pytest.raises(ForetellError, match="draft_quant must be one of"):
+        load(target, SpeculativeConfig(method='draft-model', model=str(draft), draft_quant="int4"))
     with pytest.raises(ForetellError, match="draft_quant"):
-        load(target, drafter="prompt-lookup", draft_quant="int8")
+        load(target, SpeculativeConfig(method="prompt-lookup", draft_quant="int8"))
 
 
 @pytest.mark.parametrize("heads, kv_heads, T", [(4, 4, 1), (4, 2, 3), (6, 2, 5), (8, 1, 16)])

@@ -8,8 +8,9 @@ import torch
 
 from conftest import spec_bench_prompts
 from foretell.api import load
+from foretell.config import SpeculativeConfig, TreeShape
 from foretell.drafters.draft_model import DraftModelDrafter
-from foretell.drafters.draft_tree import DraftTreeDrafter, TreeShape
+from foretell.drafters.draft_tree import DraftTreeDrafter
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.models.derive import truncated_copy
 from foretell.models.presets import PRESETS, preset_available
@@ -27,7 +28,7 @@ def require(*names):
 def smollm():
     require("smollm2-135m")
     torch.set_num_threads(2)
-    yield load("smollm2-135m", drafter="none", dtype="float32")
+    yield load("smollm2-135m", "none", dtype="float32")
     torch.set_num_threads(1)
 
 
@@ -68,10 +69,10 @@ def test_qwen_pair_greedy_speculation_is_exact():
     require("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
     torch.set_num_threads(2)
     # int8 draft weights, as the CLI's default on CPU: the output must not change.
-    spec = load("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", dtype="float32", gamma=4, draft_quant="int8")
+    spec = load("qwen2.5-coder-1.5b", SpeculativeConfig(method='draft-model', model="qwen2.5-coder-0.5b", gamma=4, draft_quant="int8"), dtype="float32")
     plain = spec.with_drafter(None)
     lookup = spec.with_drafter(PromptLookupDrafter())
-    tree = spec.with_drafter(DraftTreeDrafter(spec.draft.model, spec.target.config.vocab_size, TreeShape()))
+    tree = spec.with_drafter(DraftTreeDrafter(spec.engine.drafter.model, spec.target.config.vocab_size, TreeShape()))
     params = SamplingParams(max_new_tokens=32)
     for prompt in spec_bench_prompts(1)[:5]:
         ids = spec.encode(prompt)

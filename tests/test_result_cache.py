@@ -12,8 +12,9 @@ from scipy.stats import chisquare
 
 from conftest import PROMPTS, greedy_params
 from foretell.api import load
+from foretell.config import HeadTreeShape, SpeculativeConfig
 from foretell.drafters.draft_model import DraftModelDrafter
-from foretell.drafters.parallel_tree import HeadTreeShape, ParallelHeadDrafter
+from foretell.drafters.parallel_tree import ParallelHeadDrafter
 from foretell.errors import ForetellError
 from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head
 from foretell.result_cache import ResultCache, merge_branch
@@ -168,11 +169,10 @@ def test_draft_gate_skipping_the_head_keeps_greedy_exact(plain):
 def test_draft_tree_with_cache_through_load(tiny_pair, plain):
     for kind, params in (("dynamic", greedy_params(24)),
                          ("static", SamplingParams(temperature=1.0, seed=2, max_new_tokens=24, ignore_eos=True))):
-        from foretell.drafters.draft_tree import TreeShape
+        from foretell.config import TreeShape
 
         children = "sampled" if kind == "static" else "topk"
-        pipe = load(tiny_pair[0], draft=tiny_pair[1], drafter="draft-tree", dtype="float32", warm_up=False,
-                    tree=TreeShape(kind=kind, children=children), result_cache=True)
+        pipe = load(tiny_pair[0], SpeculativeConfig(method="draft-tree", model=str(tiny_pair[1]), tree=TreeShape(kind=kind, children=children), result_cache="outputs", draft_quant="none"), dtype="float32", warm_up=False)
         for prompt in PROMPTS[:3]:
             result = pipe.engine.generate(prompt, params)
             assert len(result.tokens) == 24 and result.stats.cache_steps > 0
@@ -188,37 +188,55 @@ def test_prompt_lookup_branch_keeps_greedy_exact_and_hits_on_a_first_request(pla
     assert result.tokens == want and result.stats.cache_hits > 0
 
 
-def test_bench_lookup_variants_build(tiny_pair):
-    from foretell.bench.methods import _extras_variant
+def test_bench_variants_are_configuration_changes():
+    """M-lookup, M-cache, M-gate, M-fp, M-lossy-T and M@N change one option of M's configuration; a variant
+    whose option does not apply to M is refused by the configuration, before anything loads."""
+    from foretell.bench.methods import MethodOptions, Models, variant_spec
 
-    assert _extras_variant("parallel-head-auto-lookup") is not None and _extras_variant("draft-tree-lookup") is not None
-    assert _extras_variant("draft-chain-lookup") is None and _extras_variant("parallel-head-auto-x") is None
+    models = Models("target", draft="draft", head="head", hidden_draft="hidden", draft_quant="int8")
+    spec = lambda name: variant_spec(name).spec(models, MethodOptions())  # noqa: E731
+    assert spec("parallel-head-auto-lookup") == replace(spec("parallel-head-auto"), result_cache="prompt")
+    assert spec("draft-tree-cache") == replace(spec("draft-tree"), result_cache="outputs")
+    assert spec("parallel-head-auto-lookup-gate") == replace(spec("parallel-head-auto"), result_cache="prompt",
+                                                             draft_gate=True)
+    assert spec("hidden-state-auto-fp").draft_quant == "none" and spec("hidden-state-auto").draft_quant == "int8"
+    assert spec("draft-chain-lossy-0.9").lossy_threshold == 0.9
+    both = spec("hidden-state-lookup@8")
+    assert both.hidden.max_nodes == 8 and both.result_cache == "prompt" and both.method == "hidden-state"
+    assert spec("draft-tree@16").tree.total_tokens == 16
+    assert variant_spec("parallel-head-auto-x") is None and variant_spec("nothing-lookup") is None
+    with pytest.raises(ForetellError, match="result_cache .* not draft-model"):
+        spec("draft-chain-lookup")
+    with pytest.raises(ForetellError, match="hidden.max_nodes fixes"):
+        spec("hidden-state-auto@8")
 
 
-def test_bench_gate_variants(plain, monkeypatch):
-    """M-gate: a parallel-head / hidden-state -auto method with the draft gate; other names are refused."""
+def head_folder(plain, folder: Path) -> str:
+    from foretell.models.parallel_head import save_parallel_head
+
+    target = plain.engine.target
+    save_parallel_head(new_parallel_head(target, ParallelHeadConfig.for_target(target.config), seed=3), folder)
+    return str(folder)
+
+
+def test_bench_gate_variants(plain, tmp_path):
+    """M-gate: M with the draft gate, the same drafter weights."""
     from test_tree_scheduler import curve
 
-    from foretell.bench import methods
-    from foretell.bench.methods import MethodOptions, Models, _method_spec
+    from foretell.bench.methods import MethodOptions, Models, build_methods
 
-    monkeypatch.setattr(methods, "_target_cost", lambda models: curve(0.001))
-    assert _method_spec("parallel-head-auto-lookup-gate") is not None
-    assert _method_spec("hidden-state-auto-gate") is not None
-    assert _method_spec("parallel-head-gate") is None and _method_spec("draft-tree-auto-gate") is None
-    models = Models(target="unused", head="unused")
+    models = Models(target="unused", head=head_folder(plain, tmp_path / "head"))
     models._pipe = plain
-    models._modules["head", 0, "none"] = new_parallel_head(plain.engine.target, ParallelHeadConfig.for_target(
-        plain.engine.target.config), seed=3)
-    ungated = _method_spec("parallel-head-auto").build(models, MethodOptions())
-    gated = _method_spec("parallel-head-auto-gate").build(models, MethodOptions())
+    plain.weights._loaded["cost", "target"] = curve(0.001)  # no measuring on the test machine
+    ungated, gated = build_methods(["parallel-head-auto", "parallel-head-auto-gate"], models, MethodOptions())
     assert gated.pipe.engine.draft_gate is not None and ungated.pipe.engine.draft_gate is None
     assert gated.name == "parallel-head-auto-gate"
+    assert gated.pipe.engine.drafter.head is ungated.pipe.engine.drafter.head  # loaded once
 
 
 def test_cache_needs_a_tree_drafter(tiny_pair, plain):
-    with pytest.raises(ForetellError, match="result_cache needs a tree drafter"):
-        load(tiny_pair[0], drafter="prompt-lookup", result_cache=True, warm_up=False)
+    with pytest.raises(ForetellError, match="result_cache .* applies to the draft-tree, parallel-head, hidden-state"):
+        load(tiny_pair[0], SpeculativeConfig(method="prompt-lookup", result_cache="outputs"), warm_up=False)
     chain = DraftModelDrafter(plain.engine.target, plain.engine.target.config.vocab_size)
     with pytest.raises(ForetellError, match="needs a tree drafter .* not draft-model"):
         replace(plain.with_drafter(chain).engine, result_cache=ResultCache())
@@ -236,13 +254,14 @@ def test_clear_forgets_stored_requests():
     assert cache.lookup([9, 3, 4], 4) == [6]
 
 
-def test_bench_warm_up_leaves_nothing_for_the_timed_run(plain):
+def test_bench_warm_up_leaves_nothing_for_the_timed_run(plain, tmp_path):
     """The bench's untimed warm-up run of a method must not feed the result cache of the timed run."""
     from foretell.bench.methods import ForetellMethod, MethodOptions
     from foretell.bench.runner import RunConfig, warm_up
 
-    engine = head_engine(plain, cache=False)
-    method = ForetellMethod("parallel-head-cache", plain, engine.drafter, MethodOptions(), result_cache="outputs")
+    spec = SpeculativeConfig(method="parallel-head", model=head_folder(plain, tmp_path / "head"),
+                             head_tree=HeadTreeShape(max_nodes=8), result_cache="outputs")
+    method = ForetellMethod("parallel-head-cache", plain, spec, MethodOptions())
     prompt = {"prompt": "p", "dataset": "d", "id": 0}
     ids = PROMPTS[0]
     fresh = method.run(ids, 24)[1]

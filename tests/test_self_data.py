@@ -12,7 +12,7 @@ import torch
 from conftest import make_hf_model, make_tokenizer, save_model_folder
 from foretell.cli import main
 from foretell.models.loading import build_model
-from foretell.train.self_data import done_count, generate_batch
+from foretell.train.common.self_data import done_count, generate_batch
 
 VOCAB = 48
 

@@ -12,17 +12,18 @@ from safetensors.torch import load_file
 
 from conftest import make_hf_model, make_tokenizer, save_model_folder
 from foretell.api import load
+from foretell.config import SpeculativeConfig
 from foretell.cli import main
 from foretell.errors import ForetellError
 from foretell.models.hidden_draft import HiddenDraftConfig, load_hidden_draft, new_hidden_draft
 from foretell.models.loading import build_model
-from foretell.train.data import DataConfig, TokenData
-from foretell.train.head_features import FeatureCache
-from foretell.train.hidden_eval import hidden_depth_eval, hot_vocab_coverage
-from foretell.train.hidden_loss import HiddenLossConfig, noise_rows, unroll, unroll_steps, with_noise
-from foretell.train.hidden_pipeline import HiddenShape, HiddenStateTrainConfig, run_hidden_state
-from foretell.train.hidden_train import hidden_step
-from foretell.train.trainer import TrainConfig, WarmupCosine
+from foretell.train.common.data import DataConfig, TokenData
+from foretell.train.common.features import FeatureCache
+from foretell.train.common.trainer import TrainConfig, WarmupCosine
+from foretell.train.hidden_state.eval import hidden_depth_eval, hot_vocab_coverage
+from foretell.train.hidden_state.loss import HiddenLossConfig, noise_rows, unroll, unroll_steps, with_noise
+from foretell.train.hidden_state.pipeline import HiddenShape, HiddenStateTrainConfig, run_hidden_state
+from foretell.train.hidden_state.train import hidden_step
 from foretell.types import SamplingParams
 from test_train_parallel_head import SEQ_LEN, VOCAB, write_dataset
 
@@ -195,8 +196,8 @@ def test_hot_vocab_coverage_by_hand():
 
 def test_trained_draft_decodes_exactly_like_plain_greedy(trained):
     cfg, draft_dir = trained
-    spec = load(cfg.target, hidden_draft=draft_dir, warm_up=False)
-    plain = load(cfg.target, drafter="none", warm_up=False)
+    spec = load(cfg.target, SpeculativeConfig(method='hidden-state', model=str(draft_dir), draft_quant="none"), warm_up=False)
+    plain = load(cfg.target, "none", warm_up=False)
     params = SamplingParams(max_new_tokens=30, ignore_eos=True)
     for prompt in ([1, 5, 9, 12, 5, 9, 30], [1, 20, 21, 22, 23]):
         assert spec.engine.generate(prompt, params).tokens == plain.engine.generate(prompt, params).tokens

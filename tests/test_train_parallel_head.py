@@ -13,16 +13,18 @@ from safetensors.torch import load_file
 
 from conftest import make_hf_model, make_tokenizer, save_model_folder
 from foretell.api import load
+from foretell.config import SpeculativeConfig
 from foretell.cli import main
 from foretell.errors import ForetellError
 from foretell.models.loading import build_model
 from foretell.models.parallel_head import ParallelHeadConfig, load_parallel_head, new_parallel_head
-from foretell.train.data import DataConfig, TokenData
-from foretell.train.head_eval import depth_acceptance
-from foretell.train.head_features import FeatureCache
-from foretell.train.head_pipeline import HeadShape, ParallelHeadTrainConfig, run_parallel_head
-from foretell.train.head_train import HeadLossConfig, anchor_candidates, sample_anchors, valid_depths
-from foretell.train.trainer import TrainConfig
+from foretell.train.common.data import DataConfig, TokenData
+from foretell.train.common.depths import anchor_candidates, sample_anchors, valid_depths
+from foretell.train.common.features import FeatureCache
+from foretell.train.common.trainer import TrainConfig
+from foretell.train.parallel_head.eval import depth_acceptance
+from foretell.train.parallel_head.pipeline import HeadShape, ParallelHeadTrainConfig, run_parallel_head
+from foretell.train.parallel_head.train import HeadLossConfig
 from foretell.types import SamplingParams
 
 VOCAB = 48
@@ -151,8 +153,8 @@ def test_per_depth_eval_is_in_range_and_beats_an_untrained_head(trained):
 
 def test_trained_head_decodes_exactly_like_plain_greedy(trained):
     cfg, head_dir = trained
-    spec = load(cfg.target, head=head_dir, warm_up=False)
-    plain = load(cfg.target, drafter="none", warm_up=False)
+    spec = load(cfg.target, SpeculativeConfig(method='parallel-head', model=str(head_dir)), warm_up=False)
+    plain = load(cfg.target, "none", warm_up=False)
     params = SamplingParams(max_new_tokens=30, ignore_eos=True)
     accepted = 0
     for prompt in ([1, 5, 9, 12, 5, 9, 30], [1, 20, 21, 22, 23], [1, 7, 3]):
@@ -212,8 +214,8 @@ def test_an_interrupted_feature_pass_continues_where_it_stopped(trained, tmp_pat
 
     import numpy as np
 
-    from foretell.train.head_features import FeatureConfig, build_feature_cache
-    from foretell.train.teacher import read_meta, write_meta
+    from foretell.train.common.cache import read_meta, write_meta
+    from foretell.train.common.features import FeatureConfig, build_feature_cache
 
     cfg, _ = trained
     folder = tmp_path / "features"
@@ -237,15 +239,15 @@ def test_an_interrupted_feature_pass_continues_where_it_stopped(trained, tmp_pat
 
 
 def test_both_sources_give_half_the_sequences_each(monkeypatch):
-    from foretell.train import head_pipeline
+    from foretell.train.common import feature_run
 
     def fake(cfg, tokenizer):
         fill = {"gsm8k": 1, "sharegpt": 2}[cfg.source]
         n = cfg.num_sequences
         return TokenData(torch.full((n, cfg.seq_len), fill), torch.ones(n, cfg.seq_len, dtype=torch.bool))
 
-    monkeypatch.setattr(head_pipeline, "build_token_data", fake)
-    data = head_pipeline.token_data(DataConfig("both", "train", 6, 8), tokenizer=None)
+    monkeypatch.setattr(feature_run, "build_token_data", fake)
+    data = feature_run.token_data(DataConfig("both", "train", 6, 8), tokenizer=None)
     assert data.input_ids[:, 0].tolist() == [1, 1, 1, 2, 2, 2]
 
 

@@ -6,7 +6,7 @@ from foretell.bench.datasets import spec_bench_path
 from foretell.errors import ForetellError
 from foretell.models.loading import resolve_model_dir
 from foretell.models.trained import TRAINED_DRAFTS
-from foretell.train.evaluate import eval_prompts
+from foretell.train.adaspec.evaluate import eval_prompts
 
 
 def test_untrained_name_fails_with_the_command_that_builds_it(tmp_path):

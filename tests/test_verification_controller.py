@@ -11,9 +11,10 @@ import torch
 
 from conftest import PROMPTS, greedy_params
 from foretell.api import load
+from foretell.config import HeadTreeShape, SpeculativeConfig
 from foretell.bench.lossy_table import final_number, lossy_rows, prefix_agreement
 from foretell.cli import main
-from foretell.drafters.parallel_tree import HeadTreeShape, ParallelHeadDrafter
+from foretell.drafters.parallel_tree import ParallelHeadDrafter
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.errors import ForetellError
 from foretell.lossy import check_lossy_threshold, confident_path, verify_controlled
@@ -109,17 +110,17 @@ def test_low_threshold_accepts_unverified_tokens_and_says_so(plain):
 
 def test_chain_and_tree_draft_models_provide_draft_probabilities(tiny_pair):
     for drafter in ("draft-model", "draft-tree"):
-        pipe = load(tiny_pair[0], draft=tiny_pair[1], drafter=drafter, dtype="float32", warm_up=False,
-                    lossy_threshold=0.5)
+        pipe = load(tiny_pair[0], SpeculativeConfig(method=drafter, model=str(tiny_pair[1]), lossy_threshold=0.5, draft_quant="none"), dtype="float32", warm_up=False)
         for params in (greedy_params(20), SamplingParams(temperature=1.0, seed=0, max_new_tokens=20, ignore_eos=True)):
             assert pipe.engine.generate(PROMPTS[0], params).stats.lossy_threshold == 0.5
 
 
 def test_errors_name_the_problem(plain, tiny_pair):
-    with pytest.raises(ForetellError, match="prompt-lookup drafter has none"):
-        load(tiny_pair[0], drafter="prompt-lookup", lossy_threshold=0.9, warm_up=False)
+    with pytest.raises(ForetellError, match="lossy_threshold .* not prompt-lookup"):
+        load(tiny_pair[0], SpeculativeConfig(method="prompt-lookup", lossy_threshold=0.9), warm_up=False)
     with pytest.raises(ForetellError, match=r"in \(0, 1\]"):
-        load(tiny_pair[0], lossy_threshold=1.5, warm_up=False)
+        load(tiny_pair[0], SpeculativeConfig(method="draft-model", model=str(tiny_pair[1]), lossy_threshold=1.5),
+             warm_up=False)
     engine = replace(plain.with_drafter(PromptLookupDrafter()).engine, lossy_threshold=0.9)
     with pytest.raises(ForetellError, match="the prompt-lookup drafter does not provide"):
         engine.generate([1, 5, 9, 5, 9, 5, 9, 5], greedy_params(10))

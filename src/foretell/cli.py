@@ -1,4 +1,4 @@
-"""Command line: foretell generate | models."""
+"""Command line: foretell generate | bench | cost | models, and the training commands (train/cli.py)."""
 
 from __future__ import annotations
 
@@ -7,48 +7,14 @@ import json
 import sys
 
 from foretell.errors import ForetellError
+from foretell.spec_args import add_speculative_args
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    from foretell.api import DRAFTERS
-
     p.add_argument("--model", default="smollm2-135m", help="target: preset name, .gguf file or HF folder (default: %(default)s)")
-    p.add_argument("--draft", help="draft model for --drafter draft-model: preset, .gguf file or HF folder")
-    p.add_argument("--drafter", choices=DRAFTERS,
-                   help="default: draft-model if --draft is given, parallel-head if --head is, "
-                        "hidden-state if --hidden-draft is, else prompt-lookup")
-    p.add_argument("--head", help="a saved parallel draft head folder, for --drafter parallel-head")
-    p.add_argument("--hidden-draft", help="a saved hidden-state draft folder, for --drafter hidden-state")
-    p.add_argument("--gamma", type=int, default=4, help="draft tokens per step (the base for adaptive policies)")
-    p.add_argument(
-        "--length-policy", default="fixed", choices=("fixed", "rejection-rate", "additive"),
-        help="draft length rule: fixed gamma; seed 001's rejection-rate rule; transformers' +2/-1",
-    )
-    p.add_argument("--hot-vocab", type=int, default=0,
-                   help="draft only among this many frequent tokens (a smaller draft output layer; lossless; 0 = all)")
-    p.add_argument("--draft-quant", default="auto", choices=("auto", "int8", "none"),
-                   help="draft weights as int8 (faster draft steps, lossless); auto = int8 on CPU (default: %(default)s)")
-    p.add_argument("--auto-budget", action="store_true",
-                   help="pick draft length / tree depth and size from this machine's measured forward cost curve")
-    p.add_argument("--tree-kind", default="dynamic", choices=("dynamic", "static"), help="draft-tree: tree shape")
-    p.add_argument("--tree-depth", type=int, default=5, help="draft-tree dynamic: depth")
-    p.add_argument("--tree-topk", type=int, default=4, help="draft-tree dynamic: nodes expanded per depth and children each")
-    p.add_argument("--tree-budget", type=int, default=24, help="draft-tree dynamic: tokens verified per pass")
-    p.add_argument("--branching", default="3,2,2,1,1", help="draft-tree static: children per node at each depth")
-    p.add_argument("--tree-children", default="topk", choices=("topk", "sampled"), help="draft-tree static: how children are drawn")
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--lossy-threshold", type=float,
-                   help="LOSSY, off by default: accept a draft token without the target's check when its draft path "
-                        "probability exceeds this value in (0, 1] (seed 003's shortcut; output no longer exact)")
-    p.add_argument("--draft-gate", action="store_true",
-                   help="tree drafters: before each pass, decide from measured tokens/s whether drafting pays at all "
-                   "(else verify only the --result-cache branch, or nothing). Lossless; about even overall in our runs")
-    p.add_argument("--result-cache", nargs="?", const="outputs", choices=("outputs", "prompt"),
-                   help="tree drafters: also propose, as one more branch, what followed the context's last n-gram in "
-                   "earlier output (this and previous requests); =prompt searches the prompt too (prompt lookup "
-                   "merged into the tree). Lossless")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -68,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-chat", action="store_true", help="send the prompt raw, without the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, statistics) instead")
     add_model_args(gen)
+    add_speculative_args(gen)
     add_sampling_args(gen)
     sub.add_parser("models", help="list the model presets and whether their packages are installed")
     cost = sub.add_parser("cost", help="measure (or read the cached) forward cost curve of models and plot it")
@@ -85,9 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_bench_parser(sub) -> None:
     from foretell.bench.datasets import DATASETS
-    from foretell.bench.methods import METHODS
+    from foretell.bench.methods import METHODS, PEERS, VARIANTS_HELP
 
-    methods = "; ".join(f"{name}: {spec.help}" for name, spec in METHODS.items())
+    methods = "; ".join(f"{name}: {spec.help}" for name, spec in {**METHODS, **PEERS}.items()) + "; " + VARIANTS_HELP
     b = sub.add_parser(
         "bench", help="Spec-Bench style benchmark: methods x prompts, interleaved, resumable; report + plots",
         description="Run every method on every prompt (interleaved), append one JSONL row per (prompt, method) "
@@ -106,6 +73,10 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default: %(default)s)")
     b.add_argument("--methods", help="comma list; default without --draft: plain,prompt-lookup,hf-plain,hf-prompt-lookup; "
                    f"with --draft: plain,prompt-lookup,draft-chain,draft-tree,hf-plain,hf-assisted. Methods: {methods}")
+    b.add_argument("--spec-config", action="append", default=[], metavar="NAME=FILE",
+                   help="one more foretell method: the speculative configuration in FILE (JSON, as written by "
+                   "`foretell generate --save-spec-config`), reported as NAME (repeatable; without --methods, the "
+                   "methods are plain and these)")
     b.add_argument("--gamma", type=int, default=4,
                    help="draft tokens per step: draft-chain, prompt-lookup, hf-prompt-lookup (default: %(default)s)")
     b.add_argument("--tree-depth", type=int, default=5, help="draft-tree: tree depth (default: %(default)s)")
@@ -127,37 +98,12 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--threads", type=int, help="torch CPU threads, also llama.cpp's (default: torch's choice)")
 
 
-def tree_shape(args):
-    from foretell.drafters.draft_tree import TreeShape
-
-    try:
-        branching = tuple(int(b) for b in args.branching.split(","))
-    except ValueError:
-        raise ForetellError(f"--branching takes comma-separated integers, got {args.branching!r}") from None
-    return TreeShape(kind=args.tree_kind, branching=branching, depth=args.tree_depth, top_k=args.tree_topk,
-                     total_tokens=args.tree_budget, children=args.tree_children)
-
-
-def installed_drafter(args) -> dict:
-    """With no drafter chosen, the target's installed hidden-state draft (`foretell train hidden-state
-    --install`) with the settings it is benchmarked with; {} when none is installed (load's default:
-    prompt lookup)."""
-    if args.drafter or args.draft or args.head or args.hidden_draft:
-        return {}
-    from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB
-    from foretell.models.hidden_draft import installed_hidden_draft
-
-    folder = installed_hidden_draft(args.model)
-    if folder is None:
-        return {}
-    return dict(drafter="hidden-state", hidden_draft=str(folder), auto_budget=True,
-                hot_vocab=args.hot_vocab or DEFAULT_HOT_VOCAB, result_cache=args.result_cache or "prompt")
-
-
 def cmd_generate(args) -> None:
     import torch
 
     from foretell.api import load
+    from foretell.spec_args import speculative_from_args
+    from foretell.types import SamplingParams
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -166,35 +112,24 @@ def cmd_generate(args) -> None:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
     )
-    from foretell.types import SamplingParams
-
     SamplingParams(**sampling)  # validate before spending time loading models
-    tree_shape(args)
-    drafter_args = dict(drafter=args.drafter, auto_budget=args.auto_budget, hot_vocab=args.hot_vocab,
-                        hidden_draft=args.hidden_draft, result_cache=args.result_cache)
-    default = installed_drafter(args)
-    if default:
-        drafter_args.update(default)
-        print(f"[drafter: the installed hidden-state draft {default['hidden_draft']}; --drafter prompt-lookup for "
-              "prompt lookup]", file=sys.stderr)
-    pipe = load(
-        args.model, draft=args.draft, dtype=args.dtype, device=args.device,
-        gamma=args.gamma, length_policy=args.length_policy, tree=tree_shape(args),
-        draft_quant=args.draft_quant, head=args.head, lossy_threshold=args.lossy_threshold,
-        draft_gate=args.draft_gate, **drafter_args,
-    )
-    drafter = pipe.engine.drafter.name if pipe.engine.drafter else "none"
+    spec, why = speculative_from_args(args, args.model)
+    if args.save_spec_config:
+        print(f"[speculative config written to {spec.save(args.save_spec_config)}]", file=sys.stderr)
+    pipe = load(args.model, spec, dtype=args.dtype, device=args.device)
+    if why:
+        print(f"[drafter: {spec.describe()}: {why}; --drafter picks another]", file=sys.stderr)
     result = None
     for chunk in pipe.stream(prompt, chat=not args.no_chat, **sampling):
         if not args.json:
             print(chunk.text, end="", flush=True)
         result = chunk.result or result
     if args.json:
-        print(json.dumps({"model": args.model, "drafter": drafter, "lossy": args.lossy_threshold is not None,
+        print(json.dumps({"model": args.model, "drafter": spec.method, "speculative": spec.to_dict(), "lossy": spec.lossy,
                           "text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}))
     else:
         print()
-        print(f"[{args.model}, drafter {drafter}, {args.dtype}] {result.stats.summary()}", file=sys.stderr)
+        print(f"[{args.model}, drafter {spec.method}, {args.dtype}] {result.stats.summary()}", file=sys.stderr)
 
 
 def cmd_models(args) -> None:
@@ -224,6 +159,21 @@ def cmd_cost(args) -> None:
     print(f"plot: {args.plot}")
 
 
+def spec_config_files(entries: list[str]) -> dict:
+    """--spec-config NAME=FILE entries -> {NAME: SpeculativeConfig}, each file read and checked."""
+    from foretell.config import SpeculativeConfig
+
+    configs = {}
+    for entry in entries:
+        name, sep, path = entry.partition("=")
+        if not sep or not name or not path:
+            raise ForetellError(f"--spec-config takes NAME=FILE, got {entry!r}")
+        if name in configs:
+            raise ForetellError(f"--spec-config name {name!r} given twice")
+        configs[name] = SpeculativeConfig.from_file(path)
+    return configs
+
+
 def cmd_bench(args) -> None:
     import time
     from pathlib import Path
@@ -251,8 +201,9 @@ def cmd_bench(args) -> None:
                          temperature=args.temperature, seed=args.seed, threads=args.threads, hot_vocab=args.hot_vocab)
     models = Models(args.model, args.draft, args.dtype, draft_quant=args.draft_quant, head=args.head,
                     hidden_draft=args.hidden_draft)
-    methods = build_methods(names(args.methods) if args.methods else default_methods(bool(args.draft)), models, opts,
-                            warn=lambda msg: print(msg, file=sys.stderr))
+    configs = spec_config_files(args.spec_config)
+    chosen = names(args.methods) if args.methods else ["plain"] if configs else default_methods(bool(args.draft))
+    methods = build_methods(chosen, models, opts, warn=lambda msg: print(msg, file=sys.stderr), configs=configs)
     tokenizer = models.pipeline().tokenizer
     chat = bool(getattr(tokenizer, "chat_template", None))
     out = Path(args.out or Path("runs") / "bench" / time.strftime("%Y%m%d-%H%M%S"))
@@ -260,7 +211,8 @@ def cmd_bench(args) -> None:
                                                 "gamma", "tree_depth", "tree_topk", "tree_budget", "branching", "hot_vocab",
                                                 "draft_quant")}
     cfg = RunConfig(out, args.max_new_tokens, greedy=args.temperature == 0, resume=args.resume,
-                    settings={**settings, "chat": chat})
+                    settings={**settings, "chat": chat, **({"spec_configs": {n: c.to_dict() for n, c in configs.items()}}
+                                                           if configs else {})})
     run_bench(prompts, methods, lambda text: encode_prompt(tokenizer, text, chat), cfg)
     report = write_report(out)
     print(report.read_text())

@@ -64,7 +64,7 @@ class Engine:
         name = self.drafter.name if self.drafter is not None else "none"
         for extra, why in ((self.draft_gate, "the draft gate skips passes of"),
                            (self.result_cache, "the result cache merges its branch into a tree proposal, so it needs")):
-            if extra is not None and not getattr(self.drafter, "sizes_itself", False):
+            if extra is not None and not (self.drafter is not None and self.drafter.sizes_itself):
                 raise ForetellError(f"{why} a tree drafter (draft-tree, parallel-head, hidden-state), not {name}")
 
     @property
@@ -81,12 +81,11 @@ class Engine:
         """Throw-away forwards of the shapes decoding uses: the first call of each shape pays
         for page-ins of fresh weights and kernel set-up, which would otherwise land in the
         first generation's timings."""
-        sizes = (*sizes, getattr(self.drafter, "max_nodes", 0) + 1)
+        sizes = (*sizes, self._max_proposal + 1)
         with torch.inference_mode():
             warm_up(self.target, sorted(set(sizes)))
-            draft_model = getattr(self.drafter, "model", None)
-            if draft_model is not None:
-                warm_up(draft_model, [1, 2, 3])
+        if self.drafter is not None:
+            self.drafter.warm_up()
 
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Chunk]:
         with torch.inference_mode():
@@ -105,7 +104,7 @@ class Engine:
         if self.draft_gate is not None:
             self.draft_gate.begin()
         limit = min(params.max_new_tokens, self.context_window - len(ids))
-        capacity = len(ids) + limit + max(self.max_draft, getattr(self.drafter, "max_nodes", 0)) + 1
+        capacity = len(ids) + limit + max(self.max_draft, self._max_proposal) + 1
         device = self.target.device
         generator = make_generator(params.seed, device)
         cache = self.target.new_cache(capacity)
@@ -120,8 +119,7 @@ class Engine:
             self.drafter.start(ids, capacity, params, generator)
         if prompt_hidden:
             self.drafter.observe(prompt_hidden)
-        drafter_cache = getattr(self.drafter, "cache", None)
-        stats.cache_bytes = cache.nbytes() + (drafter_cache.nbytes() if drafter_cache is not None else 0)
+        stats.cache_bytes = cache.nbytes() + (self.drafter.cache_bytes() if self.drafter is not None else 0)
         stats.prefill_seconds = time.perf_counter() - t0
 
         prompt_len = len(ids)
@@ -136,7 +134,7 @@ class Engine:
             proposal, cache_nodes = self._extend_proposal(proposal, branch)
             t2 = time.perf_counter()
             verdict, committed_hidden = self._verify(ids[-1], proposal, cache, params, generator)
-            if drafted and proposal.size and hasattr(self.drafter, "verified"):  # drafters that learn from timings
+            if drafted and proposal.size:  # drafters that learn from timings use it
                 self.drafter.verified(verdict.accepted, time.perf_counter() - t2, proposal.size)
             if committed_hidden:
                 self.drafter.observe(committed_hidden)
@@ -188,12 +186,17 @@ class Engine:
 
     @property
     def _drafter_layers(self) -> tuple[int, ...]:
-        """Target hidden layers the drafter reads (its optional `target_layers`); () costs nothing extra."""
-        return tuple(getattr(self.drafter, "target_layers", ())) if self.drafter is not None else ()
+        """Target hidden layers the drafter reads; () costs nothing extra."""
+        return self.drafter.target_layers if self.drafter is not None else ()
+
+    @property
+    def _max_proposal(self) -> int:
+        """The largest proposal the drafter declares (tree nodes); 0 = bounded by max_draft."""
+        return self.drafter.max_nodes if self.drafter is not None else 0
 
     def _draft_budget(self, room: int) -> int:
         """Tokens the drafter may propose (for a tree: its depth); never past the token limit."""
-        if getattr(self.drafter, "sizes_itself", False):
+        if self.drafter.sizes_itself:
             return room - 1
         return min(self.length_policy.next_length(), self.max_draft, room - 1)
 
@@ -217,7 +220,7 @@ class Engine:
             )
         if not branch:
             return proposal, []
-        merged = merge_branch(proposal, branch, getattr(self.drafter, "max_nodes", self.max_draft))
+        merged = merge_branch(proposal, branch, self._max_proposal or self.max_draft)
         return merged.proposal, merged.added
 
     def _judge(self, logits, proposal, params: SamplingParams, generator):

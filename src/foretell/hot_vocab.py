@@ -71,7 +71,7 @@ def local_training_texts(sharegpt_conversations: int = 3000) -> list[str]:
     import importlib.util
     from itertools import islice
 
-    from foretell.train.data import conversations
+    from foretell.train.common.data import conversations
 
     from foretell.bench.datasets import shared_data_dir
 

@@ -145,5 +145,4 @@ def warm_up(todo: list[tuple[dict, object]], encode, cfg: RunConfig) -> None:
         if method.name not in seen:
             seen.add(method.name)
             method.run(encode(prompt["prompt"]), min(cfg.warmup_tokens, cfg.max_new_tokens))
-            if hasattr(method, "reset"):  # the warm-up's output must not help the timed runs
-                method.reset()
+            method.reset()  # the warm-up's output must not help the timed runs

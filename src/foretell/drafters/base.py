@@ -1,4 +1,8 @@
-"""The protocol every drafter implements. Drafters propose; they never verify."""
+"""The protocol every drafter implements. Drafters propose; they never verify.
+
+Capabilities the engine relies on are declared here, with defaults in DrafterBase, so the engine reads
+them directly instead of probing for optional attributes.
+"""
 
 from __future__ import annotations
 
@@ -10,28 +14,71 @@ from foretell.types import Proposal, SamplingParams
 
 
 class Drafter(Protocol):
-    """Optional attributes the engine reads: `max_nodes` (largest proposal, to size the caches;
-    default the engine's max_draft) and `sizes_itself` (True: the drafter picks its own depth
-    and the engine's length policy does not apply).
+    """What the engine calls, in order: start, then per pass propose -> (verification) -> verified -> observe.
 
-    Reading the target's hidden states: a drafter that declares `target_layers: tuple[int, ...]`
-    (layer indices as in Transformer.forward's `hidden_layers`: 0 = embeddings, L = final norm)
-    must also implement `observe(hidden: dict[int, torch.Tensor])`. The engine then requests
-    those layers in the prefill and in every verification pass, and calls `observe` with the
-    rows ([n, H] per layer) of the tokens just committed to the target's cache, in sequence
-    order: after `start`, the prompt's rows (all of it but its last token; not called for a
-    one-token prompt), and after each verification the root's row then the accepted drafts'
-    rows (a tree: its accepted path). So before each `propose(tokens, ...)` the drafter has
-    seen exactly the rows of tokens[:-1]. Drafters without `target_layers` cost nothing extra.
+    name: shown in statistics and logs.
+    sizes_itself: True when the drafter picks its own depth and size (trees); the engine's length policy
+        then does not apply, and `max_tokens` of propose only caps the depth.
+    max_nodes: the largest proposal it makes (tree nodes); 0 = bounded by the engine's max_draft.
+    target_layers: target hidden layers it reads (as in Transformer.forward's `hidden_layers`: 0 =
+        embeddings, L = final norm); () costs nothing extra. The engine then requests those layers in
+        the prefill and every verification pass, and calls `observe` with the rows ([n, H] per layer)
+        of the tokens just committed to the target's cache, in sequence order: after `start`, the
+        prompt's rows (all of it but its last token; not called for a one-token prompt), and after each
+        verification the root's row then the accepted drafts' rows (a tree: its accepted path). So before
+        each `propose(tokens, ...)` the drafter has seen exactly the rows of tokens[:-1].
     """
 
     name: str
+    sizes_itself: bool
+    max_nodes: int
+    target_layers: tuple[int, ...]
 
     def start(self, prompt_ids: list[int], capacity: int, params: SamplingParams, generator: torch.Generator) -> None:
         """Begin a new generation. capacity bounds the sequence length (prompt + new + drafts)."""
 
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
         """Propose up to max_tokens continuing `tokens` (every committed token so far)."""
+
+    def observe(self, hidden: dict[int, torch.Tensor]) -> None:
+        """Committed tokens' target hidden rows, per layer of target_layers (see above)."""
+
+    def verified(self, accepted: int, verify_seconds: float, verified_nodes: int) -> None:
+        """The last proposal's outcome: accepted draft tokens, the pass's time, nodes verified (more than
+        proposed when the engine merged in a result-cache branch). Drafters that learn from timings use it."""
+
+    def warm_up(self) -> None:
+        """Throw-away forwards of the drafter's own model, so the first generation is not the slow one."""
+
+    def cache_bytes(self) -> int:
+        """Bytes of the drafter's own KV cache (0 without one)."""
+
+    def modules(self) -> tuple[torch.nn.Module, ...]:
+        """The weights it holds (a draft model, head or draft; some shared with the target), for memory accounting."""
+
+
+class DrafterBase:
+    """Defaults for the optional capabilities: a chain drafter that reads no hidden states and holds no weights."""
+
+    name = "drafter"
+    sizes_itself = False
+    max_nodes = 0
+    target_layers: tuple[int, ...] = ()
+
+    def observe(self, hidden: dict[int, torch.Tensor]) -> None:
+        raise RuntimeError(f"the {self.name} drafter reads no target hidden states (target_layers is empty)")
+
+    def verified(self, accepted: int, verify_seconds: float, verified_nodes: int) -> None:
+        pass
+
+    def warm_up(self) -> None:
+        pass
+
+    def cache_bytes(self) -> int:
+        return 0
+
+    def modules(self) -> tuple[torch.nn.Module, ...]:
+        return ()
 
 
 def empty_proposal(device: torch.device | str = "cpu") -> Proposal:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from foretell.drafters.base import empty_proposal
+from foretell.drafters.base import DrafterBase, empty_proposal
 from foretell.hot_vocab import HotVocab
-from foretell.models.transformer import Transformer
+from foretell.models.transformer import Transformer, warm_up
 from foretell.sampling import processed_probs, sample
 from foretell.types import Proposal, SamplingParams
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(DrafterBase):
     name = "draft-model"
 
     def __init__(self, model: Transformer, target_vocab_size: int, hot: HotVocab | None = None):
@@ -44,6 +44,16 @@ class DraftModelDrafter:
             self.model(ids, torch.arange(len(prefix), device=device), self.cache, logits_rows=slice(0, 0))
             self.cache.commit_prefix(len(prefix))
             self.cached_tokens = prefix
+
+    def warm_up(self) -> None:
+        with torch.inference_mode():
+            warm_up(self.model, [1, 2, 3])
+
+    def cache_bytes(self) -> int:
+        return self.cache.nbytes() if self.cache is not None else 0
+
+    def modules(self) -> tuple[torch.nn.Module, ...]:
+        return (self.model,)
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Pad (or cut) the draft's vocabulary to the target's so q and p index the same tokens."""

@@ -13,54 +13,17 @@ by value would break the i.i.d. assumption, so dynamic trees always use top-k ch
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 
 import torch
 
-import math
-import time
-
 from foretell.budget import CostCurve, best_tree_size
+from foretell.config import TreeShape
 from foretell.drafters.draft_model import DraftModelDrafter
-from foretell.errors import ForetellError
 from foretell.sampling import processed_probs
 from foretell.types import Proposal, SamplingParams
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    kind: str = "dynamic"  # static | dynamic
-    branching: tuple[int, ...] = (3, 2, 2, 1, 1)  # static: children per node at depth 1, 2, ...
-    depth: int = 5  # dynamic
-    top_k: int = 4  # dynamic
-    total_tokens: int = 24  # dynamic: the verification budget (nodes, root excluded)
-    children: str = "topk"  # topk | sampled (static only)
-
-    def __post_init__(self):
-        if self.kind not in ("static", "dynamic"):
-            raise ForetellError(f"tree kind must be static or dynamic, got {self.kind!r}")
-        if self.children not in ("topk", "sampled"):
-            raise ForetellError(f"tree children must be topk or sampled, got {self.children!r}")
-        if self.kind == "dynamic" and self.children == "sampled":
-            raise ForetellError("dynamic trees prune children by value, so they need topk children (sampled is static only)")
-        if self.kind == "static" and (not self.branching or min(self.branching) < 1):
-            raise ForetellError(f"static tree branching must be positive integers, got {self.branching}")
-        if self.kind == "dynamic" and min(self.depth, self.top_k, self.total_tokens) < 1:
-            raise ForetellError("dynamic tree depth, top_k and total_tokens must be >= 1")
-
-    @property
-    def max_depth(self) -> int:
-        return len(self.branching) if self.kind == "static" else self.depth
-
-    @property
-    def max_nodes(self) -> int:
-        if self.kind == "dynamic":
-            return self.total_tokens
-        total, width = 0, 1
-        for b in self.branching:
-            width *= b
-            total += width
-        return total
 
 
 @dataclass

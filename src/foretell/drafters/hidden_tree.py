@@ -40,7 +40,8 @@ from typing import Callable
 
 import torch
 
-from foretell.drafters.base import empty_proposal
+from foretell.config import HiddenStateOptions
+from foretell.drafters.base import DrafterBase, empty_proposal
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.hidden_draft import HiddenDraft
@@ -48,42 +49,8 @@ from foretell.models.token_info import TokenInfoTable
 from foretell.sampling import processed_probs
 from foretell.types import Proposal, SamplingParams
 
-RESAMPLE_TRIGGERS = ("unsure", "plausible", "always")
 DEFAULT_HOT_VOCAB = 8192  # output tokens of the benchmarked configuration (seed 000: a few thousand hot tokens)
 INFO_MEMO_BYTES = 64 << 20  # E rows kept between proposals of one generation (tokens recur: digits, " the")
-
-
-@dataclass(frozen=True)
-class HiddenStateOptions:
-    """Tree shape (defaults from the seed: depth 5, branching 3) and the ablation switches."""
-
-    depth: int = 5  # draft steps per regular proposal = maximum tree depth
-    width: int = 3  # children offered per node (top-k)
-    max_nodes: int = 24  # the verification budget (nodes, root excluded)
-    token_info: bool = True  # add E(node token) to the children's logits
-    resample: bool = True  # build a subtree from the last chain's logits after a rejection
-    fuse: bool = True  # verify it with the next regular tree in one pass (else alone, first)
-    resample_depth: int = 3  # levels of a resampled subtree (the seed: 3-5)
-    # Trigger, on the draft's distribution at the rejected position (the children of the last
-    # accepted node): "unsure" = its top probability < threshold (the draft had no clear
-    # favourite there, so the target's token carries the most news); "plausible" = it gave the
-    # target's token >= threshold; "always".
-    resample_when: str = "unsure"
-    resample_threshold: float = 0.2
-    token_info_cache: int = 0  # precompute E for this many output tokens (0 = compute per node)
-
-    def __post_init__(self):
-        if min(self.depth, self.width, self.max_nodes, self.resample_depth) < 1:
-            raise ForetellError(
-                "hidden-state tree depth, width, max_nodes and resample_depth must be >= 1, got "
-                f"{self.depth}, {self.width}, {self.max_nodes}, {self.resample_depth}"
-            )
-        if self.resample_when not in RESAMPLE_TRIGGERS:
-            raise ForetellError(f"resample_when must be one of {', '.join(RESAMPLE_TRIGGERS)}, got {self.resample_when!r}")
-        if not 0.0 <= self.resample_threshold <= 1.0:
-            raise ForetellError(f"resample_threshold must be in [0, 1], got {self.resample_threshold}")
-        if self.token_info_cache < 0:
-            raise ForetellError(f"token_info_cache must be >= 0, got {self.token_info_cache}")
 
 
 Tree = tuple[list[int], list[int], list[float]]  # tokens, parents, cumulative log-probabilities
@@ -206,7 +173,7 @@ class HiddenStateStats:
     resample_seconds: float = 0.0
 
 
-class HiddenStateDrafter:
+class HiddenStateDrafter(DrafterBase):
     name = "hidden-state"
     sizes_itself = True  # its options set depth and size, not the engine's length policy
 
@@ -365,7 +332,13 @@ class HiddenStateDrafter:
         i = bisect.bisect_left(self._out_ids, token)  # hot ids are sorted
         return i if i < len(self._out_ids) and self._out_ids[i] == token else None
 
-    def verified(self, accepted: int, verify_seconds: float, verified_nodes: int | None = None) -> None:
+    def cache_bytes(self) -> int:
+        return self.cache.nbytes() if self.cache is not None else 0
+
+    def modules(self) -> tuple[torch.nn.Module, ...]:
+        return (self.draft,)
+
+    def verified(self, accepted: int, verify_seconds: float, verified_nodes: int) -> None:
         """The engine's report on the last proposal (accepted path length, the pass's time and size)."""
         if self.scheduler is not None and self._sent[0]:
             self.scheduler.record(*self._sent, accepted, verify_seconds, verified_nodes)

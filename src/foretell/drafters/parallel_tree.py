@@ -16,29 +16,15 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass
-
 import torch
 
-from foretell.drafters.base import empty_proposal
+from foretell.config import HeadTreeShape
+from foretell.drafters.base import DrafterBase, empty_proposal
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.parallel_head import ParallelHead
 from foretell.sampling import processed_probs
 from foretell.types import Proposal, SamplingParams
-
-
-@dataclass(frozen=True)
-class HeadTreeShape:
-    max_nodes: int = 16  # the verification budget (nodes, root excluded)
-    depth: int = 4  # at most the head's depth D
-    width: int = 3  # children per node
-
-    def __post_init__(self):
-        if min(self.max_nodes, self.depth, self.width) < 1:
-            raise ForetellError(
-                f"parallel-head tree max_nodes, depth and width must be >= 1, got {self.max_nodes}, {self.depth}, {self.width}"
-            )
 
 
 def grow_tree(q: torch.Tensor, max_nodes: int, width: int) -> tuple[list[int], list[int], list[float]]:
@@ -87,7 +73,7 @@ def node_probs(q: torch.Tensor, tokens: list[int], parents: list[int]) -> torch.
     return q[torch.tensor(depth), torch.tensor(tokens)].float().cpu()
 
 
-class ParallelHeadDrafter:
+class ParallelHeadDrafter(DrafterBase):
     name = "parallel-head"
     sizes_itself = True  # its tree shape sets depth and size, not the engine's length policy
 
@@ -105,7 +91,7 @@ class ParallelHeadDrafter:
         self.shape = shape
         self.max_nodes = shape.max_nodes
         self._sent: tuple[list[int], list[float]] = ([], [])  # the last tree's parents and scores
-        self.target_layers = head.config.fuse_layers  # the engine hands us these rows after each commit
+        self.target_layers = tuple(head.config.fuse_layers)  # the engine hands us these rows after each commit
         self.cache = None
         self.params = SamplingParams()
         self._pending: list[torch.Tensor] = []  # feature rows observed, not yet fed to the head
@@ -156,7 +142,13 @@ class ParallelHeadDrafter:
             tokens = self.head.vocab_ids[tokens]  # columns -> token ids
         return Proposal(tokens=tokens, parents=torch.tensor(parents, dtype=torch.long), draft_prob=draft_prob)
 
-    def verified(self, accepted: int, verify_seconds: float, verified_nodes: int | None = None) -> None:
+    def cache_bytes(self) -> int:
+        return self.cache.nbytes() if self.cache is not None else 0
+
+    def modules(self) -> tuple[torch.nn.Module, ...]:
+        return (self.head,)
+
+    def verified(self, accepted: int, verify_seconds: float, verified_nodes: int) -> None:
         """The engine's report on the last proposal: accepted path length, the pass's time and its size
         (larger than our tree when the engine merged in the result cache's branch)."""
         if self.scheduler is not None and self._sent[0]:

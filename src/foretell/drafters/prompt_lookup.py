@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from foretell.drafters.base import empty_proposal
+from foretell.drafters.base import DrafterBase, empty_proposal
 from foretell.types import Proposal, SamplingParams
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(DrafterBase):
     name = "prompt-lookup"
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):

@@ -29,7 +29,7 @@ from foretell.errors import ForetellError
 from foretell.hot_vocab import HotVocab
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
-from foretell.models.module_folder import WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module
+from foretell.models.module_folder import FolderFormat, load_weights, read_config, save_module
 from foretell.models.quant import quantize_int8, resolve_quant
 from foretell.models.token_info import TokenInfo
 from foretell.models.transformer import DecoderLayer, RMSNorm, Transformer, rope_tables

@@ -26,7 +26,7 @@ from foretell.errors import ForetellError
 from foretell.hot_vocab import HotVocab
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
-from foretell.models.module_folder import WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module
+from foretell.models.module_folder import FolderFormat, load_weights, read_config, save_module
 from foretell.models.transformer import DecoderLayer, RMSNorm, Transformer, rope_tables
 
 FOLDER_FORMAT = FolderFormat(name="foretell-parallel-head", version=1, config_file="parallel_head.json", what="parallel head")

@@ -14,7 +14,7 @@ from pathlib import Path
 @dataclass(frozen=True)
 class TrainedDraft:
     name: str
-    run_dir: str  # under the foretell cache: the `foretell distill --out` folder
+    run_dir: str  # under the foretell cache: the `foretell train adaspec --out` folder
     command: str  # what builds it
 
     def model_dir(self, cache_dir: Path) -> Path:

@@ -1,10 +1,11 @@
-"""The target's features for parallel-head training, extracted once: fused hidden states and top-k p.
+"""The target's features, extracted once for the drafters that read them: hidden states and top-k p.
 
-Per training token: the hidden states of the head's fuse_layers side by side (bf16, the head's
-input), and the target's top-k next-token log-probabilities with their ids (the soft targets,
-as teacher.py keeps them). Both come from one target forward per batch. The arrays are .npy
-memory maps (bounded RAM, readable at any row); meta.json counts the sequences written, so an
-interrupted pass continues where it stopped. Disk: N x T x (len(fuse_layers) x H x 2 + 8k) bytes.
+Per training token: the hidden states of the hooked layers side by side (bf16; the parallel head's
+fuse_layers, or the hidden-state draft's last layer), and the target's top-k next-token
+log-probabilities with their ids (the soft targets, common/topk.py). Both come from one target
+forward per batch. The cache is a resumable folder of .npy memory maps (common/cache.py): bounded
+RAM, readable at any row, an interrupted pass continues where it stopped.
+Disk: N x T x (len(fuse_layers) x H x 2 + 8k) bytes.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
-from foretell.errors import ForetellError
 from foretell.models.transformer import Transformer
-from foretell.train.data import TokenData
-from foretell.train.teacher import open_arrays, read_meta, topk_of_logits, write_meta
+from foretell.train.common.cache import fill_cache, open_arrays, read_meta
+from foretell.train.common.data import TokenData
+from foretell.train.common.topk import topk_of_logits
 
 ARRAYS = ("features", "logp", "ids")
 
@@ -83,32 +83,16 @@ def build_feature_cache(target: Transformer, data: TokenData, fuse_layers: tuple
     k = min(cfg.top_k, target.config.vocab_size)
     f = len(fuse_layers) * target.config.hidden_size
     want = cache_settings(data, fuse_layers, k, fingerprint)
-    meta = read_meta(folder)
-    if meta is not None and {key: meta.get(key) for key in want} != want:
-        raise ForetellError(f"feature cache in {folder} was made for another target, data or head; "
-                            "delete it or use another --out")
-    folder.mkdir(parents=True, exist_ok=True)
-    if meta is None:
-        for name, shape, dtype in (("features", (n, t, f), np.int16), ("logp", (n, t, k), np.float32),
-                                   ("ids", (n, t, k), np.int32)):
-            np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=dtype, shape=shape).flush()
-        meta = {**want, "done": 0}
-        write_meta(folder, meta)
-    if meta["done"] < n:
-        print(f"foretell train: target features for {n} sequences x {t} tokens "
-              f"({cache_bytes(n, t, f, k) / 2**30:.2f} GiB) -> {folder}")
-    arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r+") for name in ARRAYS}
     target.eval()
-    with tqdm(total=n, initial=meta["done"], desc="target features", unit="seq") as bar:
-        for start in range(meta["done"], n, cfg.batch_size):
-            end = min(start + cfg.batch_size, n)
-            features, logp, ids = extract_batch(target, data.input_ids[start:end], fuse_layers, k)
-            arrays["features"][start:end] = features.cpu().view(torch.int16).numpy()
-            arrays["logp"][start:end] = logp.cpu().numpy()
-            arrays["ids"][start:end] = ids.cpu().numpy().astype(np.int32)
-            for a in arrays.values():
-                a.flush()
-            meta["done"] = end  # only after the rows are on disk
-            write_meta(folder, meta)
-            bar.update(end - start)
+
+    def rows(start: int, end: int) -> dict[str, np.ndarray]:
+        features, logp, ids = extract_batch(target, data.input_ids[start:end], fuse_layers, k)
+        return {"features": features.cpu().view(torch.int16).numpy(), "logp": logp.cpu().numpy(),
+                "ids": ids.cpu().numpy().astype(np.int32)}
+
+    arrays = (("features", (n, t, f), np.int16), ("logp", (n, t, k), np.float32), ("ids", (n, t, k), np.int32))
+    fill_cache(folder, want, arrays, cfg.batch_size, rows, "target features",
+               f"feature cache in {folder} was made for another target, data or head; delete it or use another --out",
+               f"foretell train: target features for {n} sequences x {t} tokens "
+               f"({cache_bytes(n, t, f, k) / 2**30:.2f} GiB) -> {folder}")
     return FeatureCache.open(folder)

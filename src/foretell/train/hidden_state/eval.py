@@ -1,6 +1,6 @@
 """Held-out evaluation of a hidden-state draft: per-depth hidden MSE and acceptance; hot-vocab coverage.
 
-Teacher-forced like head_eval.py: at every anchor t of a held-out sequence the draft has seen the
+Teacher-forced like parallel_head/eval.py: at every anchor t of a held-out sequence the draft has seen the
 target's states 0..t and unrolls `depth` steps on its own predictions; depth d = j + 1 predicts the
 state at p = t + d and, through lm_head + E(x_p), the token p + 1. Per depth: the hidden MSE
 against the target's state at p (the seed's check: < 0.1), top-1 = the target's greedy token,
@@ -18,10 +18,9 @@ from tqdm import tqdm
 from foretell.hot_vocab import hot_vocab_from_counts
 from foretell.models.hidden_draft import HiddenDraft
 from foretell.models.transformer import Transformer
-from foretell.train.data import TokenData
-from foretell.train.head_eval import format_depth_table
-from foretell.train.head_train import valid_depths
-from foretell.train.hidden_loss import draft_logits, unroll
+from foretell.train.common.data import TokenData
+from foretell.train.common.depths import format_depth_table, valid_depths
+from foretell.train.hidden_state.loss import draft_logits, unroll
 
 ANCHOR_CHUNK = 64  # anchors per output-layer pass (bounds the [A, depth, V] logits)
 

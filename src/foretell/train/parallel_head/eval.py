@@ -4,7 +4,8 @@ At every anchor a of a held-out sequence (a context row whose next-next token is
 token) and every depth d whose token a + d + 1 is one too: does the head's top-1 at depth d equal
 the target's greedy token there, given the true prefix? Also the expected acceptance of lossless
 speculative sampling at temperature 1, sum_v min(p, q_d), and the chain rate: top-1 right at
-every depth 1..d (what a greedy chain drafter would get accepted, on this text).
+every depth 1..d (what a greedy chain drafter would get accepted, on this text). The table of
+these is common/depths.py's format_depth_table.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from tqdm import tqdm
 
 from foretell.models.parallel_head import ParallelHead
 from foretell.models.transformer import Transformer
-from foretell.train.data import TokenData
-from foretell.train.head_train import anchor_candidates, valid_depths
+from foretell.train.common.data import TokenData
+from foretell.train.common.depths import anchor_candidates, valid_depths
 
 ANCHOR_CHUNK = 64  # anchors per head forward (bounds the [A, D, V] logits)
 
@@ -49,12 +50,3 @@ def depth_acceptance(target: Transformer, head: ParallelHead, data: TokenData) -
     per = count.clamp(min=1)
     return {"depth": list(range(1, D + 1)), "top1": (top1 / per).tolist(), "expected_acceptance": (expected / per).tolist(),
             "chain_top1": (chain / per).tolist(), "anchors": count.int().tolist(), "sequences": len(data)}
-
-
-def format_depth_table(result: dict) -> str:
-    lines = ["| depth | top-1 = target greedy | expected acceptance sum min(p, q) | chain top-1 (depths 1..d) | anchors |",
-             "|---:|---:|---:|---:|---:|"]
-    for i, d in enumerate(result["depth"]):
-        lines.append(f"| {d} | {result['top1'][i]:.3f} | {result['expected_acceptance'][i]:.3f} | "
-                     f"{result['chain_top1'][i]:.3f} | {result['anchors'][i]} |")
-    return "\n".join(lines)

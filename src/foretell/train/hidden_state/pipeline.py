@@ -1,9 +1,9 @@
 """`foretell train hidden-state` end to end: data -> target features (once) -> training -> OUT/draft -> eval.
 
 OUT/
-  data/train.safetensors   token ids and assistant mask, with data.json (head_pipeline.prepare_data)
+  data/train.safetensors   token ids and assistant mask, with data.json (common/feature_run.py)
   features/                the target's final-normed last-layer states (bf16) and top-k log p per token
-                           (head_features.py with the one hook layer L = num_layers), resumable
+                           (common/features.py with the one hook layer L = num_layers), resumable
   train/                   job.json, checkpoint.pt, log.jsonl, loss.png, done.json
   draft/                   the trained draft (save_hidden_draft): foretell generate --hidden-draft OUT/draft
   eval.json, eval.md       held-out per-depth hidden MSE and acceptance, and the hot-vocabulary coverage
@@ -14,7 +14,7 @@ The target is frozen (requires_grad off): its shared embedding and output layer 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from foretell.errors import ForetellError
@@ -25,21 +25,20 @@ from foretell.models.hidden_draft import (
     read_hidden_draft_config,
     save_hidden_draft,
 )
-from foretell.train.data import DataConfig, TokenData
-from foretell.train.head_features import FeatureConfig
-from foretell.train.head_pipeline import DONE, HeadJob, check_same_shape, default_train, prepare_features, run_inputs
-from foretell.train.hidden_eval import format_coverage, format_hidden_table, hidden_depth_eval, hot_vocab_coverage
-from foretell.train.hidden_loss import HiddenLossConfig
-from foretell.train.hidden_train import train_hidden
-from foretell.train.stages import begin_stage
-from foretell.train.trainer import TrainConfig
+from foretell.train.common.data import DataConfig, TokenData
+from foretell.train.common.feature_run import check_same_shape, prepare_features, run_inputs, train_or_load
+from foretell.train.common.features import FeatureConfig
+from foretell.train.common.trainer import TrainConfig
+from foretell.train.hidden_state.eval import format_coverage, format_hidden_table, hidden_depth_eval, hot_vocab_coverage
+from foretell.train.hidden_state.loss import HiddenLossConfig
+from foretell.train.hidden_state.train import train_hidden
 
 INIT_CHOICES = "middle (num_layers // 2), random, or a target layer number (0-based)"
 
 
 def default_hidden_train() -> TrainConfig:
-    # The draft starts from a pretrained target layer: a smaller step than a fresh parallel head.
-    return replace(default_train(), lr=5e-4)
+    # The parallel head's schedule, with a smaller step (its 1e-3): the draft starts from a pretrained target layer.
+    return TrainConfig(steps=1000, batch_size=16, micro_batch_size=1, lr=5e-4, checkpoint_every=100)
 
 
 @dataclass(frozen=True)
@@ -110,22 +109,15 @@ def run_hidden_state(cfg: HiddenStateTrainConfig) -> Path:
     if cfg.init_draft is not None:  # only when set, so runs made before the option still resume
         check_init_draft(cfg.init_draft, config)
         settings["init_draft"] = str(cfg.init_draft)
-    job = HeadJob(cfg.out / "train", cfg.resume, json.loads(json.dumps(settings, default=str)))
-    begin_stage(job)  # refuses a folder trained with other settings; --no-resume clears it
-    cache = prepare_features(cfg, target_dir, target, data, (config.target_num_layers,))
-    draft_dir = cfg.out / "draft"
-    if (job.out / DONE).is_file() and draft_dir.is_dir():
-        print(f"foretell train: the draft in {draft_dir} is already trained, skipping")
-        draft = load_hidden_draft(draft_dir, target)
-    else:
+    def train_new(job_dir: Path):
+        cache = prepare_features(cfg, target_dir, target, data, (config.target_num_layers,))
         draft = (load_hidden_draft(cfg.init_draft, target) if cfg.init_draft is not None
                  else new_hidden_draft(target, config, seed=cfg.train.seed, init_from_layer=init_layer))
-        steps = train_hidden(draft, cache, data, cfg.train, cfg.loss, cfg.shape.depth, job.out, cfg.resume,
-                             cfg.stop_after)
-        if steps < cfg.train.steps:
-            return draft_dir  # stopped early on purpose; the same command resumes
-        save_hidden_draft(draft, draft_dir)
-        (job.out / DONE).write_text(json.dumps({"steps": steps}))
-    if held_out is not None:
+        return draft, train_hidden(draft, cache, data, cfg.train, cfg.loss, cfg.shape.depth, job_dir, cfg.resume,
+                                   cfg.stop_after)
+
+    draft, draft_dir = train_or_load(cfg, settings, "draft", lambda folder: load_hidden_draft(folder, target),
+                                     train_new, save_hidden_draft)
+    if draft is not None and held_out is not None:
         evaluate(cfg, target, draft, data, held_out)
     return draft_dir

@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from foretell.models.transformer import Transformer
-from foretell.train.data import TokenData, conversations
+from foretell.train.common.data import TokenData, conversations
 
 
 def acceptance_per_token(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -112,12 +112,11 @@ def speculative_decoding(target: str | Path, drafts: dict[str, Path], prompts: l
     """Decode every prompt plainly, then with each draft (same seed), interleaved so that a change
     in machine load hits every method alike; statistics are summed over the prompts."""
     from foretell.api import load
-    from foretell.drafters.draft_model import DraftModelDrafter
-    from foretell.models.loading import load_model
+    from foretell.config import SpeculativeConfig
 
-    pipe = load(target, dtype=dtype, drafter="none", gamma=gamma)
-    vocab = pipe.target.config.vocab_size
-    pipes = {name: pipe.with_drafter(DraftModelDrafter(load_model(path, dtype).model, vocab), gamma=gamma)
+    pipe = load(target, "none", dtype=dtype)
+    pipes = {name: pipe.with_speculative(SpeculativeConfig(method="draft-model", model=str(path), gamma=gamma,
+                                                           draft_quant="none"))
              for name, path in drafts.items()}
     plain, spec = DecodeStats(), {name: DecodeStats() for name in drafts}
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed}
@@ -150,9 +149,9 @@ class EvalOptions:
 
 def compare_drafts(target: str | Path, drafts: dict[str, Path], source: str, opts: EvalOptions) -> list[dict]:
     """One row per draft: alpha on held-out data, then (if opts.prompts) real speculative decoding."""
-    from foretell.api import check_same_tokenizer
+    from foretell.drafters.factory import check_same_tokenizer
     from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
-    from foretell.train.data import DataConfig, build_token_data
+    from foretell.train.common.data import DataConfig, build_token_data
 
     target_dir = resolve_model_dir(target)
     tokenizer = load_tokenizer(target_dir)

@@ -108,7 +108,7 @@ def first_turns(source: str, tokenizer, max_prompt_tokens: int, limit: int,
                 split: str = "train") -> list[tuple[list[dict], list[int]]]:
     """Up to `limit` one-message conversations (the first user turn) that fit max_prompt_tokens, with their ids."""
     from foretell.text import encode_prompt
-    from foretell.train.data import conversations
+    from foretell.train.common.data import conversations
 
     sources = ("gsm8k", "sharegpt") if source == "both" else (source,)
     per_source = [limit - limit // 2, limit // 2] if source == "both" else [limit]
@@ -176,7 +176,7 @@ def add_self_data_parser(sub) -> None:
         "self-data", help="write the target's own answers to a data set's prompts (drafter training data)",
         description="Takes the first user turn of each conversation of a data set, lets the target "
         "answer it (batched decoding) and writes {\"messages\": [user, assistant]} rows to OUT, which "
-        "`foretell train ... --data OUT` and `foretell distill --data OUT` read. Drafters judged on the target's own "
+        "`foretell train KIND --data OUT` reads. Drafters judged on the target's own "
         "text train best on it. Rerunning the same command continues an interrupted file.",
     )
     p.add_argument("--target", default=d.target, help="target model: preset, .gguf or HF folder (default: %(default)s)")

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from foretell.errors import ForetellError
 from foretell.models.transformer import Transformer
-from foretell.train.distributed import DistContext
+from foretell.train.common.distributed import DistContext
 
 CHECKPOINT = "checkpoint.pt"
 LOG = "log.jsonl"

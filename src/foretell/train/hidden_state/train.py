@@ -1,6 +1,6 @@
-"""The training step of a hidden-state draft on cached target features (losses in hidden_loss.py).
+"""The training step of a hidden-state draft on cached target features (losses in loss.py).
 
-The loop is head_train.run_steps (trainer.py's schedule, data order and checkpoints); a step
+The loop is common/feature_loop.py (trainer.py's schedule, data order and checkpoints); a step
 backpropagates one sequence at a time (bounded memory). Only the draft's own parameters train:
 its layer, norm and token-info W_1, W_2. The target's embedding and output layer are shared, frozen, and receive no gradient.
 Everything a step depends on is a function of (seed, step) or in the checkpoint, so a resumed
@@ -14,11 +14,12 @@ from pathlib import Path
 import torch
 
 from foretell.models.hidden_draft import HiddenDraft
-from foretell.train.data import TokenData
-from foretell.train.head_features import FeatureCache
-from foretell.train.head_train import anchor_seed, run_steps, valid_depths
-from foretell.train.hidden_loss import HiddenLossConfig, kl_anchors, sequence_terms, unroll_steps
-from foretell.train.trainer import TrainConfig, step_indices
+from foretell.train.common.data import TokenData
+from foretell.train.common.depths import anchor_seed, valid_depths
+from foretell.train.common.feature_loop import run_steps
+from foretell.train.common.features import FeatureCache
+from foretell.train.common.trainer import TrainConfig, step_indices
+from foretell.train.hidden_state.loss import HiddenLossConfig, kl_anchors, sequence_terms, unroll_steps
 
 NOISE_STREAM = 0x5EED  # the noise generator's seed differs from the anchors' for the same (seed, step, sequence)
 

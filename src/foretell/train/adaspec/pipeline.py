@@ -23,22 +23,17 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from foretell.api import check_same_tokenizer
+from foretell.drafters.factory import check_same_tokenizer
 from foretell.errors import ForetellError
 from foretell.models.derive import DraftShape, draft_from_config, save_model_folder, truncated_copy
 from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
-from foretell.train.data import DataConfig, TokenData, build_token_data
-from foretell.train.distributed import launch
-from foretell.train.stages import DONE, MODEL_DIR, StageJob, begin_stage, run_stage
-from foretell.train.teacher import (
-    TeacherCache,
-    TeacherConfig,
-    build_teacher_cache,
-    fingerprint_of,
-    per_token_kl,
-    read_meta,
-)
-from foretell.train.trainer import TrainConfig
+from foretell.train.adaspec.stages import MODEL_DIR, StageJob, begin_stage, run_stage
+from foretell.train.adaspec.teacher import TeacherCache, TeacherConfig, build_teacher_cache, per_token_kl
+from foretell.train.common.cache import fingerprint_of, read_meta
+from foretell.train.common.data import DataConfig, TokenData, build_token_data
+from foretell.train.common.distributed import launch
+from foretell.train.common.run_folder import DONE
+from foretell.train.common.trainer import TrainConfig
 
 STAGES = ("all", "finetune", "reference", "draft", "distill-all-tokens")
 DRAFT_INITS = ("truncate", "random")
@@ -88,7 +83,7 @@ def prepare_data(cfg: DistillConfig, tokenizer) -> Path:
     data = build_token_data(cfg.data, tokenizer)
     data.save(path)
     settings.write_text(want)
-    print(f"foretell distill: {len(data)} sequences of {cfg.data.seq_len} tokens, "
+    print(f"foretell train adaspec: {len(data)} sequences of {cfg.data.seq_len} tokens, "
           f"{int(data.loss_mask.sum())} trained positions -> {path}")
     return path
 
@@ -163,7 +158,7 @@ def prepare_ref_kl(cfg: DistillConfig, data_file: Path, teacher: Path) -> Path:
 
 def run_job(cfg: DistillConfig, job: StageJob) -> Path:
     if begin_stage(job):
-        print(f"foretell distill: stage {job.out.name} already complete, skipping")
+        print(f"foretell train adaspec: stage {job.out.name} already complete, skipping")
     else:
         launch(run_stage, (job,), cfg.processes)
     if not (job.out / DONE).is_file():

@@ -7,25 +7,22 @@ but paths and settings cross process boundaries.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from foretell.errors import ForetellError
 from foretell.models.derive import save_model_folder
 from foretell.models.loading import build_model, load_tokenizer
-from foretell.train.data import TokenData
-from foretell.train.distributed import DistContext
-from foretell.train.losses import adaspec_loss, distill_loss, lm_loss
-from foretell.train.teacher import TeacherCache
-from foretell.train.trainer import TrainConfig, train
+from foretell.train.adaspec.losses import adaspec_loss, distill_loss, lm_loss
+from foretell.train.adaspec.teacher import TeacherCache
+from foretell.train.common.data import TokenData
+from foretell.train.common.distributed import DistContext
+from foretell.train.common.run_folder import DONE, open_job_folder
+from foretell.train.common.trainer import TrainConfig, train
 
 KINDS = ("finetune", "distill", "adaspec")  # cross-entropy on data; KL on all tokens; selective KL
-DONE = "done.json"
-JOB = "job.json"
 MODEL_DIR = "model"
 
 
@@ -51,23 +48,9 @@ class StageJob:
 
 
 def begin_stage(job: StageJob) -> bool:
-    """Ready the stage folder; True if the stage already finished. A folder holding a stage made
-    with other settings is an error (resuming it would mix two runs); --no-resume clears it."""
-    if not job.resume and job.out.exists():
-        shutil.rmtree(job.out)
-    job.out.mkdir(parents=True, exist_ok=True)
-    path = job.out / JOB
-    if path.is_file():
-        try:
-            saved = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            raise ForetellError(f"{path} is corrupt; delete {job.out} to redo the stage") from None
-        if saved != job.fingerprint():
-            changed = sorted(k for k in saved if saved[k] != job.fingerprint().get(k))
-            raise ForetellError(f"{job.out} holds a stage made with other settings ({', '.join(changed)}); "
-                                "use another --out or --no-resume")
-    else:
-        path.write_text(json.dumps(job.fingerprint(), indent=2))
+    """Ready the stage folder (common/run_folder.py refuses one made with other settings; --no-resume
+    clears it); True if the stage already finished."""
+    open_job_folder(job)
     return (job.out / DONE).is_file() and (job.out / MODEL_DIR / "config.json").is_file()
 
 

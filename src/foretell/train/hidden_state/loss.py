@@ -11,7 +11,7 @@ position p = t + j + 1. Two terms, weighted w_mse and w_kl (the seed's 0.7 and 0
   (drafters/hidden_tree.py: L_{d+1} + E(node token), at every depth including the root's). So
   token-info W_1, W_2 are trained through this term, consistently with their use.
 
-A pair (t, j) is trained where token p + 1 is an assistant token (head_train.valid_depths).
+A pair (t, j) is trained where token p + 1 is an assistant token (common/depths.py).
 Noise tokens: a `noise` fraction of the input rows is replaced by the state of another, random
 position of the sequence, as if a wrong token had been read there; the targets stay clean. So the
 draft learns not to lean on one input row, and to carry on from its own imperfect predictions.
@@ -28,8 +28,8 @@ import torch
 
 from foretell.errors import ForetellError
 from foretell.models.hidden_draft import HiddenDraft, unrolled_layout
-from foretell.train.head_train import anchor_seed, sample_anchors, valid_depths
-from foretell.train.losses import topk_kl
+from foretell.train.common.depths import anchor_seed, sample_anchors, valid_depths
+from foretell.train.common.topk import topk_kl
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,168 @@
+"""From a SpeculativeConfig to a drafter and the engine around it.
+
+The one place that turns configuration into objects, for the Python API, the CLI, the bench and the
+server. Drafter weights come from a DrafterWeights store, so several configurations over one target
+(the bench's methods) load each draft model, head or hidden-state draft once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from foretell.budget import CostCurve, HardwareAwareLength, cost_curve
+from foretell.config import HeadTreeShape, SpeculativeConfig
+from foretell.draft_gate import DraftGate
+from foretell.drafters.base import Drafter
+from foretell.drafters.length_policy import DraftLengthPolicy, make_length_policy
+from foretell.engine import Engine
+from foretell.errors import ForetellError
+from foretell.hot_vocab import HotVocab, default_hot_vocab
+from foretell.models.loading import LoadedModel, load_model
+from foretell.result_cache import make_result_cache
+from foretell.text import stop_token_ids
+
+
+def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """Speculation compares token ids, so the two vocabularies must be identical."""
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv != dv or target_tok.eos_token_id != draft_tok.eos_token_id:
+        differing = len(set(tv.items()) ^ set(dv.items()))
+        raise ForetellError(
+            f"draft {draft_name!r} and target {target_name!r} use different tokenizers "
+            f"({len(dv)} vs {len(tv)} tokens, {differing} entries differ); pick a draft from the target's family"
+        )
+
+
+@dataclass
+class DrafterWeights:
+    """Drafter weights for one loaded target, each loaded on first use and kept for the next configuration.
+
+    Keys include what changes the weights: the quantization mode (int8 rewrites a module in place) and the
+    hot-vocabulary size (it slices the output layer).
+    """
+
+    target: LoadedModel
+    target_name: str
+    dtype: str | torch.dtype = "float32"
+    device: str = "cpu"
+    cache_dir: Path | None = None
+    _loaded: dict = field(default_factory=dict, repr=False)
+
+    def _once(self, key, make):
+        if key not in self._loaded:
+            self._loaded[key] = make()
+        return self._loaded[key]
+
+    def draft_model(self, spec: str, quant: str) -> LoadedModel:
+        def make():
+            from foretell.models.quant import apply_quant
+
+            draft = load_model(spec, self.dtype, self.device, self.cache_dir)
+            check_same_tokenizer(self.target.tokenizer, draft.tokenizer, self.target_name, spec)
+            apply_quant(draft.model, quant)
+            return draft
+
+        return self._once(("draft-model", spec, quant), make)
+
+    def hot_vocab(self, size: int, draft: LoadedModel | None = None) -> HotVocab | None:
+        """The hot vocabulary for a drafter (None when size is 0 or covers the whole vocabulary); `draft`
+        for a draft model, whose vocabulary may be shorter than the target's."""
+        full = min(self.target.config.vocab_size, (draft or self.target).config.vocab_size)
+        if size == 0 or size >= full:
+            return None
+
+        def make():
+            hot = default_hot_vocab(self.target.tokenizer, size, full, self.cache_dir)  # ids valid in both
+            return HotVocab(hot.ids, self.target.config.vocab_size)
+
+        return self._once(("hot", size, full), make)
+
+    def parallel_head(self, folder: str, hot_vocab: int):
+        from foretell.models.parallel_head import load_parallel_head
+
+        return self._once(("head", folder, hot_vocab),
+                          lambda: load_parallel_head(folder, self.target.model, self.hot_vocab(hot_vocab)))
+
+    def hidden_draft(self, folder: str, hot_vocab: int, quant: str):
+        from foretell.models.hidden_draft import load_hidden_draft
+
+        return self._once(("hidden", folder, hot_vocab, quant), lambda: load_hidden_draft(
+            folder, self.target.model, self.hot_vocab(hot_vocab)).quantize(quant))
+
+    def target_cost(self) -> CostCurve:
+        """The target's forward cost by verified tokens on this machine (measured once, then cached on disk)."""
+        return self._once(("cost", "target"), lambda: cost_curve(self.target.model, self.target_name, self.cache_dir))
+
+    def draft_step_seconds(self, spec: str, quant: str) -> float:
+        model = self.draft_model(spec, quant).model
+        return self._once(("cost", spec, quant), lambda: cost_curve(model, spec, self.cache_dir))(1)
+
+
+def build_drafter(spec: SpeculativeConfig, weights: DrafterWeights) -> tuple[Drafter | None, DraftLengthPolicy]:
+    """The drafter a configuration describes, and the engine's length policy for it (chains only)."""
+    policy = make_length_policy(spec.length_policy, spec.gamma)
+    auto = spec.budget == "auto"
+    vocab_size = weights.target.config.vocab_size
+    if spec.method == "none":
+        return None, policy
+    if spec.method == "prompt-lookup":
+        from foretell.drafters.prompt_lookup import PromptLookupDrafter
+
+        return PromptLookupDrafter(spec.lookup_max, spec.lookup_min), policy
+    if spec.method in ("draft-model", "draft-tree"):
+        draft = weights.draft_model(spec.model, spec.draft_quant)
+        hot = weights.hot_vocab(spec.hot_vocab, draft)
+        if spec.method == "draft-model":
+            from foretell.drafters.draft_model import DraftModelDrafter
+
+            if auto:
+                policy = HardwareAwareLength(weights.target_cost(), weights.draft_step_seconds(spec.model, spec.draft_quant),
+                                             max_gamma=12)
+            return DraftModelDrafter(draft.model, vocab_size, hot), policy
+        from foretell.drafters.draft_tree import DraftTreeDrafter
+
+        return DraftTreeDrafter(draft.model, vocab_size, spec.tree, weights.target_cost() if auto else None, hot), policy
+    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
+
+    scheduler = AdaptiveTreeScheduler(weights.target_cost()) if auto else None
+    if spec.method == "parallel-head":
+        from foretell.drafters.parallel_tree import ParallelHeadDrafter
+
+        head = weights.parallel_head(spec.model, spec.hot_vocab)
+        shape = spec.head_tree or HeadTreeShape(depth=min(HeadTreeShape().depth, head.config.depth))
+        return ParallelHeadDrafter(head, shape, scheduler), policy
+    from foretell.drafters.hidden_tree import HiddenStateDrafter
+
+    draft = weights.hidden_draft(spec.model, spec.hot_vocab, spec.draft_quant)
+    return HiddenStateDrafter(draft, spec.hidden, scheduler), policy
+
+
+def build_engine(spec: SpeculativeConfig, weights: DrafterWeights) -> Engine:
+    drafter, policy = build_drafter(spec, weights)
+    target = weights.target
+    return Engine(
+        target=target.model,
+        tokenizer=target.tokenizer,
+        stop_ids=stop_token_ids(target.tokenizer, target.config.eos_token_ids),
+        drafter=drafter,
+        length_policy=policy,
+        lossy_threshold=spec.lossy_threshold,
+        result_cache=make_result_cache(spec.result_cache),
+        draft_gate=DraftGate() if spec.draft_gate else None,
+    )
+
+
+def default_speculative(target: str | Path, cache_dir: Path | None = None) -> tuple[SpeculativeConfig, str]:
+    """The configuration used when none is given, and why: the target's installed hidden-state draft
+    (`foretell train hidden-state --install`) with the settings it is benchmarked with, else prompt lookup."""
+    from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB
+    from foretell.models.hidden_draft import installed_hidden_draft
+
+    folder = installed_hidden_draft(str(target), cache_dir)
+    if folder is not None:
+        return (SpeculativeConfig(method="hidden-state", model=str(folder), budget="auto", hot_vocab=DEFAULT_HOT_VOCAB,
+                                  result_cache="prompt"), f"the installed hidden-state draft {folder}")
+    return SpeculativeConfig(method="prompt-lookup"), "no trained drafter installed for this target"

@@ -1,0 +1,1 @@
+"""AdaSPEC (arXiv 2510.19779): a small draft model distilled from the target on the tokens it can learn."""

@@ -1,0 +1,110 @@
+"""What a run of a drafter trained on the target's features starts from (parallel head, hidden state).
+
+Its training data (BOTH: GSM8K and ShareGPT, half the sequences each), held-out data, the frozen
+target and the feature cache, each made once and reused while its settings hold; and the shape
+check of a warm start. `cfg` below is either kind's run config: target, out, data, eval_data,
+eval_sequences, features and train.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from foretell.errors import ForetellError
+from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
+from foretell.train.common.cache import fingerprint_of
+from foretell.train.common.data import DataConfig, TokenData, build_token_data
+from foretell.train.common.features import FeatureCache, build_feature_cache, cache_settings, open_if_complete
+
+BOTH = "both"  # GSM8K and ShareGPT, half the sequences each
+
+
+def token_data(cfg: DataConfig, tokenizer) -> TokenData:
+    if cfg.source != BOTH:
+        return build_token_data(cfg, tokenizer)
+    n = cfg.num_sequences
+    parts = [build_token_data(DataConfig(source, cfg.split, None if n is None else max(1, n // 2), cfg.seq_len, cfg.pack),
+                              tokenizer) for source in ("gsm8k", "sharegpt")]
+    return TokenData(torch.cat([p.input_ids for p in parts]), torch.cat([p.loss_mask for p in parts]))
+
+
+def prepare_data(cfg: DataConfig, tokenizer, folder: Path) -> TokenData:
+    path, settings = folder / "train.safetensors", folder / "data.json"
+    want = json.dumps(asdict(cfg), sort_keys=True)
+    if path.is_file() and settings.is_file() and settings.read_text() == want:
+        return TokenData.load(path)
+    data = token_data(cfg, tokenizer)
+    folder.mkdir(parents=True, exist_ok=True)
+    data.save(path)
+    settings.write_text(want)
+    print(f"foretell train: {len(data)} sequences of {cfg.seq_len} tokens, {int(data.loss_mask.sum())} trained positions")
+    return data
+
+
+def eval_data(cfg, tokenizer) -> TokenData | None:
+    if cfg.eval_sequences == 0:
+        return None
+    source = cfg.eval_data or cfg.data.source
+    return token_data(DataConfig(source, "test", cfg.eval_sequences, cfg.data.seq_len, cfg.data.pack), tokenizer)
+
+
+def run_inputs(cfg) -> tuple[Path, TokenData, TokenData | None, torch.nn.Module]:
+    """A run's target folder, training data, held-out data (None without evaluation) and frozen target."""
+    cfg.train.micro_batches(1)
+    target_dir = resolve_model_dir(cfg.target)
+    tokenizer = load_tokenizer(target_dir)
+    data = prepare_data(cfg.data, tokenizer, cfg.out / "data")  # bad data fails here, before any model work
+    held_out = eval_data(cfg, tokenizer)
+    target = build_model(target_dir, torch.float32).requires_grad_(False)  # frozen: only the drafter trains
+    return target_dir, data, held_out, target
+
+
+def prepare_features(cfg, target_dir: Path, target, data: TokenData, fuse_layers) -> FeatureCache:
+    """OUT/features for the target layers `fuse_layers`: reused when complete and made for these settings."""
+    folder = cfg.out / "features"
+    fingerprint = json.loads(json.dumps(
+        {"target": fingerprint_of(target_dir), "data": asdict(cfg.data), "dtype": cfg.features.dtype}))
+    k = min(cfg.features.top_k, target.config.vocab_size)
+    cache = open_if_complete(folder, cache_settings(data, tuple(fuse_layers), k, fingerprint))
+    if cache is not None:
+        return cache  # complete and made for these settings: no target pass
+    dtype = parse_dtype(cfg.features.dtype)
+    extractor = target if dtype == target.dtype else build_model(target_dir, dtype)
+    return build_feature_cache(extractor, data, tuple(fuse_layers), folder, cfg.features, fingerprint)
+
+
+def check_same_shape(option: str, folder: Path, saved, wanted, options: str) -> None:
+    """A warm start (`option` FOLDER) must have exactly the config this run trains; `options` name the
+    flags that set it. The config readers name a missing or unreadable folder themselves."""
+    if saved != wanted:
+        differ = [k for k, v in asdict(wanted).items() if asdict(saved)[k] != v]
+        raise ForetellError(f"{option} {folder} has another shape ({', '.join(differ)} differ); pass the same "
+                            f"{options} it was trained with")
+
+
+def train_or_load(cfg, settings: dict, what: str, load, train_new, save):
+    """The run's trained module: loaded from OUT/<what> when this run already finished it, else trained.
+
+    The settings are checked against the run folder's first (other settings are refused; --no-resume clears
+    it). train_new(job_dir) -> (module, steps done) trains and checkpoints into job_dir; save(module, folder)
+    writes the result. Returns (module, OUT/<what>); module is None when training stopped early on purpose
+    (the same command resumes).
+    """
+    from foretell.train.common.run_folder import DONE, SettingsJob, open_job_folder
+
+    job = SettingsJob(cfg.out / "train", cfg.resume, json.loads(json.dumps(settings, default=str)))
+    open_job_folder(job)
+    folder = cfg.out / what
+    if (job.out / DONE).is_file() and folder.is_dir():
+        print(f"foretell train: the {what} in {folder} is already trained, skipping")
+        return load(folder), folder
+    module, steps = train_new(job.out)
+    if steps < cfg.train.steps:
+        return None, folder
+    save(module, folder)
+    (job.out / DONE).write_text(json.dumps({"steps": steps}))
+    return module, folder

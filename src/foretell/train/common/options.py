@@ -1,0 +1,114 @@
+"""The options of `foretell train KIND`, defined once: every kind has the same command shape.
+
+add_run_arguments: target, data, evaluation, schedule and run folder, shared by every kind (each
+passes its own defaults). add_feature_arguments: the target's feature pass, shared by the kinds
+that train on cached features (parallel-head, hidden-state). A kind's own options come after these.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from foretell.errors import ForetellError
+
+
+def check_positive(**values) -> None:
+    for name, v in values.items():
+        if v is not None and v < 1:
+            raise ForetellError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+
+
+def add_run_arguments(p, train, eval_sequences: int, *, report: str = "OUT/eval.json", eval_data: bool = True,
+                      both: bool = True, no_resume: str = "retrains (keeps the feature cache)") -> None:
+    """The options every kind shares. `train` (a TrainConfig) and `eval_sequences` are the kind's defaults;
+    `report` is where its held-out evaluation goes, `eval_data` whether it takes other held-out data than
+    --data's test split, `both` whether --data takes both, `no_resume` what --no-resume does."""
+    from foretell.train.common.data import DataConfig
+
+    data = DataConfig()
+    g = p.add_argument_group("options of every training kind")
+    g.add_argument("--target", default="smollm2-135m", help="target model: preset, .gguf or HF folder (default: %(default)s)")
+    sources = "gsm8k | sharegpt | both (half each)" if both else "gsm8k | sharegpt"
+    g.add_argument("--data", default=data.source,
+                   help=f"{sources} | a .jsonl file of {{question, answer}} or {{messages}} (default: %(default)s)")
+    g.add_argument("--num-sequences", type=int, help="training sequences to build (default: all the data gives)")
+    g.add_argument("--seq-len", type=int, default=data.seq_len, help="tokens per training sequence (default: %(default)s)")
+    g.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
+                   help="pack conversations back to back (default: on for sharegpt, off otherwise)")
+    if eval_data:
+        g.add_argument("--eval-data", help=f"held-out data for {report}: gsm8k | sharegpt | both (test splits) "
+                       "| a .jsonl file (default: the test split of --data)")
+    g.add_argument("--eval-sequences", type=int, default=eval_sequences,
+                   help=f"held-out sequences for {report}, 0 = skip (default: %(default)s)")
+    g.add_argument("--steps", type=int, default=train.steps,
+                   help="optimizer steps of each model trained (default: %(default)s)")
+    g.add_argument("--batch-size", type=int, default=train.batch_size,
+                   help="sequences per optimizer step (default: %(default)s)")
+    g.add_argument("--lr", type=float, default=train.lr, help="peak learning rate (default: %(default)s)")
+    g.add_argument("--warmup", type=int, help="warmup steps (default: 10%% of --steps)")
+    g.add_argument("--bf16", action="store_true",
+                   help="bfloat16 autocast for the trained model's matmuls (weights stay float32)")
+    g.add_argument("--checkpoint-every", type=int, default=train.checkpoint_every,
+                   help="steps between checkpoints (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=train.seed,
+                   help="seed of the init, the data order and any sampling (default: %(default)s)")
+    g.add_argument("--out", required=True, help="run folder; the same folder again resumes")
+    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                   help=f"continue from checkpoints and skip finished parts (default: on); --no-resume {no_resume}")
+    g.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+
+
+def add_topk_argument(g, top_k: int) -> None:
+    g.add_argument("--topk-teacher", type=int, default=top_k, help="target log-probs cached per token (default: %(default)s)")
+
+
+def add_feature_arguments(p) -> None:
+    """The target's feature pass (common/features.py) of the kinds that train on cached features."""
+    from foretell.train.common.features import FeatureConfig
+
+    feats = FeatureConfig()
+    g = p.add_argument_group("the target's feature pass")
+    add_topk_argument(g, feats.top_k)
+    g.add_argument("--feature-dtype", default=feats.dtype, choices=("float32", "bfloat16"),
+                   help="dtype of the target's feature pass (default: %(default)s)")
+    g.add_argument("--feature-batch", type=int, default=feats.batch_size,
+                   help="sequences per target forward in the feature pass (default: %(default)s)")
+
+
+def data_config(args):
+    """The training data the shared options name (a DataConfig)."""
+    from foretell.train.common.data import DataConfig
+
+    return DataConfig(args.data, "train", args.num_sequences, args.seq_len, args.pack)
+
+
+def train_config(args, train):
+    """`train` (the kind's TrainConfig) with the shared schedule options applied."""
+    return replace(train, steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup,
+                   bf16=args.bf16, checkpoint_every=args.checkpoint_every, seed=args.seed)
+
+
+def check_run_options(args) -> None:
+    """The shared options every training kind takes, checked the same way for all of them."""
+    check_positive(num_sequences=args.num_sequences, seq_len=args.seq_len, steps=args.steps,
+                   batch_size=args.batch_size, checkpoint_every=args.checkpoint_every, threads=args.threads)
+    if args.eval_sequences < 0:
+        raise ForetellError(f"--eval-sequences must be >= 0, got {args.eval_sequences}")
+    if not args.lr > 0:
+        raise ForetellError(f"--lr must be > 0, got {args.lr}")
+    if args.warmup is not None and args.warmup < 0:
+        raise ForetellError(f"--warmup must be >= 0, got {args.warmup}")
+
+
+def run_settings(args, train):
+    """Check the shared and feature-pass options of a kind trained on cached features; returns
+    (DataConfig, FeatureConfig, TrainConfig) from them (`train`: the kind's defaults)."""
+    from foretell.train.common.features import FeatureConfig
+
+    check_run_options(args)
+    check_positive(topk_teacher=args.topk_teacher, feature_batch=args.feature_batch)
+    if args.seq_len < 3:
+        raise ForetellError(f"--seq-len must be >= 3 (an anchor needs two tokens after it), got {args.seq_len}")
+    features = FeatureConfig(args.topk_teacher, args.feature_batch, args.feature_dtype)
+    return data_config(args), features, train_config(args, train)

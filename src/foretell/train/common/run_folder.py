@@ -1,0 +1,50 @@
+"""A training folder bound to the settings it was made with, so that resuming never mixes two runs.
+
+job.json holds the settings (a job's fingerprint()); a folder holding other settings is refused,
+and --no-resume (job.resume False) clears it. done.json marks finished training. AdaSPEC's stages
+and the parallel-head and hidden-state runs all keep their training folder this way.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from foretell.errors import ForetellError
+
+DONE = "done.json"
+JOB = "job.json"
+
+
+@dataclass(frozen=True)
+class SettingsJob:
+    """A training folder and the settings a checkpoint in it must share (what open_job_folder needs)."""
+
+    out: Path
+    resume: bool
+    settings: dict
+
+    def fingerprint(self) -> dict:
+        return self.settings
+
+
+def open_job_folder(job) -> None:
+    """Ready job.out for job (anything with out, resume and fingerprint()). A folder holding a job
+    made with other settings is an error (resuming it would mix two runs); --no-resume clears it."""
+    if not job.resume and job.out.exists():
+        shutil.rmtree(job.out)
+    job.out.mkdir(parents=True, exist_ok=True)
+    path = job.out / JOB
+    if path.is_file():
+        try:
+            saved = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            raise ForetellError(f"{path} is corrupt; delete {job.out} to redo the stage") from None
+        if saved != job.fingerprint():
+            changed = sorted(k for k in saved if saved[k] != job.fingerprint().get(k))
+            raise ForetellError(f"{job.out} holds a stage made with other settings ({', '.join(changed)}); "
+                                "use another --out or --no-resume")
+    else:
+        path.write_text(json.dumps(job.fingerprint(), indent=2))

@@ -1,0 +1,102 @@
+"""`foretell train parallel-head` end to end: data -> target features (once) -> training -> OUT/head -> eval.
+
+OUT/
+  data/train.safetensors   token ids and assistant mask (common/feature_run.py), with data.json (its settings)
+  features/                fused target hidden states and top-k p per token (common/features.py)
+  train/                   job.json, checkpoint.pt, log.jsonl, loss.png, done.json
+  head/                    the trained head (save_parallel_head): load with foretell.load(target, head=OUT/head)
+  eval.json, eval.md       per-depth acceptance on held-out data
+Rerunning the same command resumes: finished parts are skipped, training continues from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from foretell.models.parallel_head import (
+    ParallelHeadConfig, load_parallel_head, new_parallel_head, read_head_config, save_parallel_head,
+)
+from foretell.train.common.data import DataConfig, TokenData
+from foretell.train.common.depths import format_depth_table
+from foretell.train.common.feature_run import BOTH, check_same_shape, prepare_features, run_inputs, train_or_load
+from foretell.train.common.features import FeatureConfig
+from foretell.train.common.trainer import TrainConfig
+from foretell.train.parallel_head.eval import depth_acceptance
+from foretell.train.parallel_head.train import HeadLossConfig, train_head
+
+
+def default_train() -> TrainConfig:
+    # A fresh one-layer head takes a larger step than a pretrained draft (AdaSPEC's 3e-4).
+    return TrainConfig(steps=1000, batch_size=16, micro_batch_size=1, lr=1e-3, checkpoint_every=100)
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    depth: int = 4  # D: tokens drafted per head forward
+    num_layers: int = 1
+    fuse_layers: tuple[int, ...] | None = None  # None: low / middle / high target layers
+
+
+@dataclass(frozen=True)
+class ParallelHeadTrainConfig:
+    target: str
+    out: Path
+    data: DataConfig = field(default_factory=DataConfig)  # source may also be "both"
+    eval_data: str | None = None  # None: the test split of data.source (a .jsonl file has no split: give one)
+    eval_sequences: int = 64  # 0 = no evaluation
+    shape: HeadShape = field(default_factory=HeadShape)
+    loss: HeadLossConfig = field(default_factory=HeadLossConfig)
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    train: TrainConfig = field(default_factory=default_train)
+    resume: bool = True
+    stop_after: int | None = None  # stop training early (tests of resuming)
+    init_head: Path | None = None  # warm start: continue from a trained head of the same shape
+
+
+def head_config(cfg: ParallelHeadTrainConfig, target) -> ParallelHeadConfig:
+    s = cfg.shape
+    config = ParallelHeadConfig.for_target(target.config, num_layers=s.num_layers, depth=s.depth, fuse_layers=s.fuse_layers)
+    if cfg.init_head is not None:
+        check_init_head(cfg.init_head, config)
+    return config
+
+
+def check_init_head(folder: Path, config: ParallelHeadConfig) -> None:
+    """--init-head must name a saved head of exactly the shape this run trains."""
+    check_same_shape("--init-head", folder, read_head_config(folder), config,
+                     "--depth, --head-layers and --fuse-layers")
+
+
+def evaluate(cfg: ParallelHeadTrainConfig, target, head, data: TokenData) -> dict:
+    source = cfg.eval_data or cfg.data.source
+    result = {"data": source, "split": "test", **depth_acceptance(target, head, data)}
+    (cfg.out / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = format_depth_table(result)
+    (cfg.out / "eval.md").write_text(f"# Parallel head: per-depth acceptance on held-out {source}\n\n{table}\n")
+    print(table)
+    return result
+
+
+def run_parallel_head(cfg: ParallelHeadTrainConfig) -> Path:
+    """Train (or finish training) the head; returns OUT/head."""
+    target_dir, data, held_out, target = run_inputs(cfg)
+    config = head_config(cfg, target)
+    if cfg.eval_sequences and cfg.eval_data is None and cfg.data.source not in ("gsm8k", "sharegpt", BOTH):
+        print("foretell train: warning: evaluating on the training file (give --eval-data for held-out data)")
+    settings = {"target": str(target_dir), "data": asdict(cfg.data), "head": asdict(config), "loss": asdict(cfg.loss),
+                "features": asdict(cfg.features), "train": asdict(cfg.train)}
+    if cfg.init_head is not None:  # only when set, so runs made before the option still resume
+        settings["init_head"] = str(cfg.init_head)
+    def train_new(job_dir: Path):
+        cache = prepare_features(cfg, target_dir, target, data, config.fuse_layers)
+        head = (load_parallel_head(cfg.init_head, target) if cfg.init_head is not None
+                else new_parallel_head(target, config, seed=cfg.train.seed))
+        return head, train_head(head, cache, data, cfg.train, cfg.loss, job_dir, cfg.resume, cfg.stop_after)
+
+    head, head_dir = train_or_load(cfg, settings, "head", lambda folder: load_parallel_head(folder, target),
+                                   train_new, save_parallel_head)
+    if head is not None and held_out is not None:
+        evaluate(cfg, target, head, held_out)
+    return head_dir
