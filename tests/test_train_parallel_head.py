@@ -238,19 +238,6 @@ def test_an_interrupted_feature_pass_continues_where_it_stopped(trained, tmp_pat
         build_feature_cache(target, data, layers[:1], folder, FeatureConfig(top_k=meta["top_k"]), meta["fingerprint"])
 
 
-def test_both_sources_give_half_the_sequences_each(monkeypatch):
-    from foretell.train.common import feature_run
-
-    def fake(cfg, tokenizer):
-        fill = {"gsm8k": 1, "sharegpt": 2}[cfg.source]
-        n = cfg.num_sequences
-        return TokenData(torch.full((n, cfg.seq_len), fill), torch.ones(n, cfg.seq_len, dtype=torch.bool))
-
-    monkeypatch.setattr(feature_run, "build_token_data", fake)
-    data = feature_run.token_data(DataConfig("both", "train", 6, 8), tokenizer=None)
-    assert data.input_ids[:, 0].tolist() == [1, 1, 1, 2, 2, 2]
-
-
 def test_init_head_continues_from_a_trained_head(setup, trained, tmp_path):
     """--init-head: training starts from the given head (not a random one), and a head of another shape is refused."""
     _, head_dir = trained

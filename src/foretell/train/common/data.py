@@ -1,15 +1,17 @@
 """Chat training data as fixed-length token sequences with a mask of the positions to train.
 
-Sources: GSM8K (question -> answer), ShareGPT (multi-turn) or a local JSONL file. Every
-conversation goes through the target's chat template, so the draft learns the distribution the
-target actually sees when serving.
+Sources: GSM8K (question -> answer), ShareGPT (multi-turn) or a local JSONL file, alone or mixed
+("a.jsonl,sharegpt:3000,gsm8k:2000": each source up to its count of sequences; "both" = GSM8K and ShareGPT,
+half each). Every conversation goes through the target's chat template, so the draft learns the
+distribution the target actually sees when serving. Training splits never contain an evaluation prompt
+(heldout.py): conversations that share text with one are dropped, and the count is reported.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,13 +23,27 @@ SHAREGPT_HELDOUT = 500  # the last conversations of the file form the test split
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant"}
 
 
+BOTH = "both"  # GSM8K and ShareGPT, half the sequences each
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = "gsm8k"  # gsm8k | sharegpt | path to a .jsonl file
+    source: str = "gsm8k"  # gsm8k | sharegpt | both | a .jsonl file | a mix "a.jsonl,sharegpt:3000,..."
     split: str = "train"  # train | test (ignored for a file)
-    num_sequences: int | None = None  # None = all the source gives
+    num_sequences: int | None = None  # None = all the sources give; shared evenly by sources without a count
     seq_len: int = 256
     pack: bool | None = None  # None: pack ShareGPT (long chats), pad one example a row otherwise
+
+
+@dataclass
+class DataReport:
+    """What building the sequences did: rows per source, and conversations dropped for sharing text with an
+    evaluation prompt (train split; `unchecked`: evaluation sets not installed, so not checked against)."""
+
+    rows: dict[str, int] = field(default_factory=dict)
+    heldout_dropped: int = 0
+    heldout_kept: int = 0
+    unchecked: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -200,11 +216,52 @@ def to_rows(examples: Iterable[tuple[list[int], list[bool]]], seq_len: int, pad_
                 yield row
 
 
-def build_token_data(cfg: DataConfig, tokenizer) -> TokenData:
-    pack = cfg.pack if cfg.pack is not None else cfg.source == "sharegpt"
+def parse_sources(source: str, num_sequences: int | None) -> list[tuple[str, int | None]]:
+    """(source, sequence limit) per part of a source string; parts without a count share num_sequences."""
+    if source == BOTH:
+        source = "gsm8k,sharegpt"
+    parts: list[tuple[str, int | None]] = []
+    for part in (p.strip() for p in source.split(",")):
+        name, sep, count = part.rpartition(":")
+        if sep and count.isdigit() and name:
+            if int(count) < 1:
+                raise ForetellError(f"data source {part!r}: the count must be >= 1")
+            parts.append((name, int(count)))
+        elif part:
+            parts.append((part, None))
+    if not parts:
+        raise ForetellError(f"no data source in {source!r}")
+    open_parts = [i for i, (_, n) in enumerate(parts) if n is None]
+    if num_sequences is not None and open_parts:
+        share, extra = divmod(num_sequences, len(open_parts))
+        for j, i in enumerate(open_parts):  # the first ones take the remainder, as "both" always did
+            parts[i] = (parts[i][0], max(1, share + (1 if j < extra else 0)))
+    return parts
+
+
+def build_token_data(cfg: DataConfig, tokenizer, report: DataReport | None = None) -> TokenData:
+    """The sequences of every source in turn. A training split drops conversations that share text with an
+    evaluation prompt (counted in `report`)."""
+    from foretell.train.common.heldout import FilterReport, HeldOut, evaluation_prompts, without_heldout
+
+    report = report if report is not None else DataReport()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    examples = (tokenize_conversation(tokenizer, m) for m in conversations(cfg.source, cfg.split))
-    rows = list(to_rows(examples, cfg.seq_len, pad_id or 0, pack, cfg.num_sequences))
+    index = filtered = None
+    if cfg.split == "train":
+        prompts, report.unchecked = evaluation_prompts()
+        index, filtered = HeldOut.of(prompts), FilterReport()
+    rows: list[tuple[list[int], list[bool]]] = []
+    for name, limit in parse_sources(cfg.source, cfg.num_sequences):
+        pack = cfg.pack if cfg.pack is not None else name == "sharegpt"
+        convs = conversations(name, cfg.split)
+        if index is not None:
+            convs = without_heldout(convs, index, filtered)
+        examples = (tokenize_conversation(tokenizer, m) for m in convs)
+        made = list(to_rows(examples, cfg.seq_len, pad_id or 0, pack, limit))
+        report.rows[name] = len(made)
+        rows += made
+    if filtered is not None:
+        report.heldout_dropped, report.heldout_kept = filtered.dropped, filtered.kept
     if not rows:
         raise ForetellError(f"no training sequences from {cfg.source!r} ({cfg.split}) with seq_len {cfg.seq_len}")
     ids = torch.tensor([r[0] for r in rows], dtype=torch.long)

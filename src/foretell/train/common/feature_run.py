@@ -1,6 +1,6 @@
 """What a run of a drafter trained on the target's features starts from (parallel head, hidden state).
 
-Its training data (BOTH: GSM8K and ShareGPT, half the sequences each), held-out data, the frozen
+Its training data (data.py: one source or a mix), held-out data, the frozen
 target and the feature cache, each made once and reused while its settings hold; and the shape
 check of a warm start. `cfg` below is either kind's run config: target, out, data, eval_data,
 eval_sequences, features and train.
@@ -17,31 +17,27 @@ import torch
 from foretell.errors import ForetellError
 from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
 from foretell.train.common.cache import fingerprint_of
-from foretell.train.common.data import DataConfig, TokenData, build_token_data
+from foretell.train.common.data import DataConfig, DataReport, TokenData, build_token_data
 from foretell.train.common.features import FeatureCache, build_feature_cache, cache_settings, open_if_complete
 
-BOTH = "both"  # GSM8K and ShareGPT, half the sequences each
-
-
-def token_data(cfg: DataConfig, tokenizer) -> TokenData:
-    if cfg.source != BOTH:
-        return build_token_data(cfg, tokenizer)
-    n = cfg.num_sequences
-    parts = [build_token_data(DataConfig(source, cfg.split, None if n is None else max(1, n // 2), cfg.seq_len, cfg.pack),
-                              tokenizer) for source in ("gsm8k", "sharegpt")]
-    return TokenData(torch.cat([p.input_ids for p in parts]), torch.cat([p.loss_mask for p in parts]))
+REPORT = "report.json"  # in OUT/data: rows per source and the evaluation-prompt filter's counts
 
 
 def prepare_data(cfg: DataConfig, tokenizer, folder: Path) -> TokenData:
     path, settings = folder / "train.safetensors", folder / "data.json"
     want = json.dumps(asdict(cfg), sort_keys=True)
-    if path.is_file() and settings.is_file() and settings.read_text() == want:
+    if path.is_file() and settings.is_file() and settings.read_text() == want and (folder / REPORT).is_file():
         return TokenData.load(path)
-    data = token_data(cfg, tokenizer)
+    report = DataReport()
+    data = build_token_data(cfg, tokenizer, report)
     folder.mkdir(parents=True, exist_ok=True)
     data.save(path)
+    (folder / REPORT).write_text(json.dumps({"sequences": len(data), **asdict(report)}, indent=2) + "\n")
     settings.write_text(want)
-    print(f"foretell train: {len(data)} sequences of {cfg.seq_len} tokens, {int(data.loss_mask.sum())} trained positions")
+    print(f"foretell train: {len(data)} sequences of {cfg.seq_len} tokens, {int(data.loss_mask.sum())} trained positions "
+          f"({', '.join(f'{k}: {v}' for k, v in report.rows.items())}); {report.heldout_dropped} conversations "
+          "dropped for sharing text with an evaluation prompt"
+          + (f" (not installed, so not checked: {', '.join(report.unchecked)})" if report.unchecked else ""))
     return data
 
 
@@ -49,7 +45,7 @@ def eval_data(cfg, tokenizer) -> TokenData | None:
     if cfg.eval_sequences == 0:
         return None
     source = cfg.eval_data or cfg.data.source
-    return token_data(DataConfig(source, "test", cfg.eval_sequences, cfg.data.seq_len, cfg.data.pack), tokenizer)
+    return build_token_data(DataConfig(source, "test", cfg.eval_sequences, cfg.data.seq_len, cfg.data.pack), tokenizer)
 
 
 def run_inputs(cfg) -> tuple[Path, TokenData, TokenData | None, torch.nn.Module]:

@@ -18,9 +18,9 @@ from pathlib import Path
 from foretell.models.parallel_head import (
     ParallelHeadConfig, load_parallel_head, new_parallel_head, read_head_config, save_parallel_head,
 )
-from foretell.train.common.data import DataConfig, TokenData
+from foretell.train.common.data import BOTH, DataConfig, TokenData
 from foretell.train.common.depths import format_depth_table
-from foretell.train.common.feature_run import BOTH, check_same_shape, prepare_features, run_inputs, train_or_load
+from foretell.train.common.feature_run import check_same_shape, prepare_features, run_inputs, train_or_load
 from foretell.train.common.features import FeatureConfig
 from foretell.train.common.trainer import TrainConfig
 from foretell.train.parallel_head.eval import depth_acceptance
