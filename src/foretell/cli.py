@@ -135,9 +135,15 @@ def cmd_generate(args) -> None:
 def cmd_models(args) -> None:
     from foretell.models.presets import PRESETS, preset_available
 
+    from foretell.models.shipped import shipped_manifests
+
     for p in PRESETS.values():
         state = "installed" if preset_available(p.name) else f"not installed: {p.install_command}"
         print(f"{p.name:22s} {p.description} [{state}]")
+    for m in shipped_manifests():
+        default = ", the default drafter" if m.default else ""
+        print(f"{m.name:22s} shipped {m.kind} drafter for {m.target.name}{default} (--drafter {m.kind} "
+              f"{'--head' if m.kind == 'parallel-head' else '--hidden-draft'} {m.name})")
 
 
 def cmd_cost(args) -> None:

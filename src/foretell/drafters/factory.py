@@ -49,6 +49,7 @@ class DrafterWeights:
     dtype: str | torch.dtype = "float32"
     device: str = "cpu"
     cache_dir: Path | None = None
+    shipped_root: Path | None = None  # where shipped drafters are looked up by name (None: the package's own)
     _loaded: dict = field(default_factory=dict, repr=False)
 
     def _once(self, key, make):
@@ -80,15 +81,25 @@ class DrafterWeights:
 
         return self._once(("hot", size, full), make)
 
-    def parallel_head(self, folder: str, hot_vocab: int):
+    def folder(self, model: str, method: str) -> Path:
+        """A head's or hidden-state draft's folder: `model` itself, or the shipped drafter of that name (its
+        checksums and target checked once)."""
+        from foretell.models.shipped import SHIPPED_DIR, resolve_drafter_folder
+
+        root = self.shipped_root or SHIPPED_DIR
+        return self._once(("folder", model, method), lambda: resolve_drafter_folder(model, method, self.target.model, root))
+
+    def parallel_head(self, model: str, hot_vocab: int):
         from foretell.models.parallel_head import load_parallel_head
 
+        folder = self.folder(model, "parallel-head")
         return self._once(("head", folder, hot_vocab),
                           lambda: load_parallel_head(folder, self.target.model, self.hot_vocab(hot_vocab)))
 
-    def hidden_draft(self, folder: str, hot_vocab: int, quant: str):
+    def hidden_draft(self, model: str, hot_vocab: int, quant: str):
         from foretell.models.hidden_draft import load_hidden_draft
 
+        folder = self.folder(model, "hidden-state")
         return self._once(("hidden", folder, hot_vocab, quant), lambda: load_hidden_draft(
             folder, self.target.model, self.hot_vocab(hot_vocab)).quantize(quant))
 
@@ -155,14 +166,21 @@ def build_engine(spec: SpeculativeConfig, weights: DrafterWeights) -> Engine:
     )
 
 
-def default_speculative(target: str | Path, cache_dir: Path | None = None) -> tuple[SpeculativeConfig, str]:
-    """The configuration used when none is given, and why: the target's installed hidden-state draft
-    (`foretell train hidden-state --install`) with the settings it is benchmarked with, else prompt lookup."""
+def default_speculative(target: str | Path, cache_dir: Path | None = None,
+                        shipped_root: Path | None = None) -> tuple[SpeculativeConfig, str]:
+    """The configuration used when none is given, and why, in this order: the target's installed hidden-state
+    draft (`foretell train hidden-state --install`: the user's own choice), the shipped drafter marked default
+    for it (the fastest shipped one in the bench), else prompt lookup."""
     from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB
     from foretell.models.hidden_draft import installed_hidden_draft
+    from foretell.models.shipped import SHIPPED_DIR, default_shipped
 
     folder = installed_hidden_draft(str(target), cache_dir)
     if folder is not None:
         return (SpeculativeConfig(method="hidden-state", model=str(folder), budget="auto", hot_vocab=DEFAULT_HOT_VOCAB,
                                   result_cache="prompt"), f"the installed hidden-state draft {folder}")
-    return SpeculativeConfig(method="prompt-lookup"), "no trained drafter installed for this target"
+    shipped = default_shipped(str(target), shipped_root or SHIPPED_DIR)
+    if shipped is not None:
+        spec = SpeculativeConfig.from_dict({**shipped.speculative, "model": shipped.name}, f"{shipped.name}'s manifest")
+        return spec, f"the shipped drafter {shipped.name}, the fastest in foretell's benchmark for this target"
+    return SpeculativeConfig(method="prompt-lookup"), "no trained drafter shipped or installed for this target"

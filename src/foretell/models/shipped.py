@@ -1,0 +1,148 @@
+"""Trained drafters that ship inside the package, loadable by name (`model="smollm2-135m-head"`).
+
+Each lives in src/foretell/shipped/NAME/: the saved drafter folder (a parallel head or a hidden-state draft) and
+manifest.json: what it is and for which target, the sha256 of every file, the speculative configuration it was
+benchmarked with, and how it was made (command, data, commit, held-out figures). Loading checks all of it, so a
+damaged file or a drafter meant for another model fails with a clear error instead of drafting nonsense.
+`ship_drafter` writes such a folder from a training run's output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from foretell.errors import ForetellError
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "shipped"
+MANIFEST = "manifest.json"
+KINDS = {"parallel-head": "parallel_head.json", "hidden-state": "hidden_draft.json"}  # method -> config file
+
+
+@dataclass(frozen=True)
+class TargetIdentity:
+    """What a drafter's target must be: its preset name (for defaults), shapes, and a fingerprint of its token
+    embeddings (rounded to bf16, so the same weights match whatever dtype they were loaded in)."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    embedding_sha256: str
+
+    @classmethod
+    def of(cls, name: str, model) -> TargetIdentity:
+        c = model.config
+        return cls(name, c.vocab_size, c.hidden_size, c.num_hidden_layers, embedding_fingerprint(model))
+
+
+def embedding_fingerprint(model) -> str:
+    weight = model.embed_tokens.weight.detach().to("cpu", torch.bfloat16).contiguous()
+    return hashlib.sha256(weight.view(torch.int16).numpy().tobytes()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    kind: str  # a speculative method: parallel-head | hidden-state
+    target: TargetIdentity
+    files: dict[str, str]  # file name -> sha256
+    speculative: dict  # the configuration it was benchmarked with (SpeculativeConfig dict, model omitted)
+    made_by: dict = field(default_factory=dict)  # command, data, commit, held-out figures, bench figures
+    default: bool = False  # the target's default drafter (the fastest shipped one, per the bench)
+
+    @classmethod
+    def read(cls, folder: Path) -> Manifest:
+        path = folder / MANIFEST
+        try:
+            raw = json.loads(path.read_text())
+            return cls(**{**raw, "target": TargetIdentity(**raw["target"])})
+        except FileNotFoundError:
+            raise ForetellError(f"{folder} has no {MANIFEST}: not a shipped drafter") from None
+        except (json.JSONDecodeError, TypeError, KeyError) as e:
+            raise ForetellError(f"{path} is damaged ({e}); restore it with `git checkout -- {folder}`") from None
+
+
+def shipped_names(root: Path = SHIPPED_DIR) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if (p / MANIFEST).is_file()) if root.is_dir() else []
+
+
+def shipped_manifests(root: Path = SHIPPED_DIR) -> list[Manifest]:
+    return [Manifest.read(root / name) for name in shipped_names(root)]
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verified_folder(name: str, method: str, target_model, root: Path = SHIPPED_DIR) -> Path:
+    """The folder of shipped drafter `name` after checking its kind, its files' checksums and its target."""
+    folder = root / name
+    manifest = Manifest.read(folder)
+    if manifest.kind != method:
+        raise ForetellError(f"the shipped drafter {name!r} is a {manifest.kind} drafter, not {method}: use "
+                            f"method {manifest.kind!r} with it")
+    for file, want in manifest.files.items():
+        path = folder / file
+        if not path.is_file():
+            raise ForetellError(f"the shipped drafter {name!r} is missing {file}; restore it with `git checkout -- {folder}`")
+        if sha256_of(path) != want:
+            raise ForetellError(f"the shipped drafter {name!r} is damaged: {file} does not match its checksum in "
+                                f"{MANIFEST}; restore it with `git checkout -- {folder}` (or reinstall foretell)")
+    have = TargetIdentity.of(manifest.target.name, target_model)
+    if have != manifest.target:
+        differs = [k for k, v in asdict(manifest.target).items() if k != "name" and asdict(have)[k] != v]
+        raise ForetellError(f"the shipped drafter {name!r} was trained for {manifest.target.name}; this target differs "
+                            f"({', '.join(differs)}): train one for it (docs/training.md) or use prompt lookup")
+    return folder
+
+
+def resolve_drafter_folder(model: str, method: str, target_model, root: Path = SHIPPED_DIR) -> Path:
+    """A drafter's weights given as a folder, or as the name of a shipped drafter (checked)."""
+    if Path(model).is_dir():
+        return Path(model)
+    if (root / model / MANIFEST).is_file():
+        return verified_folder(model, method, target_model, root)
+    names = shipped_names(root)
+    raise ForetellError(f"no drafter folder {model!r}, and no shipped drafter of that name"
+                        + (f" (shipped: {', '.join(names)})" if names else "") + "; train one (docs/training.md)")
+
+
+def default_shipped(target_name: str, root: Path = SHIPPED_DIR) -> Manifest | None:
+    """The shipped drafter marked default for this target (a preset name), if any."""
+    return next((m for m in shipped_manifests(root) if m.default and m.target.name == target_name), None)
+
+
+def ship_drafter(source: Path, name: str, kind: str, target_name: str, target_model, speculative: dict,
+                 made_by: dict, default: bool = False, root: Path = SHIPPED_DIR) -> Path:
+    """Copy a saved drafter folder into the package as `name`, weights in bf16, with its manifest."""
+    from safetensors.torch import load_file, save_file
+
+    if kind not in KINDS:
+        raise ForetellError(f"only {', '.join(KINDS)} drafters ship, not {kind}")
+    config_file = KINDS[kind]
+    if not (source / config_file).is_file():
+        raise ForetellError(f"{source} is not a saved {kind} drafter (no {config_file})")
+    out = root / name
+    staging = root / (name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    shutil.copy(source / config_file, staging / config_file)
+    weights = load_file(str(source / "model.safetensors"))
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
+              str(staging / "model.safetensors"))
+    files = {f: sha256_of(staging / f) for f in (config_file, "model.safetensors")}
+    manifest = Manifest(name, kind, TargetIdentity.of(target_name, target_model), files, speculative, made_by, default)
+    (staging / MANIFEST).write_text(json.dumps(asdict(manifest), indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return out

@@ -1,0 +1,118 @@
+"""Drafters shipped inside the package: loaded by name, checked (checksums, target, kind), the default of
+generate for their target; the real ones stay within the size budget and decode exactly as plain."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import PROMPTS, greedy_params
+from foretell.config import SpeculativeConfig
+from foretell.drafters.factory import DrafterWeights, build_engine, default_speculative
+from foretell.errors import ForetellError
+from foretell.models.loading import load_model
+from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
+from foretell.models.shipped import MANIFEST, SHIPPED_DIR, Manifest, sha256_of, ship_drafter, shipped_manifests
+
+SPEC = {"method": "parallel-head", "budget": "fixed", "result_cache": "prompt"}
+
+
+@pytest.fixture
+def shipped(tiny_pair, tmp_path):
+    """A random head for the tiny target, shipped into tmp_path/shipped as 'tiny-head' (the default)."""
+    target = load_model(tiny_pair[0])
+    saved = save_parallel_head(new_parallel_head(target.model, ParallelHeadConfig.for_target(target.config), seed=3),
+                               tmp_path / "run" / "head")
+    root = tmp_path / "shipped"
+    ship_drafter(saved, "tiny-head", "parallel-head", str(tiny_pair[0]), target.model, SPEC,
+                 {"command": "a test", "heldout": {"top1": 0.1}}, default=True, root=root)
+    return target, root
+
+
+def engine_for(target, root, **spec):
+    weights = DrafterWeights(target, "tiny", shipped_root=root)
+    return build_engine(SpeculativeConfig(**{"method": "parallel-head", "model": "tiny-head", **spec}), weights)
+
+
+def test_a_shipped_drafter_loads_by_name_and_is_exact(shipped, plain):
+    target, root = shipped
+    manifest = Manifest.read(root / "tiny-head")
+    assert manifest.kind == "parallel-head" and manifest.made_by["command"] == "a test"
+    assert set(manifest.files) == {"parallel_head.json", "model.safetensors"}
+    engine = engine_for(target, root)
+    assert engine.drafter.head.fuse.weight.dtype == torch.float32  # stored bf16, loaded in the target's dtype
+    for prompt in PROMPTS:
+        assert engine.generate(prompt, greedy_params()).tokens == plain.engine.generate(prompt, greedy_params()).tokens
+
+
+def test_the_default_shipped_drafter_of_a_target(shipped, tiny_pair, tmp_path):
+    _, root = shipped
+    spec, why = default_speculative(str(tiny_pair[0]), tmp_path / "cache", root)
+    assert spec == SpeculativeConfig(method="parallel-head", model="tiny-head", result_cache="prompt")
+    assert "shipped drafter tiny-head" in why
+    assert default_speculative("another-model", tmp_path / "cache", root)[0].method == "prompt-lookup"
+
+
+def test_a_damaged_or_misused_shipped_drafter_is_refused(shipped, tiny_pair):
+    target, root = shipped
+    folder = root / "tiny-head"
+    with pytest.raises(ForetellError, match="is a parallel-head drafter, not hidden-state"):
+        build_engine(SpeculativeConfig(method="hidden-state", model="tiny-head"), DrafterWeights(target, "t", shipped_root=root))
+    with pytest.raises(ForetellError, match="no drafter folder 'tiny-haed', and no shipped drafter of that name .shipped: tiny-head"):
+        engine_for(target, root, model="tiny-haed")
+    other = load_model(tiny_pair[1])  # same shapes, other weights: another model
+    with pytest.raises(ForetellError, match="was trained for .*this target differs .embedding_sha256"):
+        build_engine(SpeculativeConfig(method="parallel-head", model="tiny-head"), DrafterWeights(other, "d", shipped_root=root))
+    weights = folder / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[:-8] + bytes(8))
+    with pytest.raises(ForetellError, match="damaged: model.safetensors does not match its checksum"):
+        engine_for(target, root)
+    weights.write_bytes(good[: len(good) // 2])
+    with pytest.raises(ForetellError, match="damaged"):
+        engine_for(target, root)
+    weights.unlink()
+    with pytest.raises(ForetellError, match="is missing model.safetensors"):
+        engine_for(target, root)
+    (folder / MANIFEST).write_text("{not json")
+    with pytest.raises(ForetellError, match="manifest.json is damaged"):
+        engine_for(target, root)
+
+
+# --- the drafters that ship with foretell ---------------------------------------------------------
+
+SIZE_BUDGET = 40 * 2**20
+
+
+def test_shipped_drafters_fit_the_budget_and_match_their_checksums():
+    total = sum(p.stat().st_size for p in SHIPPED_DIR.rglob("*") if p.is_file())
+    assert total <= SIZE_BUDGET, f"shipped drafters take {total / 2**20:.1f} MiB, over the 40 MiB budget"
+    for m in shipped_manifests():
+        assert all(sha256_of(SHIPPED_DIR / m.name / f) == h for f, h in m.files.items()), m.name
+        assert {"command", "data", "commit", "heldout"} <= set(m.made_by), f"{m.name}: manifest lacks provenance"
+        SpeculativeConfig.from_dict({**m.speculative, "model": m.name})
+    defaults = [m.target.name for m in shipped_manifests() if m.default]
+    assert len(defaults) == len(set(defaults)), "one default drafter per target"
+
+
+def test_run_sh_default_is_the_shipped_drafter_and_exact_in_fp32(capsys):
+    """What ./run.sh does on a fresh clone: generate on SmolLM2 with no drafter chosen. It picks the shipped
+    default drafter, and in fp32 its greedy text is plain decoding's, token for token."""
+    from foretell.cli import main
+
+    defaults = [m for m in shipped_manifests() if m.default and m.target.name == "smollm2-135m"]
+    if not defaults:
+        pytest.skip("no drafter shipped for smollm2-135m yet")
+    args = ["generate", "Summarize in two sentences why the sky is blue.", "--dtype", "float32",
+            "--max-new-tokens", "48", "--json"]
+
+    def run(*extra):
+        assert main([*args, *extra]) == 0
+        captured = capsys.readouterr()
+        return json.loads(captured.out), captured.err
+
+    spec, err = run()
+    assert spec["speculative"]["model"] == defaults[0].name and f"shipped drafter {defaults[0].name}" in err
+    assert spec["tokens"] == run("--drafter", "none")[0]["tokens"]
