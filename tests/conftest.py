@@ -121,3 +121,17 @@ def spec_bench_prompts(per_category: int) -> list[str]:
 
     path = SPEC_BENCH if SPEC_BENCH.is_file() else FIXTURE_PROMPTS
     return [row["prompt"] for row in load_spec_bench(per_category, path)]
+
+
+MICRO_VOCAB = 8  # the statistical tests' micro model: every prefix can be enumerated
+
+
+@pytest.fixture(scope="session")
+def micro(tmp_path_factory):
+    root = tmp_path_factory.mktemp("micro")
+    target = make_hf_model("llama", MICRO_VOCAB, seed=11, init_std=0.5)
+    draft = perturbed_copy(target, noise=0.6, seed=12)
+    tok = make_tokenizer(MICRO_VOCAB)
+    save_model_folder(root / "t", target, tok)
+    save_model_folder(root / "d", draft, tok)
+    return target, root

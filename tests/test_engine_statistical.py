@@ -10,7 +10,6 @@ import torch
 from scipy.stats import chisquare
 
 import foretell.engine
-from conftest import make_hf_model, make_tokenizer, perturbed_copy, save_model_folder
 from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.sampling import processed_probs
@@ -19,17 +18,6 @@ from test_verify_statistical import accept_if_argmax_rule
 
 VOCAB, NEW, GAMMA, RUNS = 8, 5, 4, 1500
 PROMPT = [1, 4, 6, 3]
-
-
-@pytest.fixture(scope="module")
-def micro(tmp_path_factory):
-    root = tmp_path_factory.mktemp("micro")
-    target = make_hf_model("llama", VOCAB, seed=11, init_std=0.5)
-    draft = perturbed_copy(target, noise=0.6, seed=12)
-    tok = make_tokenizer(VOCAB)
-    save_model_folder(root / "t", target, tok)
-    save_model_folder(root / "d", draft, tok)
-    return target, root
 
 
 def exact_marginals(hf_model, params: SamplingParams) -> torch.Tensor:

@@ -18,7 +18,9 @@ from foretell.drafters.base import Drafter
 from foretell.drafters.factory import DrafterWeights, build_engine, default_speculative
 from foretell.drafters.length_policy import DraftLengthPolicy, make_length_policy
 from foretell.engine import Chunk, Engine, GenerationResult
+from foretell.errors import ForetellError
 from foretell.models.loading import LoadedModel, load_model
+from foretell.models.quant import TARGET_QUANT_MODES, quantize_target
 from foretell.text import encode_prompt
 from foretell.types import SamplingParams
 
@@ -68,6 +70,7 @@ def load(
     *,
     dtype: str | torch.dtype = "float32",
     device: str = "cpu",
+    quant: str = "none",
     warm_up: bool = True,
     cache_dir: Path | None = None,
 ) -> Pipeline:
@@ -76,10 +79,15 @@ def load(
     speculative: a SpeculativeConfig (see config.py for every option), its dict / JSON form, or a bare method
     name ("none", "prompt-lookup", ...). None: the target's installed drafter if there is one, else prompt lookup
     (`default_speculative`). The configuration is checked before any weights load.
+    quant: the target's weights as int8 or int4 (weight-only; opt-in): a different, smaller model than the
+    full-precision one, which speculation then reproduces exactly (its cost against bf16: docs/speed.md).
     warm_up: a few throw-away forwards so the first generation is not the slow one.
     """
     spec = default_speculative(target, cache_dir)[0] if speculative is None else as_speculative(speculative)
+    if quant not in TARGET_QUANT_MODES:
+        raise ForetellError(f"unknown target quantization {quant!r}; use one of {', '.join(TARGET_QUANT_MODES)}")
     loaded = load_model(target, dtype, device, cache_dir)
+    quantize_target(loaded.model, quant)
     weights = DrafterWeights(loaded, str(target), dtype, device, cache_dir)
     engine = build_engine(spec, weights)
     if warm_up:

@@ -47,9 +47,10 @@ class CostCurve:
 
 
 def weight_format(model: Transformer) -> str:
-    from foretell.models.quant import Int8Linear
+    from foretell.models.quant import Int4Linear, Int8Linear
 
-    return "int8" if any(isinstance(m, Int8Linear) for m in model.modules()) else "dense"
+    kinds = {type(m) for m in model.modules()}
+    return "int4" if Int4Linear in kinds else "int8" if Int8Linear in kinds else "dense"
 
 
 def machine_key(model: Transformer, model_name: str) -> dict:

@@ -13,6 +13,9 @@ from foretell.spec_args import add_speculative_args
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="target: preset name, .gguf file or HF folder (default: %(default)s)")
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--quant", default="none", choices=("none", "int8", "int4"),
+                   help="the target's weights as int8 / int4 (weight-only, opt-in): a smaller, faster and different "
+                   "model, which speculation reproduces exactly (default: %(default)s)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
@@ -67,6 +70,9 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--hidden-draft", help="a saved hidden-state draft folder, for the hidden-state* methods")
     b.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"),
                    help="weights dtype, every method (default: %(default)s)")
+    b.add_argument("--quant", default="none", choices=("none", "int8", "int4"),
+                   help="foretell's target weights as int8 / int4 (weight-only), every foretell method; the "
+                   "transformers peers stay at --dtype (default: %(default)s)")
     b.add_argument("--datasets", default="spec-bench", help=f"comma list of {', '.join(DATASETS)} (default: %(default)s)")
     b.add_argument("--per-category", type=int, default=10,
                    help="prompts per category, the first N in file order (default: %(default)s)")
@@ -116,7 +122,7 @@ def cmd_generate(args) -> None:
     spec, why = speculative_from_args(args, args.model)
     if args.save_spec_config:
         print(f"[speculative config written to {spec.save(args.save_spec_config)}]", file=sys.stderr)
-    pipe = load(args.model, spec, dtype=args.dtype, device=args.device)
+    pipe = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant)
     if why:
         print(f"[drafter: {spec.describe()}: {why}; --drafter picks another]", file=sys.stderr)
     result = None
@@ -125,11 +131,12 @@ def cmd_generate(args) -> None:
             print(chunk.text, end="", flush=True)
         result = chunk.result or result
     if args.json:
-        print(json.dumps({"model": args.model, "drafter": spec.method, "speculative": spec.to_dict(), "lossy": spec.lossy,
+        print(json.dumps({"model": args.model, "quant": args.quant, "drafter": spec.method, "speculative": spec.to_dict(), "lossy": spec.lossy,
                           "text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}))
     else:
         print()
-        print(f"[{args.model}, drafter {spec.method}, {args.dtype}] {result.stats.summary()}", file=sys.stderr)
+        weights = args.dtype if args.quant == "none" else f"{args.quant} weights, {args.dtype} activations"
+        print(f"[{args.model}, drafter {spec.method}, {weights}] {result.stats.summary()}", file=sys.stderr)
 
 
 def cmd_models(args) -> None:
@@ -206,7 +213,7 @@ def cmd_bench(args) -> None:
                          tree_budget=args.tree_budget, tree_branching=branching,
                          temperature=args.temperature, seed=args.seed, threads=args.threads, hot_vocab=args.hot_vocab)
     models = Models(args.model, args.draft, args.dtype, draft_quant=args.draft_quant, head=args.head,
-                    hidden_draft=args.hidden_draft)
+                    hidden_draft=args.hidden_draft, quant=args.quant)
     configs = spec_config_files(args.spec_config)
     chosen = names(args.methods) if args.methods else ["plain"] if configs else default_methods(bool(args.draft))
     methods = build_methods(chosen, models, opts, warn=lambda msg: print(msg, file=sys.stderr), configs=configs)
@@ -216,6 +223,8 @@ def cmd_bench(args) -> None:
     settings = {k: getattr(args, k) for k in ("model", "draft", "head", "dtype", "max_new_tokens", "temperature", "seed",
                                                 "gamma", "tree_depth", "tree_topk", "tree_budget", "branching", "hot_vocab",
                                                 "draft_quant")}
+    if args.quant != "none":  # only when set, so runs made before the option still resume
+        settings["quant"] = args.quant
     cfg = RunConfig(out, args.max_new_tokens, greedy=args.temperature == 0, resume=args.resume,
                     settings={**settings, "chat": chat, **({"spec_configs": {n: c.to_dict() for n, c in configs.items()}}
                                                            if configs else {})})

@@ -70,12 +70,13 @@ class Models:
     draft_quant: str = "none"  # the named draft-model and hidden-state methods (M-fp: none)
     head: str | None = None  # a saved parallel head folder, for the parallel-head* methods
     hidden_draft: str | None = None  # a saved hidden-state draft folder, for the hidden-state* methods
+    quant: str = "none"  # foretell's target weights: none | int8 | int4 (the peers keep their own)
     _pipe: Pipeline | None = field(default=None, repr=False)
     _hf: dict = field(default_factory=dict, repr=False)
 
     def pipeline(self) -> Pipeline:
         if self._pipe is None:
-            self._pipe = load(self.target, "none", dtype=self.dtype)
+            self._pipe = load(self.target, "none", dtype=self.dtype, quant=self.quant)
         return self._pipe
 
     def hf(self, which: str):

@@ -1,13 +1,15 @@
-"""Weight-only int8 linear layers for draft models.
+"""Weight-only int8 and int4 linear layers, for drafts and (opt-in) targets.
 
-A batch-size-1 decode step is memory-bound: it streams every weight once per token. Storing a
-draft's weights as int8 (one scale per output row) halves the bytes of bf16, and on CPU
-PyTorch's `_weight_int8pack_mm` kernel turns that into 2-3x faster projections (measured on
-this machine's 2 cores: 0.79 -> 0.27 ms for a 896x9728 projection at one token).
+A batch-size-1 decode step is memory-bound: it streams every weight once per token. Storing weights
+as int8 (one scale per output row) halves the bytes of bf16, int4 (groups of 32 along the input,
+a scale and an offset each) quarters them, and PyTorch's fused CPU kernels (`_weight_int8pack_mm`,
+`_weight_int4pack_mm_for_cpu`) turn that into faster projections (measured on this machine's 2 cores:
+0.79 -> 0.27 ms for a 896x9728 projection at one token as int8; 5.0 -> 0.8 ms for SmolLM2's output
+layer as int4).
 
-Quantizing the *draft* is lossless for foretell's output: the target still verifies every
-token against its own full-precision distribution. Only the draft's proposals (and so the
-acceptance rate) can change. Quantizing a target would not be lossless and is not offered here.
+Quantizing a *draft* is lossless for foretell's output: the target still verifies every token. A
+quantized *target* is a different model from the bf16 one: speculation stays lossless relative to it
+(its own plain decoding), and what it costs against bf16 is measured (benchmarks/quant_quality.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-QUANT_MODES = ("none", "int8", "auto")
+QUANT_MODES = ("none", "int8", "auto")  # drafts
+TARGET_QUANT_MODES = ("none", "int8", "int4")  # targets: opt-in, a different model
+INT4_GROUP = 32
 # The fused kernel is built for a few rows (decode steps); for a prefill of hundreds of tokens it
 # is 2-3x slower than dequantizing the weight and running a dense matmul (measured here).
 FUSED_MAX_ROWS = 32
@@ -61,9 +65,82 @@ class Int8Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
+class Int4Linear(nn.Module):
+    """y = x @ W.T + bias with W stored as 4-bit codes q in groups of INT4_GROUP input columns:
+    W = (q - 8) * scale + offset per (row, group). On CPU the fused kernel reads the packed codes; elsewhere
+    the weight is dequantized for each call (correct, not fast)."""
+
+    def __init__(self, packed: torch.Tensor, scales_offsets: torch.Tensor, out_features: int, in_features: int,
+                 bias: torch.Tensor | None, group: int = INT4_GROUP):
+        super().__init__()
+        self.register_buffer("packed", packed)  # the kernel's layout of the [out, in] codes
+        self.register_buffer("scales_offsets", scales_offsets)  # [in / group, out, 2] float32
+        self.register_buffer("bias", bias)
+        self.out_features, self.in_features, self.group = out_features, in_features, group
+
+    @classmethod
+    def from_codes(cls, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor | None,
+                   group: int = INT4_GROUP) -> Int4Linear:
+        """q: [out, in] codes 0..15; scale, offset: [out, in / group] (W = (q - 8) * scale + offset)."""
+        out_features, in_features = q.shape
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).cpu().contiguous(), 1)
+        scales_offsets = torch.stack([scale.float().T, offset.float().T], dim=-1).contiguous()
+        return cls(packed.to(q.device), scales_offsets.to(q.device), out_features, in_features,
+                   None if bias is None else bias.detach().clone(), group)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, group: int = INT4_GROUP) -> Int4Linear:
+        """Asymmetric min / max quantization per group (the layout of GGUF's Q4_1)."""
+        w = weight.detach().float()
+        out_features, in_features = w.shape
+        if in_features % group or out_features % 16:
+            raise ValueError(f"int4 needs in_features divisible by {group} and out_features by 16, got {tuple(w.shape)}")
+        groups = w.view(out_features, in_features // group, group)
+        low, high = groups.amin(-1), groups.amax(-1)
+        scale = ((high - low) / 15).clamp(min=1e-12)
+        q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15).view(out_features, in_features)
+        return cls.from_codes(q, scale, low + 8 * scale, bias, group)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight [out, in] the codes stand for."""
+        eye = torch.eye(self.in_features, dtype=torch.float32, device=self.packed.device)
+        return self._mm(eye, torch.float32).T.contiguous()
+
+    def _mm(self, flat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if flat.device.type == "cpu":
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                flat.contiguous(), self.packed, self.group, self.scales_offsets.to(dtype))
+        raise NotImplementedError("int4 weights run on CPU only")
+
+    def select_rows(self, rows: torch.Tensor) -> nn.Module:
+        """The layer restricted to some output rows (a hot vocabulary). The packed layout interleaves rows, so the
+        codes are recovered exactly from the dequantized rows and packed again (dense if too few rows to pack)."""
+        rows = rows.to(self.packed.device)
+        w = self.dequantized().index_select(0, rows)
+        so = self.scales_offsets.index_select(1, rows)  # [groups, rows, 2]
+        scale, offset = so[..., 0].T, so[..., 1].T
+        expand = lambda t: t.repeat_interleave(self.group, dim=1)  # noqa: E731
+        q = torch.round((w - expand(offset)) / expand(scale) + 8).clamp(0, 15)
+        bias = None if self.bias is None else self.bias.index_select(0, rows)
+        if rows.numel() % 16:
+            dense = nn.Linear(self.in_features, rows.numel(), bias=bias is not None)
+            with torch.no_grad():
+                dense.weight.copy_((q - 8) * expand(scale) + expand(offset))
+                if bias is not None:
+                    dense.bias.copy_(bias)
+            return dense.requires_grad_(False)
+        return Int4Linear.from_codes(q, scale, offset, bias, self.group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._mm(x.reshape(-1, x.shape[-1]), x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
 def select_rows(layer: nn.Module, rows: torch.Tensor) -> nn.Module:
-    """Keep only some output rows of a linear layer, plain or int8 (a copy, contiguous for speed)."""
-    if isinstance(layer, Int8Linear):
+    """Keep only some output rows of a linear layer, plain or quantized (a copy, contiguous for speed)."""
+    if isinstance(layer, (Int8Linear, Int4Linear)):
         return layer.select_rows(rows)
     rows = rows.to(layer.weight.device)
     out = nn.Linear(layer.in_features, rows.numel(), bias=layer.bias is not None,
@@ -80,11 +157,36 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 
     A tied output layer is untied first: the embedding lookup keeps its full-precision table.
     """
+    return quantize_linears(model, Int8Linear.from_weight)
+
+
+def quantize_linears(model: nn.Module, make) -> nn.Module:
+    """Replace every nn.Linear in `model` (in place) by make(weight, bias); embeddings stay as they are."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear.from_weight(child.weight, child.bias))
+                setattr(parent, name, make(child.weight, child.bias))
     return model
+
+
+def quantize_target(model: nn.Module, mode: str) -> nn.Module:
+    """A target's weight-only quantization (opt-in: it makes a different model): none | int8 | int4."""
+    from foretell.errors import ForetellError
+
+    if mode not in TARGET_QUANT_MODES:
+        raise ForetellError(f"unknown target quantization {mode!r}; use one of {', '.join(TARGET_QUANT_MODES)}")
+    device = next(model.parameters()).device
+    if mode == "int4" and device.type != "cpu":
+        raise ForetellError("int4 targets run on CPU only (PyTorch's int4 CPU kernel); use int8 or none here")
+    if mode == "none":
+        return model
+    return quantize_linears(model, Int8Linear.from_weight if mode == "int8" else int4_or_int8)
+
+
+def int4_or_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+    """Int4 where the kernel takes the shape (inputs in whole groups, outputs in 16s), else int8."""
+    fits = weight.shape[1] % INT4_GROUP == 0 and weight.shape[0] % 16 == 0
+    return Int4Linear.from_weight(weight, bias) if fits else Int8Linear.from_weight(weight, bias)
 
 
 def resolve_quant(mode: str, device: str | torch.device) -> str:
