@@ -26,5 +26,6 @@ $F self-data --data gsm8k --num-prompts 1200 --max-new-tokens 256 --batch-size 6
 $F self-data --data sharegpt --num-prompts 800 --max-new-tokens 192 --batch-size 64 --threads "$T" --out $D/smollm2-sharegpt.jsonl
 $F self-data --data gsm8k --split test --num-prompts 48 --max-new-tokens 256 --batch-size 48 --threads "$T" --out $D/smollm2-gsm8k-test.jsonl
 $F self-data --data sharegpt --split test --num-prompts 24 --max-new-tokens 192 --batch-size 24 --threads "$T" --out $D/smollm2-sharegpt-test.jsonl
-cat $D/smollm2-gsm8k.jsonl $D/smollm2-sharegpt.jsonl > $D/smollm2-mix.jsonl
+# The mix the earlier recipes train on: the first 1200 + 800 answers (benchmarks/train_shipped.sh answers more).
+{ head -n 1200 $D/smollm2-gsm8k.jsonl; head -n 800 $D/smollm2-sharegpt.jsonl; } > $D/smollm2-mix.jsonl
 cat $D/smollm2-gsm8k-test.jsonl $D/smollm2-sharegpt-test.jsonl > $D/smollm2-mix-test.jsonl

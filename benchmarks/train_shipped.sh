@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The drafters that ship with foretell for SmolLM2-135M-Instruct (src/foretell/shipped), trained on broad data:
-# the target's own answers to 4000 ShareGPT and 2400 GSM8K training prompts (greedy, bf16) plus 3000 packed rows
-# of ShareGPT conversations as written (the target's distribution at every position of any text is a training
-# signal). No evaluation prompt gets in: the data step drops every conversation that shares text with one
+# the target's own answers to 2656 ShareGPT and 1200 GSM8K training prompts (greedy, bf16; they ship gzipped in
+# benchmarks/data/self_data), 2000 GSM8K training solutions and 3000 packed rows of ShareGPT conversations as
+# written (the target's distribution at every position of any text is a training signal, not only on its own
+# answers). No evaluation prompt gets in: the data step drops every conversation that shares text with one
 # (OUT/data/report.json). On 2 CPU cores:
-#   self data       2000 answers ship in benchmarks/data/self_data; the 4400 more take ~1.5 h (resumable)
-#   feature pass    9400 sequences x 320 tokens, bf16                           ~1 h, ~11 GB in OUT/features
+#   self data       unpacked from benchmarks/data/self_data (FRESH=1 decodes them again: ~1.5 h, resumable)
+#   feature pass    8856 sequences x 320 tokens, bf16                           ~1 h, ~10 GB in OUT/features
 #   training        STEPS (3000) x 16 sequences x 32 anchors                    ~2 h
 # Every stage resumes: rerun the same command after an interruption. Then ship it with benchmarks/ship_drafter.py
 # (the command is printed at the end). Environment: OUT (runs/shipped/smollm2-head), STEPS, THREADS.
@@ -15,10 +16,9 @@ bash benchmarks/self_data.sh
 F=.venv/bin/foretell
 D=runs/self_data
 T=${THREADS:-2}
-$F self-data --data sharegpt --num-prompts 4000 --max-new-tokens 192 --batch-size 64 --threads "$T" --out $D/smollm2-sharegpt.jsonl
-$F self-data --data gsm8k --num-prompts 2400 --max-new-tokens 256 --batch-size 64 --threads "$T" --out $D/smollm2-gsm8k.jsonl
+$F self-data --data sharegpt --num-prompts 2656 --max-new-tokens 192 --batch-size 64 --threads "$T" --out $D/smollm2-sharegpt.jsonl
 OUT=${OUT:-runs/shipped/smollm2-head}
-$F train parallel-head --target smollm2-135m --data "$D/smollm2-sharegpt.jsonl,$D/smollm2-gsm8k.jsonl,sharegpt:3000" \
+$F train parallel-head --target smollm2-135m --data "$D/smollm2-sharegpt.jsonl,$D/smollm2-gsm8k.jsonl,gsm8k:2000,sharegpt:3000" \
   --eval-data $D/smollm2-mix-test.jsonl --seq-len 320 --depth 4 --head-layers 1 --anchors 32 --depth-decay 0.8 \
   --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-3000}" --warmup 100 --batch-size 16 --lr 1e-3 --bf16 \
   --checkpoint-every 50 --eval-sequences 72 --threads "$T" --out "$OUT"
