@@ -95,27 +95,31 @@ def sync(device: str) -> None:
 
 
 def cost_curves(shapes: dict, device: str, context: int, repeats: int) -> dict:
-    from foretell.models.cuda_graphs import CapturedForward
-
     out = {}
     for name, shape in shapes.items():
-        model = random_model(shape, torch.bfloat16, device)
-        cache = model.new_cache(context + max(SIZES) + 1)
-        ids = torch.randint(0, model.config.vocab_size, (context + max(SIZES),), device=device)
-        model(ids[:context], torch.arange(context, device=device), cache)
-        cache.commit_prefix(context)
-        row = {"eager_ms": {}, "captured_ms": {}}
-        for n in SIZES:
-            positions = torch.arange(context, context + n, device=device)
-            row["eager_ms"][n] = median_ms(lambda: model(ids[context:context + n], positions, cache), device, repeats)
-            if device.startswith("cuda"):
-                step = CapturedForward(model, cache, n)
-                row["captured_ms"][n] = median_ms(lambda: step(ids[context:context + n], positions), device, repeats)
-        out[name] = row
-        del model, cache
+        out[name] = cost_curve(random_model(shape, torch.bfloat16, device), device, context, repeats)
         if device.startswith("cuda"):
-            torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # the model above is gone: free its memory before the next shape
     return out
+
+
+@torch.inference_mode()
+def cost_curve(model: Transformer, device: str, context: int, repeats: int) -> dict:
+    """Milliseconds of one forward by new tokens, eager and (on CUDA) replayed from a captured graph."""
+    from foretell.models.cuda_graphs import CapturedForward
+
+    cache = model.new_cache(context + max(SIZES) + 1)
+    ids = torch.randint(0, model.config.vocab_size, (context + max(SIZES),), device=device)
+    model(ids[:context], torch.arange(context, device=device), cache)
+    cache.commit_prefix(context)
+    row: dict = {"eager_ms": {}, "captured_ms": {}}
+    for n in SIZES:
+        new, positions = ids[context:context + n], torch.arange(context, context + n, device=device)
+        row["eager_ms"][n] = median_ms(lambda: model(new, positions, cache), device, repeats)
+        if device.startswith("cuda"):
+            step = CapturedForward(model, cache, n)
+            row["captured_ms"][n] = median_ms(lambda: step(new, positions), device, repeats)
+    return row
 
 
 def median_ms(call, device: str, repeats: int) -> float:
