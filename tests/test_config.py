@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from foretell.api import load
-from foretell.config import (APPLIES_TO, METHODS, WEIGHTED_METHODS, HeadTreeShape, HiddenStateOptions, SpeculativeConfig,
-                             TreeShape, as_speculative)
+from foretell.config import (APPLIES_TO, METHODS, WEIGHTED_METHODS, EagleTreeShape, HeadTreeShape, HiddenStateOptions,
+                             SpeculativeConfig, TreeShape, as_speculative)
 from foretell.errors import ForetellError
 
 # One configuration per method, each with every option its method takes set away from the default.
@@ -31,10 +31,13 @@ FULL = {
     "hidden-state": SpeculativeConfig(method="hidden-state", model="x", hidden=HiddenStateOptions(
         depth=4, token_info=False, resample_when="always"), hot_vocab=8192, draft_quant="int8", budget="auto",
         result_cache="prompt", draft_gate=True),
+    "eagle3": SpeculativeConfig(method="eagle3", model="e", eagle_tree=EagleTreeShape(depth=3, width=2, max_nodes=9),
+                                result_cache="outputs", draft_gate=True, lossy_threshold=0.7),
 }
 # A value away from the default for every option, to set where it does not belong.
 OFF_DEFAULT = {"model": "m", "gamma": 7, "length_policy": "additive", "lookup_max": 5, "lookup_min": 2,
                "tree": TreeShape(depth=3), "head_tree": HeadTreeShape(max_nodes=4), "hidden": HiddenStateOptions(width=2),
+               "eagle_tree": EagleTreeShape(width=2),
                "hot_vocab": 10, "draft_quant": "int8", "budget": "auto", "result_cache": "prompt", "draft_gate": True,
                "lossy_threshold": 0.8}
 
@@ -72,6 +75,7 @@ def test_an_option_for_another_method_is_refused(method, option):
     ({"method": "draft-model"}, "draft-model method needs model: a draft model"),
     ({"method": "parallel-head"}, "needs model: a saved head folder"),
     ({"method": "hidden-state"}, "needs model: a saved hidden-state draft folder"),
+    ({"method": "eagle3"}, "needs model: an EAGLE-3 head folder"),
     ({"gamma": 0}, "gamma .* between 1 and 16"),
     ({"gamma": 17}, "between 1 and 16"),
     ({"gamma": "4"}, "gamma must be an integer, got '4'"),
@@ -199,14 +203,16 @@ def test_every_drafter_declares_the_protocol():
     from foretell.drafters.base import Drafter, DrafterBase
     from foretell.drafters.draft_model import DraftModelDrafter
     from foretell.drafters.draft_tree import DraftTreeDrafter
+    from foretell.drafters.eagle_tree import Eagle3Drafter
     from foretell.drafters.hidden_tree import HiddenStateDrafter
     from foretell.drafters.parallel_tree import ParallelHeadDrafter
     from foretell.drafters.prompt_lookup import PromptLookupDrafter
 
     members = {name for name in vars(Drafter) if not name.startswith("_")} | set(Drafter.__annotations__)
-    for cls in (PromptLookupDrafter, DraftModelDrafter, DraftTreeDrafter, ParallelHeadDrafter, HiddenStateDrafter):
+    for cls in (PromptLookupDrafter, DraftModelDrafter, DraftTreeDrafter, ParallelHeadDrafter, HiddenStateDrafter,
+                Eagle3Drafter):
         assert issubclass(cls, DrafterBase)
         assert all(hasattr(cls, m) for m in members), cls
-    tree_drafters = (DraftTreeDrafter, ParallelHeadDrafter, HiddenStateDrafter)
+    tree_drafters = (DraftTreeDrafter, ParallelHeadDrafter, HiddenStateDrafter, Eagle3Drafter)
     assert all(c.sizes_itself for c in tree_drafters) and not DraftModelDrafter.sizes_itself
     assert not PromptLookupDrafter.sizes_itself and PromptLookupDrafter.target_layers == ()

@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import foretell.engine
+import foretell.decoding
 from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.sampling import processed_probs
@@ -108,5 +108,5 @@ def test_engine_samples_follow_target(micro, params, drafter):
 @pytest.mark.parametrize("params", list(PARAMS))
 def test_the_same_test_rejects_a_biased_verifier(micro, params, monkeypatch):
     target, root = micro
-    monkeypatch.setattr(foretell.engine, "verify", accept_if_argmax_rule)
+    monkeypatch.setattr(foretell.decoding, "verify", accept_if_argmax_rule)
     assert worst_p_value(engine_counts(root, PARAMS[params]), exact_marginals(target, PARAMS[params])) < 1e-6

@@ -211,12 +211,12 @@ def test_sampled_output_follows_the_target(micro, params, options):
 
 def test_the_same_test_rejects_a_biased_tree_verifier(micro, monkeypatch):
     """Power check: a verifier that accepts a child whenever it is the target's argmax is caught."""
-    import foretell.engine
+    import foretell.decoding
     from foretell.sampling import processed_probs, sample
     from foretell.tree import children_lists
     from foretell.types import Verification
 
-    exact_verify = foretell.engine.verify
+    exact_verify = foretell.decoding.verify
 
     def biased(target_logits, proposal, params, generator):
         if proposal.is_chain:  # the empty proposal of the last step
@@ -232,7 +232,7 @@ def test_the_same_test_rejects_a_biased_tree_verifier(micro, monkeypatch):
             path.append(match)
             node = match
 
-    monkeypatch.setattr(foretell.engine, "verify", biased)
+    monkeypatch.setattr(foretell.decoding, "verify", biased)
     hf_target, pipe = micro
     params = SamplingParams(temperature=1.0)
     spec, _ = with_hidden(pipe, HiddenStateOptions(depth=3, max_nodes=8, resample_when="always"), rank=8)

@@ -121,8 +121,10 @@ def test_only_the_draft_trains_and_the_target_gets_no_gradient(setup, trained):
     optimizer = torch.optim.AdamW(draft.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(1, 10, 0.1))
     data = TokenData.load(cfg.out / "data" / "train.safetensors")
-    hidden_step(draft.requires_grad_(True), optimizer, scheduler, FeatureCache.open(cfg.out / "features"), data,
-                torch.arange(2), 9, cfg.train, cfg.loss, DEPTH)
+    hidden_step(draft.requires_grad_(True), FeatureCache.open(cfg.out / "features"), data, torch.arange(2), [0, 1], 9,
+                cfg.train, cfg.loss, DEPTH)
+    optimizer.step()
+    scheduler.step()
     assert all(p.grad is None for p in target.parameters())
     assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
     assert all(not torch.equal(start[k], v) for k, v in draft.state_dict().items()), "a draft weight did not train"
@@ -250,3 +252,18 @@ def test_unroll_equals_forward_training(setup):
         torch.testing.assert_close(unroll(draft, hidden, steps), draft.forward_training(hidden, steps))
     one = hidden[:1, :12]  # short blocks take the layer's small-step attention path
     torch.testing.assert_close(unroll(draft, one, 4), draft.forward_training(one, 4), atol=1e-4, rtol=1e-3)
+
+
+def test_two_processes_match_one_with_the_same_global_batch(setup, tmp_path):
+    """Data-parallel (2 gloo processes, a sharded feature pass) == 1 process at the same global batch; noise rows
+    and anchors are functions of (seed, step, sequence), so each process draws what one process would."""
+    from foretell.train.common.distributed import call_with_context, launch
+
+    one = run_hidden_state(config(setup, tmp_path / "one", steps=3))
+    launch(call_with_context, (run_hidden_state, config(setup, tmp_path / "two", steps=3)), 2, threads=1)
+    a, b = load_file(str(one / "model.safetensors")), load_file(str(tmp_path / "two" / "draft" / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
+    log = [json.loads(line) for line in (tmp_path / "two" / "train" / "log.jsonl").read_text().splitlines()]
+    first = [json.loads(line) for line in (tmp_path / "one" / "train" / "log.jsonl").read_text().splitlines()]
+    assert [(r["unroll"], round(r["loss"], 4)) for r in log] == [(r["unroll"], round(r["loss"], 4)) for r in first]

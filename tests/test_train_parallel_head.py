@@ -251,3 +251,21 @@ def test_init_head_continues_from_a_trained_head(setup, trained, tmp_path):
         run_parallel_head(replace(config(setup, tmp_path / "other"), shape=HeadShape(depth=2), init_head=head_dir))
     with pytest.raises(ForetellError, match="no parallel_head.json"):
         run_parallel_head(replace(config(setup, tmp_path / "none"), init_head=tmp_path))
+
+
+def test_two_processes_match_one_with_the_same_global_batch(setup, tmp_path):
+    """Data-parallel (2 gloo processes, a sharded feature pass) == 1 process at the same global batch."""
+    from foretell.train.common.distributed import call_with_context, launch
+
+    one = run_parallel_head(config(setup, tmp_path / "one", steps=3))
+    launch(call_with_context, (run_parallel_head, config(setup, tmp_path / "two", steps=3)), 2, threads=1)
+    a, b = load_file(str(one / "model.safetensors")), load_file(str(tmp_path / "two" / "head" / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
+    target = build_model(Path(setup[1]), torch.float32)
+    start = new_parallel_head(target, load_parallel_head(one, target).config).state_dict()
+    assert not torch.equal(a["fuse.weight"], start["fuse.weight"]), "three steps trained it"
+    log = [json.loads(line) for line in (tmp_path / "two" / "train" / "log.jsonl").read_text().splitlines()]
+    first = [json.loads(line) for line in (tmp_path / "one" / "train" / "log.jsonl").read_text().splitlines()]
+    assert [r["anchors"] for r in log] == [r["anchors"] for r in first]  # statistics summed over the processes
+    assert [round(r["loss"], 4) for r in log] == [round(r["loss"], 4) for r in first]

@@ -1,4 +1,5 @@
-"""Command line: foretell generate | bench | cost | models, and the training commands (train/cli.py)."""
+"""Command line: foretell generate | bench | cost | models, serve (serve/cli.py), the training commands
+(train/cli.py) and export (export.py)."""
 
 from __future__ import annotations
 
@@ -47,9 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     cost.add_argument("--plot", default="cost_curve.png", help="PNG to write (default: %(default)s)")
     add_bench_parser(sub)
+    from foretell.serve.cli import add_serve_parser
+
+    add_serve_parser(sub)  # sets its own `run`, like the training commands
     from foretell.train.cli import add_training_parsers
 
     add_training_parsers(sub)  # each sets its own `run` (args -> None)
+    from foretell.export import add_export_parser
+
+    add_export_parser(sub)  # the same
     return parser
 
 
@@ -68,6 +75,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--draft", help="draft model (preset, .gguf or HF folder) for draft-chain, draft-tree*, hf-assisted")
     b.add_argument("--head", help="a saved parallel draft head folder, for the parallel-head* methods")
     b.add_argument("--hidden-draft", help="a saved hidden-state draft folder, for the hidden-state* methods")
+    b.add_argument("--eagle", help="an EAGLE-3 head (foretell's folder or a vLLM / SGLang checkpoint), for the eagle3* methods")
     b.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"),
                    help="weights dtype, every method (default: %(default)s)")
     b.add_argument("--quant", default="none", choices=("none", "int8", "int4"),
@@ -149,8 +157,8 @@ def cmd_models(args) -> None:
         print(f"{p.name:22s} {p.description} [{state}]")
     for m in shipped_manifests():
         default = ", the default drafter" if m.default else ""
-        print(f"{m.name:22s} shipped {m.kind} drafter for {m.target.name}{default} (--drafter {m.kind} "
-              f"{'--head' if m.kind == 'parallel-head' else '--hidden-draft'} {m.name})")
+        flag = {"parallel-head": "--head", "hidden-state": "--hidden-draft", "eagle3": "--eagle"}.get(m.kind, "--head")
+        print(f"{m.name:22s} shipped {m.kind} drafter for {m.target.name}{default} (--drafter {m.kind} {flag} {m.name})")
 
 
 def cmd_cost(args) -> None:
@@ -213,7 +221,7 @@ def cmd_bench(args) -> None:
                          tree_budget=args.tree_budget, tree_branching=branching,
                          temperature=args.temperature, seed=args.seed, threads=args.threads, hot_vocab=args.hot_vocab)
     models = Models(args.model, args.draft, args.dtype, draft_quant=args.draft_quant, head=args.head,
-                    hidden_draft=args.hidden_draft, quant=args.quant)
+                    hidden_draft=args.hidden_draft, eagle=args.eagle, quant=args.quant)
     configs = spec_config_files(args.spec_config)
     chosen = names(args.methods) if args.methods else ["plain"] if configs else default_methods(bool(args.draft))
     methods = build_methods(chosen, models, opts, warn=lambda msg: print(msg, file=sys.stderr), configs=configs)
@@ -225,6 +233,8 @@ def cmd_bench(args) -> None:
                                                 "draft_quant")}
     if args.quant != "none":  # only when set, so runs made before the option still resume
         settings["quant"] = args.quant
+    if args.eagle:  # the same
+        settings["eagle"] = args.eagle
     cfg = RunConfig(out, args.max_new_tokens, greedy=args.temperature == 0, resume=args.resume,
                     settings={**settings, "chat": chat, **({"spec_configs": {n: c.to_dict() for n, c in configs.items()}}
                                                            if configs else {})})

@@ -17,9 +17,12 @@ from pathlib import Path
 
 from foretell.errors import ForetellError
 
-METHODS = ("none", "prompt-lookup", "draft-model", "draft-tree", "parallel-head", "hidden-state")
-TREE_METHODS = ("draft-tree", "parallel-head", "hidden-state")  # propose trees; size themselves
-WEIGHTED_METHODS = ("draft-model", "draft-tree", "parallel-head", "hidden-state")  # need `model`: their weights
+METHODS = ("none", "prompt-lookup", "draft-model", "draft-tree", "parallel-head", "hidden-state", "eagle3")
+TREE_METHODS = ("draft-tree", "parallel-head", "hidden-state", "eagle3")  # propose trees; size themselves
+WEIGHTED_METHODS = ("draft-model", "draft-tree", "parallel-head", "hidden-state", "eagle3")  # need `model`: their weights
+# Drafters scoring the target's output layer (or a draft model's): a hot vocabulary cuts it. An EAGLE-3 head
+# has its own reduced draft vocabulary instead (its d2t map), so hot_vocab does not apply to it.
+HOT_VOCAB_METHODS = ("draft-model", "draft-tree", "parallel-head", "hidden-state")
 LENGTH_POLICIES = ("fixed", "rejection-rate", "additive")
 QUANT_MODES = ("auto", "int8", "none")
 BUDGETS = ("fixed", "auto")
@@ -156,10 +159,26 @@ class HiddenStateOptions:
             raise ForetellError(f"token_info_cache must be >= 0, got {self.token_info_cache}")
 
 
+@dataclass(frozen=True)
+class EagleTreeShape:
+    """eagle3: the EAGLE-2 dynamic tree an EAGLE-3 head grows, one head step per level."""
+
+    depth: int = 5  # draft steps = the tree's depth
+    width: int = 4  # EAGLE-2's top-k: nodes expanded per level, and children of each
+    max_nodes: int = 24  # the verification budget: the best nodes of the grown tree (root excluded)
+
+    def __post_init__(self):
+        check_types(self, "eagle_tree")
+        if min(self.depth, self.width, self.max_nodes) < 1:
+            raise ForetellError(
+                f"eagle3 tree depth, width and max_nodes must be >= 1, got {self.depth}, {self.width}, {self.max_nodes}"
+            )
+
+
 # Which methods each option applies to, and the CLI flag that sets it: the one table validation reads.
 # An option may differ from its default only for these methods.
 APPLIES_TO: dict[str, tuple[tuple[str, ...], str]] = {
-    "model": (WEIGHTED_METHODS, "--draft / --head / --hidden-draft"),
+    "model": (WEIGHTED_METHODS, "--draft / --head / --hidden-draft / --eagle"),
     "gamma": (("draft-model", "prompt-lookup"), "--gamma"),
     "length_policy": (("draft-model", "prompt-lookup"), "--length-policy"),
     "lookup_max": (("prompt-lookup",), "--lookup-max"),
@@ -167,14 +186,15 @@ APPLIES_TO: dict[str, tuple[tuple[str, ...], str]] = {
     "tree": (("draft-tree",), "--tree-kind / --branching / --tree-children, --tree-depth / --tree-width / --tree-budget"),
     "head_tree": (("parallel-head",), "--tree-depth / --tree-width / --tree-budget"),
     "hidden": (("hidden-state",), "--tree-depth / --tree-width / --tree-budget"),
-    "hot_vocab": (WEIGHTED_METHODS, "--hot-vocab"),
+    "eagle_tree": (("eagle3",), "--tree-depth / --tree-width / --tree-budget"),
+    "hot_vocab": (HOT_VOCAB_METHODS, "--hot-vocab"),
     "draft_quant": (("draft-model", "draft-tree", "hidden-state"), "--draft-quant"),
     "budget": (WEIGHTED_METHODS, "--budget"),
     "result_cache": (TREE_METHODS, "--result-cache"),
     "draft_gate": (TREE_METHODS, "--draft-gate"),
     "lossy_threshold": (WEIGHTED_METHODS, "--lossy-threshold"),
 }
-NESTED = {"tree": TreeShape, "head_tree": HeadTreeShape, "hidden": HiddenStateOptions}
+NESTED = {"tree": TreeShape, "head_tree": HeadTreeShape, "hidden": HiddenStateOptions, "eagle_tree": EagleTreeShape}
 
 
 @dataclass(frozen=True)
@@ -182,12 +202,13 @@ class SpeculativeConfig:
     """How foretell speculates. `method` picks the drafter; see APPLIES_TO for which option goes with which.
 
     model: the drafter's weights: a draft model (preset, .gguf file or HF folder) for draft-model and
-        draft-tree; a saved head folder for parallel-head; a saved hidden-state draft folder for hidden-state.
+        draft-tree; a saved head folder for parallel-head; a saved hidden-state draft folder for hidden-state; an
+        EAGLE-3 head for eagle3 (foretell's folder, or an EAGLE-3 checkpoint in the layout vLLM and SGLang load).
     gamma, length_policy: draft tokens per pass and how that number adapts (fixed, seed 001's rejection-rate
         rule, transformers' +2/-1 additive rule).
     lookup_max, lookup_min: prompt lookup's longest and shortest n-gram to match, tried longest first.
-    tree / head_tree / hidden: the tree of draft-tree / parallel-head / hidden-state (head_tree None: as deep
-        as the head drafts, up to 4).
+    tree / head_tree / hidden / eagle_tree: the tree of draft-tree / parallel-head / hidden-state / eagle3
+        (head_tree None: as deep as the head drafts, up to 4).
     hot_vocab: draft among this many frequent tokens only (0 = all; lossless).
     draft_quant: int8 draft weights (auto = int8 on CPU; lossless: only acceptance can change).
     budget: fixed, or auto: draft length / tree size chosen each pass from this machine's measured cost curve.
@@ -207,6 +228,7 @@ class SpeculativeConfig:
     tree: TreeShape = field(default_factory=TreeShape)
     head_tree: HeadTreeShape | None = None
     hidden: HiddenStateOptions = field(default_factory=HiddenStateOptions)
+    eagle_tree: EagleTreeShape = field(default_factory=EagleTreeShape)
     hot_vocab: int = 0
     draft_quant: str = "auto"
     budget: str = "fixed"
@@ -228,7 +250,8 @@ class SpeculativeConfig:
                 )
         if self.method in WEIGHTED_METHODS and not self.model:
             kind = {"parallel-head": "a saved head folder (--head)",
-                    "hidden-state": "a saved hidden-state draft folder (--hidden-draft)"}.get(
+                    "hidden-state": "a saved hidden-state draft folder (--hidden-draft)",
+                    "eagle3": "an EAGLE-3 head folder (--eagle): foretell's, or a checkpoint vLLM / SGLang load"}.get(
                 self.method, "a draft model (--draft): preset, .gguf file or HF folder")
             raise ForetellError(f"the {self.method} method needs model: {kind}")
         self._check_values()
@@ -258,6 +281,8 @@ class SpeculativeConfig:
              "head_tree fixes the parallel head's tree, budget auto picks it each pass: keep one"),
             (not (self.budget == "auto" and self.hidden.max_nodes != HiddenStateOptions().max_nodes),
              "hidden.max_nodes fixes the hidden-state tree's size, budget auto picks it each pass: keep one"),
+            (not (self.budget == "auto" and self.eagle_tree.max_nodes != EagleTreeShape().max_nodes),
+             "eagle_tree.max_nodes fixes the eagle3 tree's size, budget auto picks it each pass: keep one"),
         )
         for ok, message in checks:
             if not ok:
@@ -344,6 +369,10 @@ class SpeculativeConfig:
             h = self.hidden
             return replace(self, hidden=replace(h, depth=keep(depth, h.depth), width=keep(width, h.width),
                                                 max_nodes=keep(nodes, h.max_nodes)))
+        if self.method == "eagle3":
+            e = self.eagle_tree
+            return replace(self, eagle_tree=replace(e, depth=keep(depth, e.depth), width=keep(width, e.width),
+                                                    max_nodes=keep(nodes, e.max_nodes)))
         base = self.head_tree or HeadTreeShape(depth=min(HeadTreeShape().depth, head_depth or HeadTreeShape().depth))
         return replace(self, head_tree=HeadTreeShape(keep(nodes, base.max_nodes), keep(depth, base.depth),
                                                      keep(width, base.width)))

@@ -14,7 +14,7 @@ DIRECT = ("gamma", "length_policy", "lookup_max", "lookup_min", "hot_vocab", "dr
           "lossy_threshold", "draft_gate", "result_cache")
 # The flag giving the drafter's weights -> the method it picks when --drafter is not given, and those it fits.
 WEIGHT_FLAGS = {"draft": ("draft-model", ("draft-model", "draft-tree")), "head": ("parallel-head", ("parallel-head",)),
-                "hidden_draft": ("hidden-state", ("hidden-state",))}
+                "hidden_draft": ("hidden-state", ("hidden-state",)), "eagle": ("eagle3", ("eagle3",))}
 TREE_FLAGS = ("tree_kind", "branching", "tree_children", "tree_depth", "tree_width", "tree_budget")
 
 
@@ -25,13 +25,15 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "speculation", "A --spec-config FILE (JSON) and/or these flags, which override its options. With none of "
         "them: the target's installed drafter, else prompt lookup. Without --drafter, --draft picks draft-model, "
-        "--head parallel-head, --hidden-draft hidden-state, any other flag prompt-lookup.")
+        "--head parallel-head, --hidden-draft hidden-state, --eagle eagle3, any other flag prompt-lookup.")
     g.add_argument("--spec-config", metavar="FILE", help="a speculative configuration file (JSON)")
     g.add_argument("--save-spec-config", metavar="FILE", help="write the configuration in use to FILE (JSON)")
     g.add_argument("--drafter", choices=METHODS, help="the speculative method")
     g.add_argument("--draft", help="draft model for draft-model / draft-tree: preset, .gguf file or HF folder")
     g.add_argument("--head", help="a saved parallel draft head folder (parallel-head)")
     g.add_argument("--hidden-draft", help="a saved hidden-state draft folder (hidden-state)")
+    g.add_argument("--eagle", help="an EAGLE-3 head (eagle3): foretell's folder, or a checkpoint in the layout vLLM and "
+                   "SGLang load (config.json + model.safetensors)")
     g.add_argument("--gamma", type=int, help="draft-model, prompt-lookup: draft tokens per step (default 4)")
     g.add_argument("--length-policy", choices=("fixed", "rejection-rate", "additive"),
                    help="draft-model, prompt-lookup: fixed gamma; seed 001's rejection-rate rule; transformers' +2/-1")
@@ -67,7 +69,7 @@ def speculative_from_args(args: argparse.Namespace, target: str | Path,
     """The configuration the flags describe, and why it was chosen when no flag chose it ("" otherwise).
 
     Order: --spec-config FILE (else prompt lookup, or the target's default when no flag is given at all),
-    then --drafter / --draft / --head / --hidden-draft, then every other flag given. Validated as a whole,
+    then --drafter / --draft / --head / --hidden-draft / --eagle, then every other flag given. Validated as a whole,
     before any model loads; an option that does not apply to the method is an error naming its flag.
     """
     from foretell.drafters.factory import default_speculative
@@ -76,7 +78,7 @@ def speculative_from_args(args: argparse.Namespace, target: str | Path,
     given = {k: getattr(args, k) for k in DIRECT if getattr(args, k) is not None}
     trees = {k: getattr(args, k) for k in TREE_FLAGS if getattr(args, k) is not None}
     if len(weights) > 1:
-        raise ForetellError("--draft, --head and --hidden-draft each pick a drafter's weights: give one")
+        raise ForetellError("--draft, --head, --hidden-draft and --eagle each pick a drafter's weights: give one")
     if args.spec_config:
         base = SpeculativeConfig.from_file(args.spec_config)
     elif not (args.drafter or weights or given or trees):

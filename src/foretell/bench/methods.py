@@ -70,6 +70,7 @@ class Models:
     draft_quant: str = "none"  # the named draft-model and hidden-state methods (M-fp: none)
     head: str | None = None  # a saved parallel head folder, for the parallel-head* methods
     hidden_draft: str | None = None  # a saved hidden-state draft folder, for the hidden-state* methods
+    eagle: str | None = None  # an EAGLE-3 head (foretell's folder or an engine checkpoint), for the eagle3* methods
     quant: str = "none"  # foretell's target weights: none | int8 | int4 (the peers keep their own)
     _pipe: Pipeline | None = field(default=None, repr=False)
     _hf: dict = field(default_factory=dict, repr=False)
@@ -281,6 +282,10 @@ def _head(**options) -> Build:
     return lambda m, o: SpeculativeConfig(method="parallel-head", model=m.head, hot_vocab=o.hot_vocab, **options)
 
 
+def _eagle(**options) -> Build:
+    return lambda m, o: SpeculativeConfig(method="eagle3", model=m.eagle, **options)
+
+
 def _hidden(hot_vocab: int = HIDDEN_HOT_VOCAB, **options) -> Build:
     return lambda m, o: SpeculativeConfig(method="hidden-state", model=m.hidden_draft, hot_vocab=hot_vocab,
                                           draft_quant=m.draft_quant, **options)
@@ -319,6 +324,8 @@ METHODS: dict[str, MethodSpec] = {
                                      "(budget, depth, width per step)", "head"),
     **{name: MethodSpec(build, f"foretell, hidden-state draft{what}", "hidden_draft")
        for name, build, what in HIDDEN_STATE_VARIANTS},
+    "eagle3": MethodSpec(_eagle(), "foretell, EAGLE-3 head, EAGLE-2 dynamic tree (--eagle)", "eagle"),
+    "eagle3-auto": MethodSpec(_eagle(budget="auto"), "foretell, EAGLE-3 head with the adaptive scheduler", "eagle"),
 }
 
 PEERS: dict[str, PeerSpec] = {
@@ -333,7 +340,7 @@ PEERS: dict[str, PeerSpec] = {
 VARIANTS_HELP = ("M@N (the tree of at most N nodes), M-lookup (prompt lookup's match as one more tree branch), "
                  "M-cache (the result cache), M-lossy-T (LOSSY at threshold T), M-gate (the draft gate), "
                  "M-fp (the draft unquantized), for a foretell method M; combinable, e.g. hidden-state-lookup@8")
-NEEDS_FLAG = {"draft": "--draft", "head": "--head", "hidden_draft": "--hidden-draft"}
+NEEDS_FLAG = {"draft": "--draft", "head": "--head", "hidden_draft": "--hidden-draft", "eagle": "--eagle"}
 
 
 def variant_spec(name: str) -> MethodSpec | None:

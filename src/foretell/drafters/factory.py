@@ -103,6 +103,13 @@ class DrafterWeights:
         return self._once(("hidden", folder, hot_vocab, quant), lambda: load_hidden_draft(
             folder, self.target.model, self.hot_vocab(hot_vocab)).quantize(quant))
 
+    def eagle3_head(self, model: str):
+        """An EAGLE-3 head: foretell's folder, an EAGLE-3 checkpoint in the engines' layout, or a shipped name."""
+        from foretell.models.eagle3 import load_eagle3_head
+
+        folder = self.folder(model, "eagle3")
+        return self._once(("eagle3", folder), lambda: load_eagle3_head(folder, self.target.model))
+
     def target_cost(self) -> CostCurve:
         """The target's forward cost by verified tokens on this machine (measured once, then cached on disk)."""
         return self._once(("cost", "target"), lambda: cost_curve(self.target.model, self.target_name, self.cache_dir))
@@ -145,6 +152,10 @@ def build_drafter(spec: SpeculativeConfig, weights: DrafterWeights) -> tuple[Dra
         head = weights.parallel_head(spec.model, spec.hot_vocab)
         shape = spec.head_tree or HeadTreeShape(depth=min(HeadTreeShape().depth, head.config.depth))
         return ParallelHeadDrafter(head, shape, scheduler), policy
+    if spec.method == "eagle3":
+        from foretell.drafters.eagle_tree import Eagle3Drafter
+
+        return Eagle3Drafter(weights.eagle3_head(spec.model), spec.eagle_tree, scheduler), policy
     from foretell.drafters.hidden_tree import HiddenStateDrafter
 
     draft = weights.hidden_draft(spec.model, spec.hot_vocab, spec.draft_quant)

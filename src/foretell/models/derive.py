@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from foretell.errors import ForetellError
 from foretell.models.config import ModelConfig
 from foretell.models.transformer import Transformer
 
@@ -64,7 +65,7 @@ def draft_from_config(target: Transformer, shape: DraftShape, seed: int = 0, cop
     with torch.no_grad():
         for name, p in draft.named_parameters():
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
+                p.fill_(1.0 - config.norm_offset)  # a scale of 1 (Gemma's norms scale by offset + weight)
             elif name.endswith(".bias"):
                 p.zero_()
             else:
@@ -78,7 +79,13 @@ def draft_from_config(target: Transformer, shape: DraftShape, seed: int = 0, cop
 
 def hf_config_dict(config: ModelConfig, dtype: torch.dtype) -> dict:
     """config.json for transformers. Qwen2 in transformers always has q/k/v biases and Llama's
-    `attention_bias` would add one to o_proj too, so the model type follows the bias."""
+    `attention_bias` would add one to o_proj too, so the model type follows the bias.
+    Only Llama / Qwen2 models are written: other families' features have no place in these configs."""
+    if config.family_features():
+        raise ForetellError(
+            f"saving a {config.model_type} model as a Hugging Face folder is not supported: foretell writes Llama / "
+            f"Qwen2 configurations only, and this one has {', '.join(config.family_features())}"
+        )
     model_type = "qwen2" if config.attention_bias else "llama"
     eos = list(config.eos_token_ids)
     return {
@@ -134,10 +141,11 @@ def save_model_folder(model: Transformer, tokenizer, path: str | Path, extra: di
     from safetensors.torch import save_file
 
     path = Path(path)
+    config = hf_config_dict(model.config, model.dtype)  # refuses unsupported families before writing anything
     tmp = path.with_name(path.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    (tmp / "config.json").write_text(json.dumps(hf_config_dict(model.config, model.dtype), indent=2))
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
     save_file(hf_state_dict(model), str(tmp / MODEL_FILE), metadata={"format": "pt"})
     tokenizer.save_pretrained(str(tmp))
     if extra is not None:

@@ -32,7 +32,7 @@ from foretell.models.config import ModelConfig
 from foretell.models.module_folder import FolderFormat, load_weights, read_config, save_module
 from foretell.models.quant import quantize_int8, resolve_quant
 from foretell.models.token_info import TokenInfo
-from foretell.models.transformer import DecoderLayer, RMSNorm, Transformer, rope_tables
+from foretell.models.transformer import DecoderLayer, Transformer, make_norm, rope_tables, softcap
 
 FOLDER_FORMAT = FolderFormat(name="foretell-hidden-draft", version=1, config_file="hidden_draft.json", what="hidden-state draft")
 FORMAT, FORMAT_VERSION, CONFIG_FILE = FOLDER_FORMAT.name, FOLDER_FORMAT.version, FOLDER_FORMAT.config_file
@@ -73,8 +73,9 @@ class HiddenDraftConfig:
             attention_bias=target.attention_bias,
         )
 
-    def layer_config(self) -> ModelConfig:
-        return ModelConfig(
+    def layer_config(self, target: ModelConfig) -> ModelConfig:
+        """The draft layer's sizes, with the target family's layer features (so a target layer's weights fit it)."""
+        return target.drafter_layers(
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_hidden_layers=1, num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
@@ -100,6 +101,7 @@ class SharedParts:
     embed_tokens: nn.Embedding  # W_E of token-info
     lm_head: nn.Module  # the full output layer, or its hot-vocabulary rows
     hot: HotVocab | None = None
+    final_softcap: float | None = None  # the target's logit soft-cap (Gemma 2), applied as the target does
 
 
 class HiddenDraft(nn.Module):
@@ -107,15 +109,16 @@ class HiddenDraft(nn.Module):
         super().__init__()
         config.check_target(target.config)
         self.config = config
-        self.layer = DecoderLayer(config.layer_config())
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        layer_config = config.layer_config(target.config)
+        self.layer = DecoderLayer(layer_config)
+        self.norm = make_norm(layer_config, config.hidden_size)  # the kind of the target's final norm it starts as
         r = config.token_info_rank
         self.token_info = TokenInfo(config.hidden_size, r, config.vocab_size) if r > 0 else None
         # Cutting the hot rows builds an nn.Linear, whose init draws from the RNG; keep the
         # stream untouched so a seed gives the same weights with or without a hot vocabulary.
         with torch.random.fork_rng(devices=[]):
             lm_head = hot.head(target.lm_head) if hot is not None else target.lm_head
-        self.shared = SharedParts(target.embed_tokens, lm_head, hot)
+        self.shared = SharedParts(target.embed_tokens, lm_head, hot, target.config.final_softcap)
         self._rope_len = 0
         self._cos = self._sin = None
         self.to(dtype=target.dtype, device=target.device)
@@ -173,7 +176,10 @@ class HiddenDraft(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] predicted states -> [..., V_out] float32 logits (V_out: hot ids, or the vocabulary)."""
-        return self.shared.lm_head(hidden.to(self.dtype)).float()
+        out = self.shared.lm_head(hidden.to(self.dtype))
+        if self.shared.final_softcap is not None:
+            out = softcap(out, self.shared.final_softcap)
+        return out.float()
 
     def info(self, tokens: torch.Tensor) -> torch.Tensor:
         """E(t) for [n] token ids (full-vocabulary ids) -> [n, V_out] float32; zeros without token-info."""

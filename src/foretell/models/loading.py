@@ -18,6 +18,7 @@ import torch
 
 from foretell.errors import ForetellError
 from foretell.models.config import ModelConfig
+from foretell.models.gguf_meta import correct_config, open_gguf
 from foretell.models.presets import PRESETS, assemble_chunks, locate_single_gguf
 from foretell.models.trained import TRAINED_DRAFTS
 from foretell.models.transformer import Transformer
@@ -85,26 +86,30 @@ def resolve_model_dir(spec: str | Path, cache_dir: Path | None = None) -> Path:
 
 
 def convert_gguf(gguf: Path, out_dir: Path) -> Path:
-    """Dequantize a GGUF file into an fp32 safetensors folder (once; written atomically)."""
+    """Dequantize a GGUF file into an fp32 safetensors folder (once; written atomically).
+
+    transformers' reader dequantizes and renames; its configuration is then corrected with the metadata that
+    reader drops (gguf_meta.py). Architectures foretell does not run are refused before any conversion."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    reader = open_gguf(gguf)
     print(f"foretell: converting {gguf.name} to safetensors in {out_dir} (once)", file=sys.stderr)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
         hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except Exception as e:  # transformers raises many types for a bad file
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ForetellError(f"could not read GGUF file {gguf}: {e}. Is it complete and a Llama/Qwen2 model?") from None
+        raise ForetellError(f"could not read GGUF file {gguf}: {e}. Is it complete?") from None
+    raw = correct_config(reader, hf.config.to_dict())
+    raw.pop("quantization_config", None)
+    ModelConfig.from_hf_dict(raw)  # a configuration the runtime cannot run fails here, before anything is written
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     state = {k: v.contiguous() for k, v in hf.state_dict().items()}
     if hf.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     save_file(state, str(tmp / "model.safetensors"))
-    raw = hf.config.to_dict()
-    raw.pop("quantization_config", None)
     (tmp / "config.json").write_text(json.dumps(raw, indent=2))
     tokenizer.save_pretrained(tmp)
     (tmp / DONE_MARKER).write_text(json.dumps({"source": str(gguf), "bytes": gguf.stat().st_size}))

@@ -27,7 +27,7 @@ from foretell.hot_vocab import HotVocab
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
 from foretell.models.module_folder import FolderFormat, load_weights, read_config, save_module
-from foretell.models.transformer import DecoderLayer, RMSNorm, Transformer, rope_tables
+from foretell.models.transformer import DecoderLayer, RMSNorm, Transformer, rope_tables, softcap
 
 FOLDER_FORMAT = FolderFormat(name="foretell-parallel-head", version=1, config_file="parallel_head.json", what="parallel head")
 FORMAT, FORMAT_VERSION, CONFIG_FILE = FOLDER_FORMAT.name, FOLDER_FORMAT.version, FOLDER_FORMAT.config_file
@@ -86,9 +86,10 @@ class ParallelHeadConfig:
             attention_bias=target.attention_bias,
         )
 
-    def layer_config(self) -> ModelConfig:
-        """The ModelConfig DecoderLayer is built from."""
-        return ModelConfig(
+    def layer_config(self, target: ModelConfig) -> ModelConfig:
+        """The ModelConfig DecoderLayer is built from: this head's sizes, with the target family's layer
+        features (norm kind, activation, q/k norms, attention scale and soft-cap)."""
+        return target.drafter_layers(
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_hidden_layers=self.num_layers, num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
@@ -113,6 +114,7 @@ class TargetParts:
     embed_tokens: nn.Embedding
     lm_head: nn.Module  # the full output layer, or the hot-vocabulary rows of it
     hot: HotVocab | None = None
+    final_softcap: float | None = None  # the target's logit soft-cap (Gemma 2), applied as the target does
 
 
 class ParallelHead(nn.Module):
@@ -121,11 +123,11 @@ class ParallelHead(nn.Module):
         config.check_target(target.config)
         self.config = config
         lm_head = hot.head(target.lm_head) if hot is not None else target.lm_head
-        self.shared = TargetParts(target.embed_tokens, lm_head, hot)
+        self.shared = TargetParts(target.embed_tokens, lm_head, hot, target.config.final_softcap)
         H = config.hidden_size
         self.fuse = nn.Linear((len(config.fuse_layers) + 1) * H, H, bias=False)
         self.mask_embedding = nn.Parameter(torch.zeros(H))
-        layer_config = config.layer_config()
+        layer_config = config.layer_config(target.config)
         self.layers = nn.ModuleList(DecoderLayer(layer_config) for _ in range(config.num_layers))
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self._rope_len = 0
@@ -173,7 +175,10 @@ class ParallelHead(nn.Module):
     def logits(self, x: torch.Tensor, full_vocab: bool = True) -> torch.Tensor:
         """[..., H] normed rows -> [..., V] float32 logits over the full vocabulary (-inf off a hot set);
         with full_vocab=False over the head's own vocabulary (`vocab_ids`), which skips the expansion."""
-        out = self.shared.lm_head(x).float()
+        out = self.shared.lm_head(x)
+        if self.shared.final_softcap is not None:
+            out = softcap(out, self.shared.final_softcap)
+        out = out.float()
         return self.shared.hot.expand(out) if self.shared.hot is not None and full_vocab else out
 
     @property

@@ -21,7 +21,7 @@ from foretell.errors import ForetellError
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "shipped"
 MANIFEST = "manifest.json"
-KINDS = {"parallel-head": "parallel_head.json", "hidden-state": "hidden_draft.json"}  # method -> config file
+KINDS = {"parallel-head": "parallel_head.json", "hidden-state": "hidden_draft.json", "eagle3": "eagle3.json"}  # method -> config file
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,16 @@
-"""A compact native Llama / Qwen2 decoder for batch-size-1 decoding on any device.
+"""A compact native decoder for batch-size-1 decoding on any device: Llama, Mistral, Qwen2 / Qwen3, Gemma 1 / 2 / 3
+and Phi-3 / Phi-4 in one model, each family a set of ModelConfig flags (config.py), never a copy of the layer.
 
 Why native instead of wrapping transformers: at 135M parameters on a CPU the forward is
 overhead-bound, so fused projections, a static cache and no per-call bookkeeping matter more
 than anything else; and the tree mask, positions and cache are plain arguments here.
+A flag that is off costs a Python `is None` test at most: Llama and Qwen2 keep their fast path.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +18,7 @@ from torch import nn
 
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
+from foretell.models.rope import RopeScaling, rope_tables  # drafters import rope_tables from here too
 
 
 @dataclass
@@ -23,39 +27,58 @@ class ForwardOutput:
     hidden: dict[int, torch.Tensor]  # layer index -> [T, H] ([B, T, H]); 0 = embeddings, L = final normed
 
 
-def rope_tables(head_dim: int, theta: float, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
-    angles = torch.outer(torch.arange(length, dtype=torch.float32, device=device), inv_freq)
-    angles = torch.cat([angles, angles], dim=-1)  # [S, D], the rotate-half layout
-    return angles.cos(), angles.sin()
-
-
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
+def partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate only the first cos.shape[-1] dims of each head (a partial rotary factor, e.g. Phi-4-mini)."""
+    r = cos.shape[-1]
+    turned = x[..., :r]
+    return torch.cat([turned * cos + rotate_half(turned) * sin, x[..., r:]], dim=-1)
+
+
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """Gemma 2's soft-capping: cap * tanh(x / cap), a smooth clamp to (-cap, cap)."""
+    return torch.tanh(x / cap) * cap
+
+
 # Bumped whenever the forward's cost changes, so measured cost curves (budget.py) are redone.
-RUNTIME_VERSION = 3
+RUNTIME_VERSION = 4
 
 # Passes of up to this many new tokens use plain matmul attention: at one token PyTorch's fused
 # CPU attention costs more than the matmuls themselves, but from two tokens on (verification
 # passes) it is the faster one, by 2-5 ms a 135M-target pass at 4-13 tokens (bf16, 2 cores).
 SMALL_STEP = 1
 
+ACTIVATION_FUNCTIONS = {
+    "silu": F.silu, "swish": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
+}
 
-def small_step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Attention of a few new queries over the cache. q: [B, Hq, T, D]; k, v: [B, Hkv, S, D];
-    mask: [B or 1, 1, T, S] bool or None (all visible). Query heads share kv heads in groups (GQA)."""
+
+def small_step_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+    scale: float | None = None, cap: float | None = None,
+) -> torch.Tensor:
+    """Attention as explicit matmuls. q: [B, Hq, T, D]; k, v: [B, Hkv, S, D]; mask: [B or 1, 1, T, S] bool or
+    None (all visible). Query heads share kv heads in groups (GQA). scale: None = D ** -0.5; cap: soft-cap the
+    scores (Gemma 2; SDPA cannot, so such layers come here at every size)."""
     B, Hq, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     group = Hq // Hkv
     qg = q.reshape(B, Hkv, group * T, D)  # head h reads kv head h // group
-    scores = (qg @ k.transpose(-1, -2)).float() * D**-0.5
+    scores = (qg @ k.transpose(-1, -2)).float() * (D**-0.5 if scale is None else scale)
+    if cap is not None:
+        scores = softcap(scores, cap)
     if mask is not None:
         scores = scores.view(B, Hkv, group, T, S).masked_fill(~mask[:, :, None], float("-inf"))
     probs = scores.view(B, Hkv, group * T, S).softmax(dim=-1).to(v.dtype)
     return (probs @ v).view(B, Hq, T, D)
+
+
+def causal_mask(T: int, device) -> torch.Tensor:
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril()[None, None]
 
 
 class RMSNorm(nn.Module):
@@ -68,6 +91,47 @@ class RMSNorm(nn.Module):
         # Normalise in fp32 as the reference implementation does, then scale in the model dtype.
         return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
 
+    def scale(self) -> torch.Tensor:
+        """The effective per-channel scale: what a plain RMSNorm's weight would be (a drafter's own norm starts as it)."""
+        return self.weight
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: scale by (offset + weight), multiplied in fp32 before the cast (weights start at 0)."""
+
+    def __init__(self, dim: int, eps: float, offset: float):
+        super().__init__(dim, eps)
+        self.offset = offset
+        nn.init.zeros_(self.weight)  # scale 1 until weights load (a drafter's own norms start there)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float() + self.offset, self.eps).to(x.dtype)
+
+    def scale(self) -> torch.Tensor:
+        return self.weight + self.offset
+
+
+def make_norm(cfg: ModelConfig, dim: int) -> RMSNorm:
+    return OffsetRMSNorm(dim, cfg.rms_norm_eps, cfg.norm_offset) if cfg.norm_offset else RMSNorm(dim, cfg.rms_norm_eps)
+
+
+@cache
+def _in_dtype(value: float, dtype: torch.dtype) -> float:
+    return torch.tensor(value, dtype=dtype).item()
+
+
+class ScaledEmbedding(nn.Embedding):
+    """Gemma's embedding: rows times sqrt(hidden_size), the factor first rounded to the model dtype as in
+    transformers (sqrt(3072) = 55.43 becomes 55.5 in bf16). Drafters reading the target's embedding get it too."""
+
+    def __init__(self, num: int, dim: int, scale: float):
+        super().__init__(num, dim)
+        self.scale = scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = super().forward(ids)
+        return x * _in_dtype(self.scale, x.dtype)
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -77,48 +141,104 @@ class DecoderLayer(nn.Module):
         self.head_dim = cfg.head_dim
         q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.split = (q_dim, kv_dim, kv_dim)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_dim = cfg.rotary_dim  # None: RoPE turns the whole head
+        self.scale = cfg.attention_scale  # None: SDPA's default, head_dim ** -0.5
+        self.attn_softcap = cfg.attn_softcap
+        self.act = ACTIVATION_FUNCTIONS[cfg.hidden_act]
+        self.input_layernorm = make_norm(cfg, cfg.hidden_size)
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_dim + 2 * kv_dim, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=False)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.q_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm else None
+        self.k_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm else None
+        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
+        # Gemma 2 / 3 normalise the attention and MLP outputs before each residual add ("sandwich" norms).
+        self.attn_output_norm = make_norm(cfg, cfg.hidden_size) if cfg.sandwich_norms else None
+        self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)  # the MLP's input norm
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.mlp_output_norm = make_norm(cfg, cfg.hidden_size) if cfg.sandwich_norms else None
 
-    def forward(self, x, cos, sin, cache: KVCache | None, layer: int, mask):
-        """x: [B, T, H]. With a cache attend to its prefix (mask: [B or 1, 1, T, S]); without, causally within x."""
+    def forward(self, x, cos, sin, cache: KVCache | None, layer: int, mask, kv_start: int = 0):
+        """x: [B, T, H]. With a cache attend to its prefix (mask: [B or 1, 1, T, S]); without, causally within x.
+        cos, sin: [.., T, R], R = rotary_dim or head_dim. kv_start: cache slots before it are out of every query's
+        sliding window, so they are not read at all (the mask then covers slots kv_start..)."""
         B, T = x.shape[:2]
         q, k, v = self.qkv_proj(self.input_layernorm(x)).split(self.split, dim=-1)
         q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary_dim is None:
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+        else:
+            q, k = partial_rope(q, cos, sin), partial_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.write(layer, k, v)
+            if kv_start:
+                k, v = k[:, :, kv_start:], v[:, :, kv_start:]
         if cache is not None and T <= SMALL_STEP:
-            attn = small_step_attention(q, k, v, mask)
+            attn = small_step_attention(q, k, v, mask, self.scale, self.attn_softcap)
+        elif self.attn_softcap is not None:
+            if mask is None and cache is None:
+                mask = causal_mask(T, x.device)
+            attn = small_step_attention(q, k, v, mask, self.scale, self.attn_softcap)
         else:
             attn = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=cache is None and mask is None,
-                enable_gqa=self.num_kv_heads != self.num_heads,
+                enable_gqa=self.num_kv_heads != self.num_heads, scale=self.scale,
             )
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(B, T, -1))
+        out = self.o_proj(attn.transpose(1, 2).reshape(B, T, -1))
+        if self.attn_output_norm is not None:
+            out = self.attn_output_norm(out)
+        x = x + out
         gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        out = self.down_proj(self.act(gate) * up)
+        if self.mlp_output_norm is not None:
+            out = self.mlp_output_norm(out)
+        return x + out
+
+
+class RotaryTables:
+    """cos / sin rows by position for one RoPE, rebuilt (doubling) when a longer position comes."""
+
+    def __init__(self, dim: int, theta: float, scaling: RopeScaling | None, max_positions: int):
+        self.args = (dim, theta)
+        self.scaling, self.max_positions = scaling, max_positions
+        self.length = 0
+        self.cos = self.sin = None
+
+    def __call__(self, positions: torch.Tensor, last: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if last >= self.length:
+            self.length = max(last + 1, 2 * self.length, 256)
+            self.cos, self.sin = rope_tables(
+                *self.args, self.length, positions.device, self.scaling, self.max_positions
+            )
+        # Tables stay fp32; cast the gathered rows so q/k rotate in the model dtype like the reference.
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        if cfg.embedding_scale is None:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        else:
+            self.embed_tokens = ScaledEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.embedding_scale)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = make_norm(cfg, cfg.hidden_size)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self._rope_len = 0
-        self._cos = self._sin = None
+        self.rope = RotaryTables(cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+        # Gemma 3's sliding layers rotate with their own base; elsewhere every layer shares one table.
+        self.local_rope = self.rope
+        if cfg.local_rope_theta is not None:
+            self.local_rope = RotaryTables(cfg.rope_dim, cfg.local_rope_theta, None, cfg.max_position_embeddings)
+        self.sliding = frozenset(i for i in cfg.sliding_layers if i < cfg.num_hidden_layers)
+        # Every layer attends alike (the Llama / Qwen2 fast path) unless some slide or rotate differently.
+        self.uniform = not self.sliding and cfg.local_rope_theta is None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -133,13 +253,35 @@ class Transformer(nn.Module):
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, capacity, self.dtype, self.device)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        need = int(positions.max()) + 1
-        if need > self._rope_len:
-            length = max(need, 2 * self._rope_len, 256)
-            cos, sin = rope_tables(self.config.head_dim, self.config.rope_theta, length, self.device)
-            self._cos, self._sin, self._rope_len = cos, sin, length
-        # Tables stay fp32; cast the gathered rows so q/k rotate in the model dtype like the reference.
-        return self._cos[positions].to(self.dtype), self._sin[positions].to(self.dtype)
+        """cos, sin of the full-attention layers for `positions` (any shape), in the model dtype."""
+        return self.rope(positions, int(positions.max()), self.dtype)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """Normed hidden states -> logits in the model dtype (Gemma 2's final soft-cap included)."""
+        logits = self.lm_head(x)
+        return logits if self.config.final_softcap is None else softcap(logits, self.config.final_softcap)
+
+    def _plan(self, full: tuple, local) -> list[tuple]:
+        """Per layer (cos, sin, mask, kv_start): `full` for full-attention layers, `local()` for sliding ones."""
+        if self.uniform:
+            return [full] * len(self.layers)
+        local_args = local()
+        return [local_args if i in self.sliding else full for i in range(len(self.layers))]
+
+    def _run(self, x, plan, cache, hidden_layers, squeeze: bool) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        hidden: dict[int, torch.Tensor] = {}
+        if 0 in hidden_layers:
+            hidden[0] = x[0] if squeeze else x
+        for i, (layer, (cos, sin, mask, kv_start)) in enumerate(zip(self.layers, plan)):
+            x = layer(x, cos, sin, cache, i, mask, kv_start)
+            if i + 1 in hidden_layers and i + 1 < len(self.layers):
+                hidden[i + 1] = x[0] if squeeze else x
+        x = self.norm(x)
+        if squeeze:
+            x = x[0]
+        if len(self.layers) in hidden_layers:
+            hidden[len(self.layers)] = x
+        return x, hidden
 
     def forward(
         self,
@@ -156,27 +298,37 @@ class Transformer(nn.Module):
         slots (the committed tail plus the T new ones) each new token may see (None = causal);
         slots before those K are always visible. hidden_layers: which layer
         outputs to return (0 = embeddings, num_layers = final norm). logits_rows: which rows
-        to project to the vocabulary (default all).
+        to project to the vocabulary (default all). Sliding-window layers further hide keys at
+        positions <= p - window from a query at position p (committed slot i holds position i).
         """
         T = input_ids.shape[0]
         cache.check_room(T)
+        last = int(positions.max())
         mask = self._attention_mask(T, cache.length, tree_mask)
-        cos, sin = self._rope(positions)
-        cos, sin = cos[None, None], sin[None, None]  # [1, 1, T, D]
-        x = self.embed_tokens(input_ids)[None]
-        hidden: dict[int, torch.Tensor] = {}
-        if 0 in hidden_layers:
-            hidden[0] = x[0]
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, mask)
-            if i + 1 in hidden_layers and i + 1 < len(self.layers):
-                hidden[i + 1] = x[0]
-        x = self.norm(x)[0]
-        if len(self.layers) in hidden_layers:
-            hidden[len(self.layers)] = x
+        cos, sin = self.rope(positions, last, self.dtype)
+        full = (cos[None, None], sin[None, None], mask, 0)  # [1, 1, T, R]
+        x, hidden = self._run(
+            self.embed_tokens(input_ids)[None], self._plan(full, lambda: self._local(positions, last, cache.length, mask)),
+            cache, hidden_layers, squeeze=True,
+        )
         if logits_rows is not None:
             x = x[logits_rows]
-        return ForwardOutput(logits=self.lm_head(x).float(), hidden=hidden)
+        return ForwardOutput(logits=self.project(x).float(), hidden=hidden)
+
+    def _local(self, positions: torch.Tensor, last: int, prefix: int, mask: torch.Tensor | None) -> tuple:
+        """Sliding layers' (cos, sin, mask, kv_start) for `forward`: the full mask narrowed to the window."""
+        cos, sin = self.local_rope(positions, last, self.dtype)
+        window = self.config.sliding_window
+        if not self.sliding or last < window:  # no key can be out of any query's window yet
+            return cos[None, None], sin[None, None], mask, 0
+        # Slots before kv_start are out of every query's window: committed slot i holds position i and the
+        # new tokens sit at positions >= the first of them.
+        kv_start = max(0, min(prefix, int(positions.min()) - window + 1))
+        if mask is None:  # one token after the prefix: the slots from kv_start on are exactly its window
+            return cos[None, None], sin[None, None], None, kv_start
+        keys = torch.cat([torch.arange(kv_start, prefix, device=positions.device), positions])
+        in_window = keys[None, :] > positions[:, None] - window  # [T, S - kv_start]
+        return cos[None, None], sin[None, None], mask[..., kv_start:] & in_window, kv_start
 
     def forward_sequences(
         self, input_ids: torch.Tensor, hidden_layers: tuple[int, ...] = (), with_logits: bool = True
@@ -186,19 +338,43 @@ class Transformer(nn.Module):
         Returns logits [B, T, V] (model dtype, for autograd) and hidden states [B, T, H].
         Right padding is harmless: causal attention never lets a real token see a pad after it.
         """
-        B, T = input_ids.shape
-        cos, sin = self._rope(torch.arange(T, device=input_ids.device))
-        cos, sin = cos[None, None], sin[None, None]
-        x = self.embed_tokens(input_ids)
-        hidden: dict[int, torch.Tensor] = {0: x} if 0 in hidden_layers else {}
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, None, i, None)
-            if i + 1 in hidden_layers and i + 1 < len(self.layers):
-                hidden[i + 1] = x
-        x = self.norm(x)
-        if len(self.layers) in hidden_layers:
-            hidden[len(self.layers)] = x
-        return ForwardOutput(logits=self.lm_head(x) if with_logits else None, hidden=hidden)
+        T = input_ids.shape[1]
+        positions = torch.arange(T, device=input_ids.device)
+        cos, sin = self.rope(positions, T - 1, self.dtype)
+        full = (cos[None, None], sin[None, None], None, 0)
+
+        def local():
+            lcos, lsin = self.local_rope(positions, T - 1, self.dtype)
+            window = self.config.sliding_window
+            mask = None
+            if self.sliding and T > window:
+                mask = causal_mask(T, input_ids.device) & (positions[None, :] > positions[:, None] - window)
+            return lcos[None, None], lsin[None, None], mask, 0
+
+        x, hidden = self._run(self.embed_tokens(input_ids), self._plan(full, local), None, hidden_layers, squeeze=False)
+        return ForwardOutput(logits=self.project(x) if with_logits else None, hidden=hidden)
+
+    def forward_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                      mask: torch.Tensor) -> torch.Tensor:
+        """[B, T] new tokens of B rows decoded side by side (a cache with batch B), each at its own positions
+        [B, T], after the cache's prefix; mask [B, 1, T, S] says which slots each token sees (padding). Returns
+        [B, T, V] float logits; the caller commits the slots. Sliding windows count slots here, which equals
+        positions for rows whose real tokens are contiguous (left padding)."""
+        T, prefix = input_ids.shape[1], cache.length
+        last = int(positions.max())
+        cos, sin = self.rope(positions, last, self.dtype)
+        full = (cos[:, None], sin[:, None], mask, 0)  # [B, 1, T, R]
+
+        def local():
+            lcos, lsin = self.local_rope(positions, last, self.dtype)
+            window, local_mask = self.config.sliding_window, mask
+            if self.sliding and prefix + T > window:
+                slots = torch.arange(prefix + T, device=mask.device)
+                local_mask = mask & (slots[None, :] > slots[prefix:, None] - window)
+            return lcos[:, None], lsin[:, None], local_mask, 0
+
+        x, _ = self._run(self.embed_tokens(input_ids), self._plan(full, local), cache, (), squeeze=False)
+        return self.project(x).float()
 
     def _attention_mask(self, T: int, prefix: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
         if tree_mask is None:
@@ -209,7 +385,14 @@ class Transformer(nn.Module):
         return torch.cat([visible, tree_mask.to(self.device)], dim=1)[None, None]
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Load weights named as in transformers' Llama/Qwen2 checkpoints, fusing projections."""
+        """Load weights named as in transformers' checkpoints of the supported families, fusing projections.
+
+        q/k/v and gate/up are fused here (Phi-3 checkpoints store them fused already). Gemma 2 / 3 name their
+        norms by position: post_attention_layernorm (on the attention output) is our attn_output_norm,
+        pre_feedforward_layernorm our post_attention_layernorm (the MLP's input norm), post_feedforward_layernorm
+        our mlp_output_norm.
+        """
+        c = self.config
         own: dict[str, torch.Tensor] = {}
 
         def take(name: str) -> torch.Tensor:
@@ -218,32 +401,44 @@ class Transformer(nn.Module):
             except KeyError:
                 raise KeyError(f"checkpoint lacks tensor {name!r}") from None
 
+        def fused(name: str, parts: list[str]) -> torch.Tensor:
+            return take(name) if name in state else torch.cat([take(p) for p in parts], dim=0)
+
         own["embed_tokens.weight"] = take("model.embed_tokens.weight")
         own["norm.weight"] = take("model.norm.weight")
-        if self.config.tie_word_embeddings:
+        if c.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         else:
             own["lm_head.weight"] = state.pop("lm_head.weight", own["embed_tokens.weight"])
-        for i in range(self.config.num_hidden_layers):
-            p = f"model.layers.{i}."
-            attn = p + "self_attn."
-            own[f"layers.{i}.qkv_proj.weight"] = torch.cat(
-                [take(attn + f"{n}_proj.weight") for n in "qkv"], dim=0
-            )
-            if self.config.attention_bias:
-                own[f"layers.{i}.qkv_proj.bias"] = torch.cat([take(attn + f"{n}_proj.bias") for n in "qkv"])
-            own[f"layers.{i}.o_proj.weight"] = take(attn + "o_proj.weight")
-            own[f"layers.{i}.gate_up_proj.weight"] = torch.cat(
-                [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], dim=0
-            )
-            own[f"layers.{i}.down_proj.weight"] = take(p + "mlp.down_proj.weight")
-            own[f"layers.{i}.input_layernorm.weight"] = take(p + "input_layernorm.weight")
-            own[f"layers.{i}.post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
+        for i in range(c.num_hidden_layers):
+            p, ours = f"model.layers.{i}.", f"layers.{i}."
+            attn, mlp = p + "self_attn.", p + "mlp."
+            own[ours + "qkv_proj.weight"] = fused(attn + "qkv_proj.weight", [attn + f"{n}_proj.weight" for n in "qkv"])
+            if c.attention_bias:
+                own[ours + "qkv_proj.bias"] = fused(attn + "qkv_proj.bias", [attn + f"{n}_proj.bias" for n in "qkv"])
+            own[ours + "o_proj.weight"] = take(attn + "o_proj.weight")
+            if c.o_proj_bias:
+                own[ours + "o_proj.bias"] = take(attn + "o_proj.bias")
+            if c.qk_norm:
+                own[ours + "q_norm.weight"] = take(attn + "q_norm.weight")
+                own[ours + "k_norm.weight"] = take(attn + "k_norm.weight")
+            own[ours + "gate_up_proj.weight"] = fused(mlp + "gate_up_proj.weight", [mlp + "gate_proj.weight", mlp + "up_proj.weight"])
+            own[ours + "down_proj.weight"] = take(mlp + "down_proj.weight")
+            if c.mlp_bias:
+                own[ours + "gate_up_proj.bias"] = fused(mlp + "gate_up_proj.bias", [mlp + "gate_proj.bias", mlp + "up_proj.bias"])
+                own[ours + "down_proj.bias"] = take(mlp + "down_proj.bias")
+            own[ours + "input_layernorm.weight"] = take(p + "input_layernorm.weight")
+            if c.sandwich_norms:
+                own[ours + "attn_output_norm.weight"] = take(p + "post_attention_layernorm.weight")
+                own[ours + "post_attention_layernorm.weight"] = take(p + "pre_feedforward_layernorm.weight")
+                own[ours + "mlp_output_norm.weight"] = take(p + "post_feedforward_layernorm.weight")
+            else:
+                own[ours + "post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
         leftovers = [k for k in state if "rotary_emb" not in k]
         if leftovers:
             raise KeyError(f"unexpected tensors in checkpoint: {leftovers[:5]}")
         missing, unexpected = self.load_state_dict(own, strict=False)
-        missing = [m for m in missing if not (m == "lm_head.weight" and self.config.tie_word_embeddings)]
+        missing = [m for m in missing if not (m == "lm_head.weight" and c.tie_word_embeddings)]
         if missing or unexpected:
             raise KeyError(f"weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib import import_module
 
 KINDS = {"adaspec": "foretell.train.adaspec.commands", "parallel-head": "foretell.train.parallel_head.commands",
-         "hidden-state": "foretell.train.hidden_state.commands"}
+         "hidden-state": "foretell.train.hidden_state.commands", "eagle3": "foretell.train.eagle3.commands"}
 
 
 def add_training_parsers(sub) -> None:

@@ -107,10 +107,17 @@ def run(args) -> None:
     from foretell.train.adaspec.evaluate import EvalOptions, compare_drafts, format_table
     from foretell.train.adaspec.pipeline import run_pipeline
 
+    from foretell.train.common.distributed import from_environment
+
     cfg = adaspec_config(args)  # checks the options first, --threads included
     if args.threads:
         torch.set_num_threads(args.threads)
-    models = run_pipeline(cfg, args.stage)
+    ctx = from_environment()  # under torchrun: this process's rank (gloo; adaspec trains on CPU)
+    if ctx.active and cfg.processes > 1:
+        raise ForetellError("--processes spawns processes on this machine; under torchrun leave it out")
+    models = run_pipeline(cfg, args.stage, ctx)
+    if not ctx.is_main:
+        return
     for name, path in models.items():
         print(f"{name}: {path}")
     if args.stage == "all" and cfg.eval_sequences > 0:

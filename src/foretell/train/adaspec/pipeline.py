@@ -31,7 +31,7 @@ from foretell.train.adaspec.stages import MODEL_DIR, StageJob, begin_stage, run_
 from foretell.train.adaspec.teacher import TeacherCache, TeacherConfig, build_teacher_cache, per_token_kl
 from foretell.train.common.cache import fingerprint_of, read_meta
 from foretell.train.common.data import DataConfig, TokenData, build_token_data
-from foretell.train.common.distributed import launch
+from foretell.train.common.distributed import DistContext, launch
 from foretell.train.common.run_folder import DONE
 from foretell.train.common.trainer import TrainConfig
 
@@ -156,9 +156,16 @@ def prepare_ref_kl(cfg: DistillConfig, data_file: Path, teacher: Path) -> Path:
     return path
 
 
-def run_job(cfg: DistillConfig, job: StageJob) -> Path:
-    if begin_stage(job):
-        print(f"foretell train adaspec: stage {job.out.name} already complete, skipping")
+def run_job(cfg: DistillConfig, job: StageJob, ctx: DistContext | None = None) -> Path:
+    """Run one training stage: on --processes spawned processes, or, under torchrun (ctx active), on the
+    processes torchrun started (the main one prepares the stage folder)."""
+    ctx = ctx or DistContext()
+    ctx.main_only(begin_stage, job)
+    if (job.out / DONE).is_file() and (job.out / MODEL_DIR / "config.json").is_file():
+        if ctx.is_main:
+            print(f"foretell train adaspec: stage {job.out.name} already complete, skipping")
+    elif ctx.active:
+        run_stage(ctx, job)
     else:
         launch(run_stage, (job,), cfg.processes)
     if not (job.out / DONE).is_file():
@@ -183,19 +190,23 @@ def check_draft_name(name: str) -> None:
                             f"got {name!r}")
 
 
-def run_pipeline(cfg: DistillConfig, stage: str = "all") -> dict[str, Path]:
-    """Run `stage` (and what it needs); returns the model folders made, by stage name."""
+def run_pipeline(cfg: DistillConfig, stage: str = "all", ctx: DistContext | None = None) -> dict[str, Path]:
+    """Run `stage` (and what it needs); returns the model folders made, by stage name. Under torchrun (ctx
+    active) every process runs this: the main one makes the data, teacher cache, draft init and reference KL
+    (the others then read them) and every process trains each stage's share of the global batch."""
+    ctx = ctx or DistContext()
+    processes = ctx.world_size if ctx.active else cfg.processes
     if stage not in STAGES:
         raise ForetellError(f"unknown stage {stage!r}; use one of {', '.join(STAGES)}")
     if not 0.0 < cfg.select_fraction <= 1.0:
         raise ForetellError(f"--select-fraction must be in (0, 1], got {cfg.select_fraction}")
     check_draft_name(cfg.draft_name)
-    cfg.train.micro_batches(cfg.processes)  # a bad batch split fails before any work
-    cfg.adaspec_train().micro_batches(cfg.processes)
+    cfg.train.micro_batches(processes)  # a bad batch split fails before any work
+    cfg.adaspec_train().micro_batches(processes)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    target_dir = resolve_model_dir(cfg.target)
+    target_dir = ctx.first(resolve_model_dir, cfg.target)
     tokenizer = load_tokenizer(target_dir)
-    data_file = prepare_data(cfg, tokenizer)
+    data_file = ctx.first(prepare_data, cfg, tokenizer)
     models: dict[str, Path] = {}
     teacher_dir = target_dir
 
@@ -205,28 +216,30 @@ def run_pipeline(cfg: DistillConfig, stage: str = "all") -> dict[str, Path]:
     if cfg.finetune or stage == "finetune":
         job = StageJob("finetune", target_dir, cfg.out / "finetune", data_file, replace(cfg.train, lr=cfg.finetune_lr),
                        init_sha256=fingerprint_of(target_dir)["weights_sha256"], resume=resume_for("finetune"))
-        teacher_dir = models["finetune"] = run_job(cfg, job)
+        teacher_dir = models["finetune"] = run_job(cfg, job, ctx)
         if stage == "finetune":
             return models
-    teacher = prepare_teacher(cfg, teacher_dir, data_file)
-    init = models["init"] = make_init(cfg, target_dir, tokenizer)
+    teacher = ctx.first(prepare_teacher, cfg, teacher_dir, data_file)
+    init = models["init"] = ctx.first(make_init, cfg, target_dir, tokenizer)
     common = dict(init=init, data_file=data_file, train=cfg.train, teacher_dir=teacher,
                   init_sha256=fingerprint_of(init)["weights_sha256"])
     reference = StageJob("distill", out=cfg.out / "reference", resume=resume_for("reference"), **common)
     baseline = StageJob("distill", out=cfg.out / "distill-all-tokens", resume=resume_for("distill-all-tokens"), **common)
     if stage == "distill-all-tokens":
-        models["distill-all-tokens"] = run_job(cfg, baseline)
+        models["distill-all-tokens"] = run_job(cfg, baseline, ctx)
         return models
     if stage == "draft" and not (reference.out / DONE).is_file():
         raise ForetellError(f"stage draft needs the reference model, not found in {reference.out}; "
                             "run --stage reference first (or --stage all)")
-    models["reference"] = run_job(cfg, reference)
+    models["reference"] = run_job(cfg, reference, ctx)
     if stage in ("all", "draft"):
-        ref_kl = prepare_ref_kl(cfg, data_file, teacher)
+        ref_kl = ctx.first(prepare_ref_kl, cfg, data_file, teacher)
         draft = StageJob("adaspec", out=cfg.out / cfg.draft_name, ref_kl_file=ref_kl, select_fraction=cfg.select_fraction,
                          resume=resume_for("draft"), **{**common, "train": cfg.adaspec_train()})
-        models["draft"] = run_job(cfg, draft)
+        models["draft"] = run_job(cfg, draft, ctx)
     if stage == "all":
-        models["distill-all-tokens"] = copy_reference_as_baseline(cfg, reference, baseline)
-        (cfg.out / "models.json").write_text(json.dumps({k: str(v) for k, v in {"target": teacher_dir, **models}.items()}, indent=2))
+        models["distill-all-tokens"] = baseline.out / MODEL_DIR
+        ctx.main_only(copy_reference_as_baseline, cfg, reference, baseline)
+        if ctx.is_main:
+            (cfg.out / "models.json").write_text(json.dumps({k: str(v) for k, v in {"target": teacher_dir, **models}.items()}, indent=2))
     return models

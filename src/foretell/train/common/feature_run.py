@@ -1,9 +1,11 @@
-"""What a run of a drafter trained on the target's features starts from (parallel head, hidden state).
+"""What a run of a drafter trained on the target's features starts from (parallel head, hidden state, EAGLE-3).
 
 Its training data (data.py: one source or a mix), held-out data, the frozen
 target and the feature cache, each made once and reused while its settings hold; and the shape
-check of a warm start. `cfg` below is either kind's run config: target, out, data, eval_data,
-eval_sequences, features and train.
+check of a warm start. `cfg` below is any such kind's run config: target, out, data, eval_data,
+eval_sequences, features and train. With several processes (a DistContext) the main process makes the
+files and the others read them (ctx.first), the feature pass is sharded, and only the main process
+writes the run folder, the trained module and the evaluation.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from foretell.errors import ForetellError
 from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
 from foretell.train.common.cache import fingerprint_of
 from foretell.train.common.data import DataConfig, DataReport, TokenData, build_token_data
+from foretell.train.common.distributed import DistContext
 from foretell.train.common.features import FeatureCache, build_feature_cache, cache_settings, open_if_complete
 
 REPORT = "report.json"  # in OUT/data: rows per source and the evaluation-prompt filter's counts
@@ -48,19 +51,23 @@ def eval_data(cfg, tokenizer) -> TokenData | None:
     return build_token_data(DataConfig(source, "test", cfg.eval_sequences, cfg.data.seq_len, cfg.data.pack), tokenizer)
 
 
-def run_inputs(cfg) -> tuple[Path, TokenData, TokenData | None, torch.nn.Module]:
-    """A run's target folder, training data, held-out data (None without evaluation) and frozen target."""
-    cfg.train.micro_batches(1)
-    target_dir = resolve_model_dir(cfg.target)
+def run_inputs(cfg, ctx: DistContext | None = None) -> tuple[Path, TokenData, TokenData | None, torch.nn.Module]:
+    """A run's target folder, training data, held-out data (None without evaluation, and on every process but
+    the main one) and frozen target (on ctx.device)."""
+    ctx = ctx or DistContext()
+    cfg.train.micro_batches(ctx.world_size)
+    target_dir = ctx.first(resolve_model_dir, cfg.target)  # a preset may be fetched or converted once
     tokenizer = load_tokenizer(target_dir)
-    data = prepare_data(cfg.data, tokenizer, cfg.out / "data")  # bad data fails here, before any model work
-    held_out = eval_data(cfg, tokenizer)
-    target = build_model(target_dir, torch.float32).requires_grad_(False)  # frozen: only the drafter trains
+    data = ctx.first(prepare_data, cfg.data, tokenizer, cfg.out / "data")  # bad data fails here, before any model work
+    held_out = eval_data(cfg, tokenizer) if ctx.is_main else None
+    target = build_model(target_dir, torch.float32, ctx.device).requires_grad_(False)  # frozen: only the drafter trains
     return target_dir, data, held_out, target
 
 
-def prepare_features(cfg, target_dir: Path, target, data: TokenData, fuse_layers) -> FeatureCache:
-    """OUT/features for the target layers `fuse_layers`: reused when complete and made for these settings."""
+def prepare_features(cfg, target_dir: Path, target, data: TokenData, fuse_layers,
+                     ctx: DistContext | None = None) -> FeatureCache:
+    """OUT/features for the target layers `fuse_layers`: reused when complete and made for these settings
+    (each process computing its share of a missing pass)."""
     folder = cfg.out / "features"
     fingerprint = json.loads(json.dumps(
         {"target": fingerprint_of(target_dir), "data": asdict(cfg.data), "dtype": cfg.features.dtype}))
@@ -69,8 +76,8 @@ def prepare_features(cfg, target_dir: Path, target, data: TokenData, fuse_layers
     if cache is not None:
         return cache  # complete and made for these settings: no target pass
     dtype = parse_dtype(cfg.features.dtype)
-    extractor = target if dtype == target.dtype else build_model(target_dir, dtype)
-    return build_feature_cache(extractor, data, tuple(fuse_layers), folder, cfg.features, fingerprint)
+    extractor = target if dtype == target.dtype else build_model(target_dir, dtype, target.device)
+    return build_feature_cache(extractor, data, tuple(fuse_layers), folder, cfg.features, fingerprint, ctx)
 
 
 def check_same_shape(option: str, folder: Path, saved, wanted, options: str) -> None:
@@ -82,7 +89,7 @@ def check_same_shape(option: str, folder: Path, saved, wanted, options: str) -> 
                             f"{options} it was trained with")
 
 
-def train_or_load(cfg, settings: dict, what: str, load, train_new, save):
+def train_or_load(cfg, settings: dict, what: str, load, train_new, save, ctx: DistContext | None = None):
     """The run's trained module: loaded from OUT/<what> when this run already finished it, else trained.
 
     The settings are checked against the run folder's first (other settings are refused; --no-resume clears

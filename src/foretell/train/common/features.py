@@ -19,6 +19,7 @@ import torch
 from foretell.models.transformer import Transformer
 from foretell.train.common.cache import fill_cache, open_arrays, read_meta
 from foretell.train.common.data import TokenData
+from foretell.train.common.distributed import DistContext
 from foretell.train.common.topk import topk_of_logits
 
 ARRAYS = ("features", "logp", "ids")
@@ -77,8 +78,9 @@ def open_if_complete(folder: Path, want: dict) -> FeatureCache | None:
 
 
 def build_feature_cache(target: Transformer, data: TokenData, fuse_layers: tuple[int, ...], folder: Path,
-                        cfg: FeatureConfig, fingerprint: dict) -> FeatureCache:
-    """Fill (or finish) the cache in `folder`; `fingerprint` names the target and data it belongs to."""
+                        cfg: FeatureConfig, fingerprint: dict, ctx: DistContext | None = None) -> FeatureCache:
+    """Fill (or finish) the cache in `folder`; `fingerprint` names the target and data it belongs to. With
+    several processes (ctx) each computes its own block of sequences (common/cache.py)."""
     n, t = data.input_ids.shape
     k = min(cfg.top_k, target.config.vocab_size)
     f = len(fuse_layers) * target.config.hidden_size
@@ -94,5 +96,5 @@ def build_feature_cache(target: Transformer, data: TokenData, fuse_layers: tuple
     fill_cache(folder, want, arrays, cfg.batch_size, rows, "target features",
                f"feature cache in {folder} was made for another target, data or head; delete it or use another --out",
                f"foretell train: target features for {n} sequences x {t} tokens "
-               f"({cache_bytes(n, t, f, k) / 2**30:.2f} GiB) -> {folder}")
+               f"({cache_bytes(n, t, f, k) / 2**30:.2f} GiB) -> {folder}", ctx)
     return FeatureCache.open(folder)

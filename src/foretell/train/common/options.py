@@ -76,6 +76,36 @@ def add_feature_arguments(p) -> None:
                    help="sequences per target forward in the feature pass (default: %(default)s)")
 
 
+def add_distributed_arguments(p) -> None:
+    """Where the kinds trained on cached features run, and on how many processes (common/distributed.py).
+    Under torchrun every process reads its rank from the environment and --processes is not needed."""
+    g = p.add_argument_group("data-parallel training (also: torchrun --nproc-per-node N -m foretell.cli train ...)")
+    g.add_argument("--processes", type=int, default=1,
+                   help="CPU processes on this machine (gloo), splitting --batch-size between them (default: %(default)s)")
+    g.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cpu, or cuda: each process on GPU LOCAL_RANK, NCCL between them (default: %(default)s)")
+
+
+def run_distributed(fn, cfg, args) -> bool:
+    """fn(cfg, ctx=...) on --processes spawned processes, or on this process in the torchrun group the
+    environment describes (a single process without one). True on the main (or launching) process."""
+    import os
+
+    from foretell.train.common.distributed import call_with_context, from_environment, launch
+
+    check_positive(processes=args.processes)
+    if args.processes > 1:
+        if args.device != "cpu" or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ForetellError("--processes spawns CPU processes on this machine; for GPUs or several machines "
+                                "start the command with torchrun instead (docs/training.md)")
+        cfg.train.micro_batches(args.processes)  # a bad split fails before any process starts
+        launch(call_with_context, (fn, cfg), args.processes, args.threads)
+        return True
+    ctx = from_environment(args.device)
+    fn(cfg, ctx=ctx)
+    return ctx.is_main
+
+
 def data_config(args):
     """The training data the shared options name (a DataConfig)."""
     from foretell.train.common.data import DataConfig

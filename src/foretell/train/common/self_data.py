@@ -95,13 +95,9 @@ def generate_batch(model: Transformer, prompts: list[list[int]], max_new_tokens:
 def _forward(model: Transformer, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
              mask: torch.Tensor) -> torch.Tensor:
     """[B, T] new tokens at per-row positions after the cache's prefix -> [B, T, V] float logits."""
-    cos, sin = model._rope(positions)
-    cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]
-    x = model.embed_tokens(ids)
-    for i, layer in enumerate(model.layers):
-        x = layer(x, cos, sin, cache, i, mask)
+    logits = model.forward_batch(ids, positions, cache, mask)
     cache.commit_prefix(ids.shape[1])
-    return model.lm_head(model.norm(x)).float()
+    return logits
 
 
 def first_turns(source: str, tokenizer, max_prompt_tokens: int, limit: int,

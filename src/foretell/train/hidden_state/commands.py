@@ -22,13 +22,14 @@ DESCRIPTION = (
 
 def add_arguments(p) -> None:
     """This kind's options, after the shared ones (common/options.py)."""
-    from foretell.train.common.options import add_feature_arguments, add_run_arguments
+    from foretell.train.common.options import add_distributed_arguments, add_feature_arguments, add_run_arguments
     from foretell.train.hidden_state.loss import HiddenLossConfig
     from foretell.train.hidden_state.pipeline import INIT_CHOICES, HiddenShape, HiddenStateTrainConfig, default_hidden_train
 
     cfg, shape, loss = HiddenStateTrainConfig, HiddenShape(), HiddenLossConfig()
     add_run_arguments(p, default_hidden_train(), cfg.eval_sequences)
     add_feature_arguments(p)
+    add_distributed_arguments(p)
     g = p.add_argument_group("hidden-state options")
     g.add_argument("--depth", type=int, default=shape.depth,
                    help="draft steps unrolled once the curriculum is through = the tree depth evaluated (default: %(default)s)")
@@ -83,11 +84,15 @@ def hidden_state_config(args):
 def run(args) -> None:
     import torch
 
+    from foretell.train.common.options import run_distributed
     from foretell.train.hidden_state.pipeline import run_hidden_state
 
+    cfg = hidden_state_config(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    draft_dir = run_hidden_state(hidden_state_config(args))
+    if not run_distributed(run_hidden_state, cfg, args):
+        return
+    draft_dir = cfg.out / "draft"
     print(f"draft: {draft_dir}")
     if args.install:
         from foretell.models.hidden_draft import CONFIG_FILE, install_hidden_draft

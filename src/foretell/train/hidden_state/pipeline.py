@@ -26,6 +26,7 @@ from foretell.models.hidden_draft import (
     save_hidden_draft,
 )
 from foretell.train.common.data import DataConfig, TokenData
+from foretell.train.common.distributed import DistContext
 from foretell.train.common.feature_run import check_same_shape, prepare_features, run_inputs, train_or_load
 from foretell.train.common.features import FeatureConfig
 from foretell.train.common.trainer import TrainConfig
@@ -95,9 +96,10 @@ def check_init_draft(folder: Path, config: HiddenDraftConfig) -> None:
     check_same_shape("--init-draft", folder, read_hidden_draft_config(folder), config, "--token-info-rank")
 
 
-def run_hidden_state(cfg: HiddenStateTrainConfig) -> Path:
-    """Train (or finish training) the draft; returns OUT/draft."""
-    target_dir, data, held_out, target = run_inputs(cfg)
+def run_hidden_state(cfg: HiddenStateTrainConfig, ctx: DistContext | None = None) -> Path:
+    """Train (or finish training) the draft, data-parallel over the processes of `ctx`; returns OUT/draft."""
+    ctx = ctx or DistContext()
+    target_dir, data, held_out, target = run_inputs(cfg, ctx)
     config = HiddenDraftConfig.for_target(target.config, token_info_rank=cfg.shape.token_info_rank)
     init_layer = cfg.shape.init_from(target.config.num_hidden_layers)
     if init_layer is not None and not 0 <= init_layer < target.config.num_hidden_layers:
@@ -110,14 +112,14 @@ def run_hidden_state(cfg: HiddenStateTrainConfig) -> Path:
         check_init_draft(cfg.init_draft, config)
         settings["init_draft"] = str(cfg.init_draft)
     def train_new(job_dir: Path):
-        cache = prepare_features(cfg, target_dir, target, data, (config.target_num_layers,))
+        cache = prepare_features(cfg, target_dir, target, data, (config.target_num_layers,), ctx)
         draft = (load_hidden_draft(cfg.init_draft, target) if cfg.init_draft is not None
                  else new_hidden_draft(target, config, seed=cfg.train.seed, init_from_layer=init_layer))
         return draft, train_hidden(draft, cache, data, cfg.train, cfg.loss, cfg.shape.depth, job_dir, cfg.resume,
-                                   cfg.stop_after)
+                                   cfg.stop_after, ctx)
 
     draft, draft_dir = train_or_load(cfg, settings, "draft", lambda folder: load_hidden_draft(folder, target),
-                                     train_new, save_hidden_draft)
+                                     train_new, save_hidden_draft, ctx)
     if draft is not None and held_out is not None:
         evaluate(cfg, target, draft, data, held_out)
     return draft_dir

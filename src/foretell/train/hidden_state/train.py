@@ -18,24 +18,26 @@ from foretell.train.common.data import TokenData
 from foretell.train.common.depths import anchor_seed, valid_depths
 from foretell.train.common.feature_loop import run_steps
 from foretell.train.common.features import FeatureCache
-from foretell.train.common.trainer import TrainConfig, step_indices
+from foretell.train.common.distributed import DistContext
+from foretell.train.common.trainer import TrainConfig
 from foretell.train.hidden_state.loss import HiddenLossConfig, kl_anchors, sequence_terms, unroll_steps
 
 NOISE_STREAM = 0x5EED  # the noise generator's seed differs from the anchors' for the same (seed, step, sequence)
 
 
-def hidden_step(draft: HiddenDraft, optimizer, scheduler, cache: FeatureCache, data: TokenData, index: torch.Tensor,
+def hidden_step(draft: HiddenDraft, cache: FeatureCache, data: TokenData, index: torch.Tensor, mine: list[int],
                 step: int, train: TrainConfig, cfg: HiddenLossConfig, depth: int) -> dict:
-    """One optimizer step over the sequences `index` (one backward per sequence)."""
+    """The backward of this process's share `mine` (positions in the global batch `index`), one sequence at a
+    time, each term divided by the whole batch's totals; returns additive statistics."""
     k = unroll_steps(step, train.steps, depth, cfg.curriculum)
     T = data.input_ids.shape[1]
-    anchors = {i: kl_anchors(data.loss_mask[i], cfg, train.seed, step, i) for i in index.tolist()}
-    mse_total = sum(int(valid_depths(data.loss_mask[i], torch.arange(T), k).sum()) for i in anchors)
-    kl_total = sum(int(valid_depths(data.loss_mask[i], a, k).sum()) for i, a in anchors.items())
-    optimizer.zero_grad(set_to_none=True)
+    anchors = [kl_anchors(data.loss_mask[i], cfg, train.seed, step, i) for i in index.tolist()]
+    mse_total = sum(int(valid_depths(data.loss_mask[i], torch.arange(T), k).sum()) for i in index.tolist())
+    kl_total = sum(int(valid_depths(data.loss_mask[i], a, k).sum()) for i, a in zip(index.tolist(), anchors))
     sums = {"loss": 0.0, "mse": 0.0, "kl": 0.0}
     agree, count = torch.zeros(k), torch.zeros(k)
-    for i, a in anchors.items():
+    for pos in mine:
+        i, a = int(index[pos]), anchors[pos]
         if len(a) == 0:
             continue
         hidden, logp, ids = cache.sequence(i)
@@ -50,23 +52,26 @@ def hidden_step(draft: HiddenDraft, optimizer, scheduler, cache: FeatureCache, d
             sums[key] += value.item()
         agree += (t.agree & t.kl_valid).sum(0)
         count += t.kl_valid.sum(0)
-    grad_norm = torch.nn.utils.clip_grad_norm_(draft.parameters(), train.grad_clip)
-    lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
-    scheduler.step()
-    top1 = {f"top1_{d + 1}": round(float(agree[d] / max(count[d], 1)), 4) for d in range(k)}
-    return {**{key: round(v, 6) for key, v in sums.items()}, **top1, "unroll": k, "grad_norm": float(grad_norm),
-            "lr": lr}
+    return {**sums, "agree": agree, "count": count}
+
+
+def hidden_row(sums: dict, k: int) -> dict:
+    """The log row's fields from the step's statistics summed over the processes (k: the unrolled steps)."""
+    top1 = {f"top1_{d + 1}": round(float(sums["agree"][d] / max(sums["count"][d], 1)), 4) for d in range(k)}
+    return {**{key: round(sums[key], 6) for key in ("loss", "mse", "kl")}, **top1, "unroll": k}
 
 
 def train_hidden(draft: HiddenDraft, cache: FeatureCache, data: TokenData, train: TrainConfig, cfg: HiddenLossConfig,
-                 depth: int, out: Path, resume: bool = True, stop_after: int | None = None) -> int:
+                 depth: int, out: Path, resume: bool = True, stop_after: int | None = None,
+                 ctx: DistContext | None = None) -> int:
     """Train `draft` in place, checkpointing into `out`; returns the steps done (train.steps unless stopped)."""
 
-    def step_fn(optimizer, scheduler, step: int) -> dict:
-        index = step_indices(step, train, len(data))
-        return hidden_step(draft, optimizer, scheduler, cache, data, index, step, train, cfg, depth)
+    def local_step(step: int, index: torch.Tensor, mine: list[int]) -> dict:
+        return hidden_step(draft, cache, data, index, mine, step, train, cfg, depth)
 
-    return run_steps(draft, step_fn, train, out, resume, stop_after, "hidden-state draft",
+    def summarize(sums: dict, step: int) -> dict:
+        return hidden_row(sums, unroll_steps(step, train.steps, depth, cfg.curriculum))
+
+    return run_steps(draft, local_step, summarize, train, len(data), out, resume, stop_after, "hidden-state draft",
                      lambda row: {"loss": f"{row['loss']:.4f}", "mse": f"{row['mse']:.3f}", "top1": f"{row['top1_1']:.2f}",
-                                  "k": row["unroll"]})
+                                  "k": row["unroll"]}, ctx)

@@ -19,13 +19,14 @@ DESCRIPTION = (
 
 def add_arguments(p) -> None:
     """This kind's options, after the shared ones (common/options.py)."""
-    from foretell.train.common.options import add_feature_arguments, add_run_arguments
+    from foretell.train.common.options import add_distributed_arguments, add_feature_arguments, add_run_arguments
     from foretell.train.parallel_head.pipeline import HeadShape, ParallelHeadTrainConfig, default_train
     from foretell.train.parallel_head.train import HeadLossConfig
 
     shape, loss = HeadShape(), HeadLossConfig()
     add_run_arguments(p, default_train(), ParallelHeadTrainConfig.eval_sequences)
     add_feature_arguments(p)
+    add_distributed_arguments(p)
     g = p.add_argument_group("parallel-head options")
     g.add_argument("--depth", type=int, default=shape.depth, help="D, tokens drafted per head forward (default: %(default)s)")
     g.add_argument("--head-layers", type=int, default=shape.num_layers, help="decoder layers of the head (default: %(default)s)")
@@ -38,13 +39,13 @@ def add_arguments(p) -> None:
                    "a random one: train longer with a fresh schedule")
 
 
-def parse_layers(text: str | None) -> tuple[int, ...] | None:
+def parse_layers(text: str | None, flag: str = "--fuse-layers") -> tuple[int, ...] | None:
     if text is None:
         return None
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ForetellError(f"--fuse-layers takes comma-separated layer numbers, got {text!r}") from None
+        raise ForetellError(f"{flag} takes comma-separated layer numbers, got {text!r}") from None
 
 
 def parallel_head_config(args):
@@ -65,8 +66,11 @@ def parallel_head_config(args):
 def run(args) -> None:
     import torch
 
+    from foretell.train.common.options import run_distributed
     from foretell.train.parallel_head.pipeline import run_parallel_head
 
+    cfg = parallel_head_config(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"head: {run_parallel_head(parallel_head_config(args))}")
+    if run_distributed(run_parallel_head, cfg, args):
+        print(f"head: {cfg.out / 'head'}")

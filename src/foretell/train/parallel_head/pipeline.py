@@ -20,6 +20,7 @@ from foretell.models.parallel_head import (
 )
 from foretell.train.common.data import BOTH, DataConfig, TokenData
 from foretell.train.common.depths import format_depth_table
+from foretell.train.common.distributed import DistContext
 from foretell.train.common.feature_run import check_same_shape, prepare_features, run_inputs, train_or_load
 from foretell.train.common.features import FeatureConfig
 from foretell.train.common.trainer import TrainConfig
@@ -79,24 +80,25 @@ def evaluate(cfg: ParallelHeadTrainConfig, target, head, data: TokenData) -> dic
     return result
 
 
-def run_parallel_head(cfg: ParallelHeadTrainConfig) -> Path:
-    """Train (or finish training) the head; returns OUT/head."""
-    target_dir, data, held_out, target = run_inputs(cfg)
+def run_parallel_head(cfg: ParallelHeadTrainConfig, ctx: DistContext | None = None) -> Path:
+    """Train (or finish training) the head, data-parallel over the processes of `ctx`; returns OUT/head."""
+    ctx = ctx or DistContext()
+    target_dir, data, held_out, target = run_inputs(cfg, ctx)
     config = head_config(cfg, target)
-    if cfg.eval_sequences and cfg.eval_data is None and cfg.data.source not in ("gsm8k", "sharegpt", BOTH):
+    if ctx.is_main and cfg.eval_sequences and cfg.eval_data is None and cfg.data.source not in ("gsm8k", "sharegpt", BOTH):
         print("foretell train: warning: evaluating on the training file (give --eval-data for held-out data)")
     settings = {"target": str(target_dir), "data": asdict(cfg.data), "head": asdict(config), "loss": asdict(cfg.loss),
                 "features": asdict(cfg.features), "train": asdict(cfg.train)}
     if cfg.init_head is not None:  # only when set, so runs made before the option still resume
         settings["init_head"] = str(cfg.init_head)
     def train_new(job_dir: Path):
-        cache = prepare_features(cfg, target_dir, target, data, config.fuse_layers)
+        cache = prepare_features(cfg, target_dir, target, data, config.fuse_layers, ctx)
         head = (load_parallel_head(cfg.init_head, target) if cfg.init_head is not None
                 else new_parallel_head(target, config, seed=cfg.train.seed))
-        return head, train_head(head, cache, data, cfg.train, cfg.loss, job_dir, cfg.resume, cfg.stop_after)
+        return head, train_head(head, cache, data, cfg.train, cfg.loss, job_dir, cfg.resume, cfg.stop_after, ctx)
 
     head, head_dir = train_or_load(cfg, settings, "head", lambda folder: load_parallel_head(folder, target),
-                                   train_new, save_parallel_head)
+                                   train_new, save_parallel_head, ctx)
     if head is not None and held_out is not None:
         evaluate(cfg, target, head, held_out)
     return head_dir

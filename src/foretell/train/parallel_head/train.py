@@ -26,7 +26,8 @@ from foretell.train.common.depths import anchor_seed, sample_anchors, valid_dept
 from foretell.train.common.feature_loop import run_steps
 from foretell.train.common.features import FeatureCache
 from foretell.train.common.topk import topk_kl
-from foretell.train.common.trainer import TrainConfig, step_indices
+from foretell.train.common.distributed import DistContext
+from foretell.train.common.trainer import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -51,51 +52,54 @@ def sequence_terms(head: ParallelHead, cache: FeatureCache, data: TokenData, seq
     features, logp, ids = cache.sequence(sequence)
     tokens = data.input_ids[sequence]
     rows = int(anchors.max()) + 1  # context rows past the last anchor are never seen: crop them
-    logits = head.forward_training(features[None, :rows], tokens[None, 1 : rows + 1], anchors.tolist())[0]
+    logits = head.forward_training(features[None, :rows].to(head.device), tokens[None, 1 : rows + 1].to(head.device),
+                                   anchors.tolist())[0]
     at = (anchors[:, None] + torch.arange(1, D + 1)).clamp(max=len(tokens) - 1)  # p's row for each (a, d)
     kl = topk_kl(logits, logp[at].to(logits.device), ids[at].to(logits.device))
     agree = logits.detach().argmax(-1).cpu() == ids[at][..., 0]
     return kl, valid_depths(data.loss_mask[sequence], anchors, D), agree
 
 
-def head_step(head: ParallelHead, optimizer, scheduler, cache: FeatureCache, data: TokenData, index: torch.Tensor,
+def head_step(head: ParallelHead, cache: FeatureCache, data: TokenData, index: torch.Tensor, mine: list[int],
               step: int, train: TrainConfig, loss_cfg: HeadLossConfig) -> dict:
-    """One optimizer step over the sequences `index`; backward one sequence at a time (bounded memory)."""
+    """The backward of this process's share `mine` (positions in the global batch `index`), one sequence at a
+    time (bounded memory), each term divided by the whole batch's weight; returns additive statistics."""
     D = head.config.depth
     weights = loss_cfg.depth_weights(D)
     anchors = [sample_anchors(data.loss_mask[i], loss_cfg.anchors, anchor_seed(train.seed, step, int(i))) for i in index]
     total = sum(float((valid_depths(data.loss_mask[i], a, D) * weights).sum()) for i, a in zip(index, anchors))
-    optimizer.zero_grad(set_to_none=True)
     kl_sum, agree_sum, count = torch.zeros(D), torch.zeros(D), torch.zeros(D)
     loss_value = 0.0
-    for i, a in zip(index.tolist(), anchors):
+    for pos in mine:
+        i, a = int(index[pos]), anchors[pos]
         if len(a) == 0:
             continue
         with torch.autocast(head.device.type, torch.bfloat16, enabled=train.bf16):
             kl, valid, agree = sequence_terms(head, cache, data, i, a)
-            loss = (kl * valid * weights.to(kl.device)).sum() / max(total, 1e-9)  # the step's weighted mean
+            loss = (kl * valid.to(kl.device) * weights.to(kl.device)).sum() / max(total, 1e-9)  # the step's weighted mean
         loss.backward()
         loss_value += loss.item()
-        kl_sum += (kl.detach().cpu() * valid).sum(0)
+        kl_sum += (kl.detach().float().cpu() * valid).sum(0)
         agree_sum += (agree & valid).sum(0)
         count += valid.sum(0)
-    grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), train.grad_clip)
-    lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
-    scheduler.step()
-    per = count.clamp(min=1)
-    return {"loss": loss_value, **{f"kl{d + 1}": round(float(kl_sum[d] / per[d]), 5) for d in range(D)},
-            **{f"top1_{d + 1}": round(float(agree_sum[d] / per[d]), 4) for d in range(D)},
-            "grad_norm": float(grad_norm), "lr": lr, "anchors": int(count[0])}
+    return {"loss": loss_value, "kl": kl_sum, "agree": agree_sum, "count": count}
+
+
+def head_row(sums: dict, step: int) -> dict:
+    """The log row's fields from the step's statistics summed over the processes."""
+    per = sums["count"].clamp(min=1)
+    D = len(per)
+    return {"loss": sums["loss"], **{f"kl{d + 1}": round(float(sums["kl"][d] / per[d]), 5) for d in range(D)},
+            **{f"top1_{d + 1}": round(float(sums["agree"][d] / per[d]), 4) for d in range(D)},
+            "anchors": int(sums["count"][0])}
 
 
 def train_head(head: ParallelHead, cache: FeatureCache, data: TokenData, train: TrainConfig, loss_cfg: HeadLossConfig,
-               out: Path, resume: bool = True, stop_after: int | None = None) -> int:
+               out: Path, resume: bool = True, stop_after: int | None = None, ctx: DistContext | None = None) -> int:
     """Train `head` in place, checkpointing into `out`; returns the steps done (train.steps unless stopped)."""
 
-    def step_fn(optimizer, scheduler, step: int) -> dict:
-        index = step_indices(step, train, len(data))
-        return head_step(head, optimizer, scheduler, cache, data, index, step, train, loss_cfg)
+    def local_step(step: int, index: torch.Tensor, mine: list[int]) -> dict:
+        return head_step(head, cache, data, index, mine, step, train, loss_cfg)
 
-    return run_steps(head, step_fn, train, out, resume, stop_after, "parallel head",
-                     lambda row: {"loss": f"{row['loss']:.4f}", "top1": f"{row['top1_1']:.2f}"})
+    return run_steps(head, local_step, head_row, train, len(data), out, resume, stop_after, "parallel head",
+                     lambda row: {"loss": f"{row['loss']:.4f}", "top1": f"{row['top1_1']:.2f}"}, ctx)

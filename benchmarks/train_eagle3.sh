@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Trains an EAGLE-3 head for SmolLM2-135M-Instruct on the data and budget of the shipped parallel head
+# (benchmarks/train_shipped.sh): the target's own answers to 2656 ShareGPT and 1200 GSM8K prompts, 2000 GSM8K
+# solutions and 3000 packed ShareGPT rows, 320 tokens, STEPS (3000) x 16 sequences x 32 anchors, lr 1e-3, bf16.
+# It reads the parallel head's aux layers (2, 15, 28), so when that run's folder exists (HEAD_RUN) its data and
+# feature cache are linked, not rebuilt: both heads learn from the very same features. HIDDEN=1 also trains a
+# hidden-state draft on the same data and steps (its own feature pass: it reads the final-norm layer; ~1 h).
+# Time: not yet measured at this size. A 4-step smoke run (4 sequences x 160 tokens, 1 thread, on a loaded machine)
+# took 0.8 s a step, against 2.3 s for the parallel head's step at the same size (its full-vocabulary output layer
+# at every depth); scaled up, expect roughly 1.5-3 h for 3000 steps on 2 cores (the feature pass, when not linked:
+# ~1 h, ~10 GB). Every stage resumes: rerun the same command after an interruption.
+# Data-parallel: PROCS=N runs N processes on this machine; torchrun works too (docs/training.md).
+# Environment: OUT (runs/eagle3/smollm2-head), HEAD_RUN (runs/shipped/smollm2-head), STEPS, THREADS, PROCS, HIDDEN,
+# HIDDEN_OUT (runs/hidden_state/smollm2-shipped-data).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash benchmarks/self_data.sh
+F=.venv/bin/foretell
+D=runs/self_data
+T=${THREADS:-2}
+OUT=${OUT:-runs/eagle3/smollm2-head}
+HEAD_RUN=${HEAD_RUN:-runs/shipped/smollm2-head}
+DATA="$D/smollm2-sharegpt.jsonl,$D/smollm2-gsm8k.jsonl,gsm8k:2000,sharegpt:3000"
+[ -f "$D/smollm2-sharegpt.jsonl" ] || $F self-data --data sharegpt --num-prompts 2656 --max-new-tokens 192 \
+  --batch-size 64 --threads "$T" --out $D/smollm2-sharegpt.jsonl
+COMMON=(--target smollm2-135m --data "$DATA" --eval-data $D/smollm2-mix-test.jsonl --seq-len 320 --anchors 32
+        --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-3000}" --warmup 100 --batch-size 16 --bf16
+        --checkpoint-every 50 --eval-sequences 72 --threads "$T" --processes "${PROCS:-1}")
+
+# A linked cache still being filled by the parallel-head run would get two writers: wait for it instead.
+if [ -f "$HEAD_RUN/features/meta.json" ] && ! .venv/bin/python -c "import json, sys; m = json.load(open(sys.argv[1])); \
+    sys.exit(m['done'] != m['num_sequences'])" "$HEAD_RUN/features/meta.json"; then
+  echo "train_eagle3.sh: $HEAD_RUN/features is still being made by the parallel-head run; rerun when it is done" >&2
+  exit 1
+fi
+mkdir -p "$OUT"
+for part in data features; do
+  if [ -e "$HEAD_RUN/$part" ] && [ ! -e "$OUT/$part" ]; then ln -s "$(realpath "$HEAD_RUN/$part")" "$OUT/$part"; fi
+done
+$F train eagle3 "${COMMON[@]}" --aux-layers 2,15,28 --draft-vocab 8192 --ttt-steps 3 --step-decay 0.8 --lr 1e-3 \
+  --out "$OUT"
+
+if [ "${HIDDEN:-0}" = 1 ]; then
+  $F train hidden-state "${COMMON[@]}" --depth 5 --lr 5e-4 --out "${HIDDEN_OUT:-runs/hidden_state/smollm2-shipped-data}"
+fi
+
+# The head in use: lossless, so the text equals plain greedy decoding; the statistics line shows tau.
+$F generate "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?" \
+  --eagle "$OUT/head" --max-new-tokens 96 --threads "$T"
+# The same head for vLLM and SGLang.
+$F export eagle3 --head "$OUT/head" --target smollm2-135m --out "$OUT/engine"

@@ -1,0 +1,256 @@
+"""One request's decoding, as a state machine the engine drives: prefill, then plan -> (target pass) -> settle.
+
+The target's cache holds every committed token but the last one. Each step feeds [last, d_1 .. d_n] in one
+target pass: row i of its logits scores the token after d_i (row 0 the token after `last`), so n drafts are
+verified and one more token is always produced. Plain decoding is the same step with n = 0.
+
+Splitting the step around the target pass lets one driver run a request alone (Engine.stream) and another run
+many requests' passes as one packed forward (batching), with the same per-request logic.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from foretell.drafters.base import empty_proposal
+from foretell.errors import ForetellError
+from foretell.kv_cache import KVCache
+from foretell.lossy import verify_controlled
+from foretell.models.transformer import ForwardOutput
+from foretell.result_cache import merge_branch
+from foretell.sampling import make_generator
+from foretell.text import TextStream
+from foretell.tree import accepted_slots, attention_mask, slot_positions
+from foretell.types import GenerationStats, Proposal, SamplingParams
+from foretell.verify import verify
+
+if TYPE_CHECKING:
+    from foretell.engine import Chunk, Engine
+
+
+@dataclass
+class TargetPass:
+    """One request's share of a target forward.
+
+    input_ids, positions: [T] long. tree_mask: [T, T] bool or None (causal). hidden_layers: layers whose rows the
+    drafter reads. logits_rows: rows to project (slice(0, 0) in a prefill: none).
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    cache: KVCache
+    tree_mask: torch.Tensor | None = None
+    hidden_layers: tuple[int, ...] = ()
+    logits_rows: slice | None = None
+
+    def run(self, target) -> ForwardOutput:
+        return target(self.input_ids, self.positions, self.cache, tree_mask=self.tree_mask,
+                      hidden_layers=self.hidden_layers, logits_rows=self.logits_rows)
+
+
+@dataclass
+class _Planned:
+    """What plan() decided, for settle()."""
+
+    proposal: Proposal
+    drafted: bool  # the drafter ran (the draft gate may skip it)
+    budget: int  # tokens the drafter was allowed (its depth for a tree)
+    branch: list[int]  # the result cache's branch, [] when none
+    matched: int  # the result cache key's length
+    cache_nodes: list[int]  # nodes only the result cache proposed
+    started: float  # perf_counter at plan() start
+    planned: float  # perf_counter at plan() end
+
+
+class Decoding:
+    """The state of one generation under an Engine's configuration (its drafter, policies and extras)."""
+
+    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams):
+        if len(prompt_ids) >= engine.context_window:
+            raise ForetellError(
+                f"the prompt has {len(prompt_ids)} tokens but the model's context window is {engine.context_window}; "
+                "shorten the prompt"
+            )
+        self.engine, self.params = engine, params
+        self.t0 = time.perf_counter()
+        self.ids = list(prompt_ids)
+        self.prompt_len = len(prompt_ids)
+        self.stats = GenerationStats(prompt_tokens=self.prompt_len, lossy_threshold=engine.lossy_threshold)
+        self.limit = min(params.max_new_tokens, engine.context_window - self.prompt_len)
+        capacity = self.prompt_len + self.limit + max(engine.max_draft, engine.max_proposal) + 1
+        self.generator = make_generator(params.seed, engine.target.device)
+        self.cache = engine.target.new_cache(capacity)
+        self.text = TextStream(engine.tokenizer, params.stop)
+        self.prefilled = 0  # prompt tokens (all but the last) in the cache
+        self.done = False
+        self._planned: _Planned | None = None
+        if engine.result_cache is not None:
+            engine.result_cache.begin(self.ids)
+        if engine.draft_gate is not None:
+            engine.draft_gate.begin()
+        if engine.drafter is not None:
+            engine.drafter.start(self.ids, capacity, params, self.generator)
+        if not self.prefilling:  # a one-token prompt: nothing to prefill
+            self._prefilled()
+
+    # --- prefill ----------------------------------------------------------------------------
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < self.prompt_len - 1
+
+    def prefill_pass(self, chunk: int | None = None) -> TargetPass:
+        """The next piece of the prompt (all of it but its last token, or `chunk` tokens of it) for the cache."""
+        device = self.engine.target.device
+        end = self.prompt_len - 1 if chunk is None else min(self.prompt_len - 1, self.prefilled + chunk)
+        return TargetPass(torch.tensor(self.ids[self.prefilled:end], device=device),
+                          torch.arange(self.prefilled, end, device=device), self.cache,
+                          hidden_layers=self.engine.drafter_layers, logits_rows=slice(0, 0))
+
+    def prefilled_pass(self, step: TargetPass, out: ForwardOutput) -> None:
+        n = step.input_ids.numel()
+        self.cache.commit_prefix(n)
+        self.prefilled += n
+        if out.hidden:
+            self.engine.drafter.observe(out.hidden)
+        if not self.prefilling:
+            self._prefilled()
+
+    def _prefilled(self) -> None:
+        drafter = self.engine.drafter
+        self.stats.cache_bytes = self.cache.nbytes() + (drafter.cache_bytes() if drafter is not None else 0)
+        self.stats.prefill_seconds = time.perf_counter() - self.t0
+
+    # --- decode steps -----------------------------------------------------------------------
+
+    def plan(self, budget: int | None = None) -> TargetPass:
+        """Draft (as the engine's configuration says, at most `budget` tokens when given) and return the pass that
+        verifies the proposal."""
+        engine, t1 = self.engine, time.perf_counter()
+        room = self.limit - (len(self.ids) - self.prompt_len)  # tokens we may still add
+        n = engine.draft_budget(room) if engine.drafter is not None else 0
+        if budget is not None:
+            n = min(n, budget)
+        branch, matched = self._cache_branch(n)
+        drafted = n > 0 and (engine.draft_gate is None or engine.draft_gate.should_draft(matched))
+        proposal = engine.drafter.propose(self.ids, n) if drafted else empty_proposal()
+        proposal, cache_nodes = self._extend_proposal(proposal, branch)
+        self._planned = _Planned(proposal, drafted, n, branch, matched, cache_nodes, t1, time.perf_counter())
+        device = engine.target.device
+        inputs = torch.tensor([self.ids[-1], *proposal.tokens.tolist()], device=device)
+        if proposal.is_chain:
+            positions = torch.arange(self.cache.length, self.cache.length + len(inputs), device=device)
+            return TargetPass(inputs, positions, self.cache, hidden_layers=engine.drafter_layers)
+        positions = slot_positions(proposal.parents, self.cache.length).to(device)
+        return TargetPass(inputs, positions, self.cache, tree_mask=attention_mask(proposal.parents),
+                          hidden_layers=engine.drafter_layers)
+
+    def settle(self, out: ForwardOutput) -> Chunk:
+        """Verify the planned proposal against the target pass's output, commit, and hand out the new text."""
+        engine, planned, stats = self.engine, self._planned, self.stats
+        proposal = planned.proposal
+        verdict = engine.judge(out.logits, proposal, self.params, self.generator)
+        if proposal.is_chain:
+            self.cache.commit_prefix(1 + verdict.accepted)
+            committed = {layer: h[: 1 + verdict.accepted] for layer, h in out.hidden.items()}
+        else:
+            slots = accepted_slots(verdict.path)
+            self.cache.commit_slots(slots)
+            committed = {layer: h[slots.to(h.device)] for layer, h in out.hidden.items()}
+        if planned.drafted and proposal.size:  # drafters that learn from timings use it
+            engine.drafter.verified(verdict.accepted, time.perf_counter() - planned.planned, proposal.size)
+        if committed:
+            engine.drafter.observe(committed)
+        t3 = time.perf_counter()
+        accepted = verdict.path if verdict.path is not None else range(verdict.accepted)
+        accepted_tokens = proposal.tokens[list(accepted)].tolist()
+        if engine.draft_gate is not None and planned.budget > 0:  # without the drafter: the branch's prefix + 1
+            engine.draft_gate.record(planned.matched, planned.drafted, 1 + verdict.accepted, t3 - planned.started,
+                                     1 + _common_prefix(accepted_tokens, planned.branch))
+        stats.draft_seconds += planned.planned - planned.started
+        stats.verify_seconds += t3 - planned.planned
+        stats.target_passes += 1
+        if proposal.size:
+            stats.draft_tokens_verified += proposal.size
+            depth = proposal.depth
+            stats.record(depth, verdict.accepted)
+            engine.length_policy.update(depth, verdict.accepted)
+            stats.draft_passes += 1
+            stats.passes_with_accepted += int(verdict.accepted > 0)
+            stats.lossy_accepted += verdict.waived
+            if planned.cache_nodes:
+                from_cache = len(set(planned.cache_nodes) & set(verdict.path or ()))
+                stats.cache_useful += int(from_cache > 0)
+                stats.cache_accepted_tokens += from_cache
+        return self._extend(accepted_tokens + [verdict.next_token])
+
+    def _extend(self, new: list[int]) -> Chunk:
+        from foretell.engine import Chunk, GenerationResult
+
+        engine, stats = self.engine, self.stats
+        room = self.limit - (len(self.ids) - self.prompt_len)
+        finish = ""
+        for i, token in enumerate(new):
+            if token in engine.stop_ids and not self.params.ignore_eos:
+                new, finish = new[:i], "stop"
+                break
+        new = new[:room]
+        self.ids.extend(new)
+        if engine.result_cache is not None:
+            engine.result_cache.extend(self.ids)
+        stats.new_tokens = len(self.ids) - self.prompt_len
+        delta = self.text.update(self.ids[self.prompt_len:])
+        if self.text.stopped:
+            finish = "stop"
+        elif not finish and stats.new_tokens >= self.limit:
+            finish = "length"
+        if not finish:
+            return Chunk(delta, new)
+        self.done = True
+        stats.finish_reason = finish
+        stats.total_seconds = time.perf_counter() - self.t0
+        return Chunk(delta + self.text.flush(), new, GenerationResult(self.ids[self.prompt_len:], self.text.text, stats))
+
+    def _cache_branch(self, n: int) -> tuple[list[int], int]:
+        """The opt-in result cache's branch for this pass and its key's length ([], 0 when off or no hit)."""
+        if self.engine.result_cache is None or n <= 0:
+            return [], 0
+        self.stats.cache_steps += 1
+        branch, matched = self.engine.result_cache.match(self.ids, n)
+        self.stats.cache_hits += bool(branch)
+        return branch, matched
+
+    def _extend_proposal(self, proposal: Proposal, branch: list[int]) -> tuple[Proposal, list[int]]:
+        """The opt-in extras around the drafter's proposal: lossy mode needs its draft probabilities;
+        the result cache's branch is merged in. Returns the proposal and the nodes only the cache added."""
+        engine = self.engine
+        if engine.lossy_threshold is not None and proposal.size and proposal.draft_prob is None:
+            raise ForetellError(
+                f"lossy verification needs per-node draft probabilities (Proposal.draft_prob), which the "
+                f"{engine.drafter.name} drafter does not provide; use parallel-head, draft-model, draft-tree or "
+                "hidden-state, or leave lossy_threshold off"
+            )
+        if not branch:
+            return proposal, []
+        merged = merge_branch(proposal, branch, engine.max_proposal or engine.max_draft)
+        return merged.proposal, merged.added
+
+
+def judge(logits: torch.Tensor, proposal: Proposal, params: SamplingParams, generator, lossy_threshold: float | None):
+    """The verification controller: lossless `verify` unless the opt-in lossy mode is on."""
+    if lossy_threshold is None:
+        return verify(logits, proposal, params, generator)
+    return verify_controlled(logits, proposal, params, generator, lossy_threshold)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    count = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        count += 1
+    return count

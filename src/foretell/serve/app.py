@@ -1,0 +1,232 @@
+"""The OpenAI-compatible app: request -> typed parameters -> the worker's queue -> stream or response.
+
+Routes only translate: a body becomes a prompt's token ids and SamplingParams, engine chunks become OpenAI
+objects. The engine is reached only through the worker (worker.py), which owns it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sys
+import time
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from foretell.api import Pipeline
+from foretell.errors import ForetellError
+from foretell.serve.metrics import ServerMetrics
+from foretell.serve.protocol import (APIError, ChatCompletionRequest, CompletionRequest, from_validation_error, invalid,
+                                     token_budget)
+from foretell.serve.responses import SSE_DONE, ChatShape, CompletionShape, sse, sse_error
+from foretell.serve.settings import ServeSettings
+from foretell.serve.worker import Cancelled, Channel, Job, QueueFull, ShuttingDown, TimeLimitExceeded, Worker
+
+COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions; chat: the rest of the window
+
+
+def create_app(pipeline: Pipeline, model_name: str, settings: ServeSettings) -> FastAPI:
+    """An app serving `pipeline` as `model_name`. The app owns one worker thread, started and stopped with
+    the app's lifespan; give each app its own pipeline, since an engine runs one generation at a time."""
+    server = Routes(pipeline, model_name, settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.worker.start()
+        yield
+        await asyncio.to_thread(server.worker.stop)
+        print("foretell serve: shut down cleanly", file=sys.stderr, flush=True)
+
+    app = FastAPI(title="foretell", lifespan=lifespan)
+    add_error_handlers(app, server.metrics)
+    app.add_api_route("/health", server.health, methods=["GET"])
+    app.add_api_route("/metrics", server.prometheus, methods=["GET"])
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(server.require_key)])  # probes above need no key
+    v1.add_api_route("/models", server.models, methods=["GET"])
+    v1.add_api_route("/models/{name:path}", server.model, methods=["GET"])
+    v1.add_api_route("/completions", server.completions, methods=["POST"])
+    v1.add_api_route("/chat/completions", server.chat_completions, methods=["POST"])
+    app.include_router(v1)
+    return app
+
+
+class Routes:
+    """What the routes share: the pipeline, the worker that owns its engine, metrics and settings."""
+
+    def __init__(self, pipeline: Pipeline, model_name: str, settings: ServeSettings):
+        self.pipeline, self.model_name, self.settings = pipeline, model_name, settings
+        self.metrics = ServerMetrics()
+        self.worker = Worker(pipeline.engine.stream, self.metrics, settings.max_queue)
+        self.created = int(time.time())
+
+    def require_key(self, request: Request) -> None:
+        if self.settings.api_key is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not secrets.compare_digest(given, f"Bearer {self.settings.api_key}".encode()):
+            raise APIError(401, "missing or wrong API key: send the header Authorization: Bearer <key>",
+                           code="invalid_api_key")
+
+    async def health(self) -> dict:
+        if not self.worker.alive:
+            raise APIError(503, "the engine worker is not running", type="server_error", code="unavailable")
+        return {"status": "ok"}
+
+    async def prometheus(self) -> Response:
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    def _card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "foretell",
+                "max_model_len": self.pipeline.engine.context_window,
+                "speculative": self.pipeline.speculative.to_dict()}
+
+    def _check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                           code="model_not_found", param="model")
+
+    async def models(self) -> dict:
+        return {"object": "list", "data": [self._card()]}
+
+    async def model(self, name: str) -> dict:
+        self._check_model(name)
+        return self._card()
+
+    async def completions(self, request: Request) -> Response:
+        req = await parse(request, CompletionRequest, self.settings.max_body_bytes)
+        self._check_model(req.model)
+        ids = self.pipeline.encode(req.text, chat=False)
+        shape = CompletionShape(self.model_name, self.pipeline.speculative.method)
+        return await self._generate(request, req, ids, COMPLETION_DEFAULT_TOKENS, shape, "prompt")
+
+    async def chat_completions(self, request: Request) -> Response:
+        req = await parse(request, ChatCompletionRequest, self.settings.max_body_bytes)
+        self._check_model(req.model)
+        if not getattr(self.pipeline.tokenizer, "chat_template", None):
+            raise invalid("this model has no chat template: use /v1/completions with a raw prompt")
+        try:
+            ids = self.pipeline.encode(req.template_messages(), chat=True)
+        except Exception as e:  # the template is jinja run on the client's messages (it may raise on purpose)
+            raise invalid(f"the model's chat template rejected these messages: {e}", param="messages") from None
+        shape = ChatShape(self.model_name, self.pipeline.speculative.method)
+        return await self._generate(request, req, ids, None, shape, "messages")
+
+    async def _generate(self, request: Request, req, prompt_ids: list[int], default_tokens: int | None, shape,
+                        prompt_param: str) -> Response:
+        """Queue the generation; stream it as server-sent events, or wait for it and answer once."""
+        budget = token_budget(req.requested_tokens, default_tokens, len(prompt_ids),
+                              self.pipeline.engine.context_window, prompt_param)
+        job = Job(prompt_ids, req.sampling(budget), Channel(asyncio.get_running_loop(), self.settings.request_timeout))
+        try:
+            self.worker.submit(job)
+        except QueueFull as e:
+            raise APIError(503, f"{e}; retry later", type="server_error", code="queue_full",
+                           headers={"Retry-After": str(self.settings.retry_after)}) from None
+        if req.stream:
+            return StreamingResponse(events(request, job, shape, req.include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        result = None
+        async with cancel_when_gone(request, job):
+            async for chunk in job.chunks():
+                result = chunk.result or result
+        return JSONResponse(shape.response(result.text, result.stats).model_dump())
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 past `limit` bytes without reading (or keeping) the rest."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(int(declared), limit)
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise too_large(len(body), limit)
+    return bytes(body)
+
+
+def too_large(size: int, limit: int) -> APIError:
+    return APIError(413, f"the request body has {'more than ' if size <= limit else ''}{size} bytes; this server "
+                    f"takes at most {limit} (--max-body-bytes)", code="request_too_large")
+
+
+async def parse(request: Request, model: type[BaseModel], limit: int):
+    body = await read_body(request, limit)
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise from_validation_error(e) from None
+
+
+@asynccontextmanager
+async def cancel_when_gone(request: Request, job: Job):
+    """Cancel the job when the client disconnects, or when the request ends before the job did (an error,
+    the time limit, or this request's task being cancelled): the worker then drops it and frees its cache."""
+
+    async def watch() -> None:
+        # The body was read in full, so the next message is the disconnect (or the response being complete).
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        job.cancel("cancelled")
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        job.cancel("cancelled")  # a no-op when the job has finished
+
+
+async def events(request: Request, job: Job, shape, include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events: the chunks, the closing chunk (finish_reason, speculative_decoding), usage if asked,
+    then [DONE]. An error after the stream started (time limit) comes as an OpenAI error event before [DONE]."""
+    async with cancel_when_gone(request, job):
+        try:
+            for opening in shape.opening():
+                yield sse(opening)
+            async for chunk in job.chunks():
+                if chunk.text:
+                    yield sse(shape.delta(chunk.text))
+                if chunk.result is not None:
+                    yield sse(shape.closing(chunk.result.stats))
+                    if include_usage:
+                        yield sse(shape.usage(chunk.result.stats))
+        except Exception as e:
+            yield sse_error(as_api_error(e).body())
+        yield SSE_DONE
+
+
+def as_api_error(e: Exception) -> APIError:
+    """Every failure as an OpenAI error with its status."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, ForetellError):
+        return invalid(str(e))
+    if isinstance(e, TimeLimitExceeded):  # a retry would take as long: tell the OpenAI client not to
+        return APIError(504, str(e), type="server_error", code="timeout", headers={"x-should-retry": "false"})
+    if isinstance(e, ShuttingDown):
+        return APIError(503, str(e), type="server_error", code="shutting_down")
+    if isinstance(e, Cancelled):  # nginx's "client closed request": nobody reads this answer
+        return APIError(499, "the request was cancelled", code="cancelled")
+    if isinstance(e, StarletteHTTPException):
+        code = "not_found" if e.status_code == 404 else None
+        return APIError(e.status_code, f"{e.detail} ({e.status_code})", code=code)
+    return APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error")
+
+
+def add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    async def handle(request: Request, e: Exception) -> JSONResponse:
+        error = as_api_error(e)
+        if error.status != 499:  # a client that left is counted as an aborted request, not an error
+            metrics.errors.labels(status=str(error.status)).inc()
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    kinds = (APIError, ForetellError, TimeLimitExceeded, ShuttingDown, Cancelled, StarletteHTTPException, Exception)
+    for kind in kinds:
+        app.add_exception_handler(kind, handle)

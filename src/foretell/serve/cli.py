@@ -1,0 +1,93 @@
+"""The `foretell serve` command: flags -> ServeSettings and a SpeculativeConfig, a pipeline, then uvicorn.
+
+Imports of the web stack wait until the command runs, so the rest of the CLI works without the serve extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from foretell.errors import ForetellError
+from foretell.serve.settings import ServeSettings
+from foretell.spec_args import add_speculative_args, speculative_from_args
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def add_serve_parser(sub) -> None:
+    from foretell.cli import add_model_args
+
+    p = sub.add_parser(
+        "serve", help="OpenAI-compatible HTTP server with speculative decoding",
+        description="Serve one model on /v1/completions, /v1/chat/completions and /v1/models, with /health and "
+        "/metrics (Prometheus). Speculation is configured as for `foretell generate`. Requests queue for the "
+        "engine and run one at a time.")
+    add_model_args(p)
+    add_speculative_args(p)
+    defaults = ServeSettings()
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default: %(default)s, this machine only; 0.0.0.0 = every interface)")
+    g.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
+    g.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $FORETELL_API_KEY if set, "
+                   "else no key)")
+    g.add_argument("--served-model-name", help="the model id clients send (default: the last part of --model)")
+    g.add_argument("--max-queue", type=int, default=defaults.max_queue,
+                   help="requests that may wait for the engine; more are answered 503 with Retry-After "
+                   "(default: %(default)s)")
+    g.add_argument("--request-timeout", type=float, default=defaults.request_timeout,
+                   help="seconds a request may take, waiting included (default: %(default)s)")
+    g.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes,
+                   help="largest request body; larger ones get 413 (default: %(default)s)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM or Ctrl-C, seconds to let requests in flight finish (default: %(default)s)")
+    g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
+                   help="uvicorn's log level; info logs every request (default: %(default)s)")
+    p.set_defaults(run=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> None:
+    try:
+        import uvicorn
+
+        from foretell.serve.app import create_app
+    except ImportError as e:
+        raise ForetellError(f"foretell serve needs the serve extra ({e.name} is missing): "
+                            "pip install 'foretell[serve]'") from None
+    import torch
+
+    from foretell.api import load
+
+    settings = ServeSettings(api_key=args.api_key or os.environ.get("FORETELL_API_KEY") or None,
+                             max_queue=args.max_queue, request_timeout=args.request_timeout,
+                             max_body_bytes=args.max_body_bytes)
+    if not 0 <= args.port <= 65535:
+        raise ForetellError(f"--port must be in 0..65535, got {args.port}")
+    spec, why = speculative_from_args(args, args.model)
+    if args.save_spec_config:
+        print(f"[speculative config written to {spec.save(args.save_spec_config)}]", file=sys.stderr)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pipeline = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant)
+    name = args.served_model_name or Path(str(args.model).rstrip("/")).name
+    app = create_app(pipeline, name, settings)
+    chose = f": {why}; --drafter picks another" if why else ""
+    weights = args.dtype if args.quant == "none" else f"{args.quant} weights, {args.dtype} activations"
+    print(f"[foretell serve: model {name!r}, drafter {spec.describe()}{chose}, {weights}; "
+          f"http://{args.host}:{args.port}/v1{', API key required' if settings.api_key else ''}]", file=sys.stderr)
+    if args.host not in LOOPBACK and settings.api_key is None:
+        print(f"[warning: listening on {args.host} without an API key: anyone who can reach it may use it]",
+              file=sys.stderr)
+    # uvicorn handles SIGTERM itself (stop accepting, let requests in flight finish, stop the worker), then
+    # raises the signal again for the previous handler: this one makes that a clean exit, status 0.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=args.shutdown_timeout)
+
+
+def _exit_cleanly(signum, frame) -> None:
+    raise SystemExit(0)

@@ -1,0 +1,210 @@
+"""OpenAI request bodies (pydantic, strict), the OpenAI error body, and requests -> SamplingParams.
+
+Bodies are validated strictly: a wrong type is an error rather than a silent coercion, an unknown field is an
+error rather than ignored, and a field of the OpenAI API this server does not implement (penalties, logprobs,
+tools, ...) is accepted only at its neutral value, so no request is answered as if it had been honoured.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from foretell.errors import ForetellError
+from foretell.types import SamplingParams
+
+# torch.Generator.manual_seed takes seeds in this range.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+MAX_STOP_STRINGS = 16
+
+# OpenAI fields this server does not implement -> the values that mean "off", which it accepts.
+NEUTRAL: dict[str, tuple] = {
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+class APIError(Exception):
+    """An error answered in the OpenAI format: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, code=code, param=param)
+
+
+def from_validation_error(e: ValidationError) -> APIError:
+    """pydantic's errors as one 400: malformed JSON, or the first few fields that are wrong."""
+    errors = e.errors(include_url=False)
+    if errors and errors[0]["type"] == "json_invalid":
+        return invalid(f"the request body is not valid JSON: {errors[0]['msg']}")
+    parts = []
+    for err in errors[:3]:
+        where = ".".join(str(x) for x in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {message}" if where else message)
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    param = str(errors[0]["loc"][0]) if errors and errors[0]["loc"] else None
+    return invalid("invalid request: " + "; ".join(parts) + more, param=param)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's option; accepted, usage still comes once at the end
+
+
+class _GenerationRequest(BaseModel):
+    """The fields completions and chat completions share."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)  # OpenAI's range; default 1.0 as in OpenAI
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)  # vLLM's extension: -1 or 0 = off
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    user: str | None = None  # an end-user id for logs; not used
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: Any = None
+    top_logprobs: int | None = None
+
+    @model_validator(mode="after")
+    def _supported(self):
+        if self.n != 1:
+            raise ValueError(f"n must be 1 (this server returns one choice per request), got {self.n}")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+            raise ValueError(f"stop takes 1 to {MAX_STOP_STRINGS} non-empty strings")
+        for name, neutral in NEUTRAL.items():
+            value = getattr(self, name, None)
+            if not any(value == v and type(value) is type(v) for v in neutral):
+                raise ValueError(f"{name} is not supported by this server; leave it out (got {value!r})")
+        return self
+
+    @property
+    def requested_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling(self, max_new_tokens: int) -> SamplingParams:
+        """The engine's parameters; OpenAI's defaults where the request says nothing (temperature 1)."""
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        try:
+            return SamplingParams(
+                temperature=1.0 if self.temperature is None else float(self.temperature),
+                top_k=max(self.top_k or 0, 0), top_p=1.0 if self.top_p is None else float(self.top_p),
+                seed=self.seed, max_new_tokens=max_new_tokens, stop=stop,
+            )
+        except ForetellError as e:
+            raise invalid(str(e)) from None
+
+
+class CompletionRequest(_GenerationRequest):
+    """POST /v1/completions: a raw prompt, no chat template."""
+
+    prompt: str | list[str]
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self):
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise ValueError(f"prompt: one prompt per request, got a list of {len(self.prompt)}")
+        return self
+
+    @property
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def as_template_message(self) -> dict:
+        """The {role, content} a chat template takes; OpenAI's newer "developer" role is the system one."""
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    """POST /v1/chat/completions: messages through the model's chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_limit(self):
+        if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
+            raise ValueError("max_tokens and max_completion_tokens disagree: give one")
+        return self
+
+    @property
+    def requested_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def template_messages(self) -> list[dict]:
+        return [m.as_template_message() for m in self.messages]
+
+
+def token_budget(requested: int | None, default: int | None, prompt_tokens: int, context_window: int,
+                 prompt_param: str) -> int:
+    """max_new_tokens for a request: what it asked for, checked against the context window; when it asked
+    for nothing, `default` (None = the rest of the window) capped by the room left."""
+    room = context_window - prompt_tokens
+    if room < 1:
+        raise invalid(f"the prompt has {prompt_tokens} tokens but the model's context window is {context_window}; "
+                      "shorten the prompt", param=prompt_param, code="context_length_exceeded")
+    if requested is None:
+        return room if default is None else min(default, room)
+    if requested > room:
+        raise invalid(f"the model's context window is {context_window} tokens: the prompt has {prompt_tokens}, "
+                      f"so at most {room} can be generated, but {requested} were requested; lower max_tokens",
+                      param="max_tokens", code="context_length_exceeded")
+    return requested

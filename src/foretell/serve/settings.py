@@ -1,0 +1,35 @@
+"""The server's own limits, fixed at start and checked before any model loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from foretell.errors import ForetellError
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """api_key: when set, every /v1 request needs `Authorization: Bearer <api_key>` (else 401).
+    max_queue: requests that may wait for the engine; one more is answered 503 with Retry-After.
+    request_timeout: seconds from a request's arrival in the queue to its last token, waiting included.
+    max_body_bytes: the largest request body read (else 413).
+    retry_after: the Retry-After seconds sent with a 503 when the queue is full.
+    """
+
+    api_key: str | None = None
+    max_queue: int = 32
+    request_timeout: float = 600.0
+    max_body_bytes: int = 1 << 20
+    retry_after: int = 1
+
+    def __post_init__(self):
+        if self.api_key is not None and (not self.api_key or not self.api_key.isprintable() or " " in self.api_key):
+            raise ForetellError("--api-key must be a non-empty token without spaces")
+        if self.max_queue < 1:
+            raise ForetellError(f"--max-queue must be >= 1, got {self.max_queue}")
+        if not self.request_timeout > 0:
+            raise ForetellError(f"--request-timeout must be > 0 seconds, got {self.request_timeout}")
+        if self.max_body_bytes < 1024:
+            raise ForetellError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.retry_after < 0:
+            raise ForetellError(f"retry_after must be >= 0 seconds, got {self.retry_after}")

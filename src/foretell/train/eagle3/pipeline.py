@@ -1,0 +1,108 @@
+"""`foretell train eagle3` end to end: data -> target features (once) -> training -> OUT/head -> eval.
+
+OUT/
+  data/train.safetensors   token ids and assistant mask (common/feature_run.py), with data.json (its settings)
+  features/                the aux layers' target hidden states and top-k p per token (common/features.py):
+                           the same cache a parallel-head run with the same layers and data makes, so the two
+                           can share it (benchmarks/train_eagle3.sh links it)
+  train/                   job.json, checkpoint.pt, log.jsonl, loss.png, done.json
+  head/                    the trained head (save_eagle3_head): foretell generate --eagle OUT/head;
+                           `foretell export eagle3` writes it for vLLM and SGLang
+  eval.json, eval.md       per-depth acceptance on held-out data, the draft vocabulary's coverage
+Rerunning the same command resumes: finished parts are skipped, training continues from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from foretell.models.eagle3 import (
+    DEFAULT_DRAFT_VOCAB, Eagle3Config, load_eagle3_head, new_eagle3_head, read_eagle3_config, save_eagle3_head,
+)
+from foretell.models.loading import load_tokenizer
+from foretell.train.common.data import DataConfig, TokenData
+from foretell.train.common.depths import format_depth_table
+from foretell.train.common.distributed import DistContext
+from foretell.train.common.feature_run import check_same_shape, prepare_features, run_inputs, train_or_load
+from foretell.train.common.features import FeatureConfig
+from foretell.train.common.trainer import TrainConfig
+from foretell.train.eagle3.eval import eagle3_depth_eval
+from foretell.train.eagle3.loss import Eagle3LossConfig, draft_vocabulary
+from foretell.train.eagle3.train import train_eagle3
+
+
+def default_eagle3_train() -> TrainConfig:
+    # The parallel head's schedule: both heads start fresh, and the comparison gives them the same budget.
+    return TrainConfig(steps=1000, batch_size=16, micro_batch_size=1, lr=1e-3, checkpoint_every=100)
+
+
+@dataclass(frozen=True)
+class Eagle3Shape:
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB  # draft vocabulary size (at most the target's vocabulary)
+    aux_layers: tuple[int, ...] | None = None  # None: EAGLE-3's low / middle / high layers (2, L // 2, L - 3)
+
+
+@dataclass(frozen=True)
+class Eagle3TrainConfig:
+    target: str
+    out: Path
+    data: DataConfig = field(default_factory=DataConfig)  # source may also be "both"
+    eval_data: str | None = None  # None: the test split of data.source
+    eval_sequences: int = 64  # 0 = no evaluation
+    eval_depth: int = 5  # depths evaluated (the drafter's default tree depth)
+    shape: Eagle3Shape = field(default_factory=Eagle3Shape)
+    loss: Eagle3LossConfig = field(default_factory=Eagle3LossConfig)
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    train: TrainConfig = field(default_factory=default_eagle3_train)
+    resume: bool = True
+    stop_after: int | None = None  # stop training early (tests of resuming)
+    init_head: Path | None = None  # warm start: continue from a trained head of the same shape
+
+
+def head_config(cfg: Eagle3TrainConfig, target) -> Eagle3Config:
+    config = Eagle3Config.for_target(target.config, cfg.shape.draft_vocab, cfg.shape.aux_layers)
+    if cfg.init_head is not None:
+        check_same_shape("--init-head", cfg.init_head, read_eagle3_config(cfg.init_head), config,
+                         "--draft-vocab and --aux-layers")
+    return config
+
+
+def evaluate(cfg: Eagle3TrainConfig, target, head, held_out: TokenData) -> dict:
+    source = cfg.eval_data or cfg.data.source
+    result = {"data": source, "split": "test", **eagle3_depth_eval(target, head, held_out, cfg.eval_depth)}
+    (cfg.out / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = format_depth_table(result)
+    coverage = f"Draft vocabulary ({head.config.draft_vocab_size} tokens) coverage of held-out assistant tokens: " \
+               f"{result['draft_vocab_coverage']:.4f}"
+    (cfg.out / "eval.md").write_text(f"# EAGLE-3 head: per-depth acceptance on held-out {source}\n\n{table}\n\n{coverage}\n")
+    print(f"{table}\n\n{coverage}")
+    return result
+
+
+def run_eagle3(cfg: Eagle3TrainConfig, ctx: DistContext | None = None) -> Path:
+    """Train (or finish training) the head, data-parallel over the processes of `ctx`; returns OUT/head."""
+    ctx = ctx or DistContext()
+    target_dir, data, held_out, target = run_inputs(cfg, ctx)
+    config = head_config(cfg, target)
+    settings = {"target": str(target_dir), "data": asdict(cfg.data), "head": asdict(config), "loss": asdict(cfg.loss),
+                "features": asdict(cfg.features), "train": asdict(cfg.train)}
+    if cfg.init_head is not None:
+        settings["init_head"] = str(cfg.init_head)
+
+    def train_new(job_dir: Path):
+        cache = prepare_features(cfg, target_dir, target, data, config.aux_layers, ctx)
+        if cfg.init_head is not None:
+            head = load_eagle3_head(cfg.init_head, target)
+        else:
+            specials = getattr(load_tokenizer(target_dir), "all_special_ids", [])
+            vocab = draft_vocabulary(data, config.draft_vocab_size, config.vocab_size, specials)
+            head = new_eagle3_head(target, config, seed=cfg.train.seed, draft_vocab=vocab)
+        return head, train_eagle3(head, cache, data, cfg.train, cfg.loss, job_dir, cfg.resume, cfg.stop_after, ctx)
+
+    head, head_dir = train_or_load(cfg, settings, "head", lambda folder: load_eagle3_head(folder, target),
+                                   train_new, save_eagle3_head, ctx)
+    if head is not None and held_out is not None:
+        evaluate(cfg, target, head, held_out)
+    return head_dir

@@ -1,0 +1,224 @@
+"""The EAGLE-3 drafter on tiny models: exact greedy output, sampled losslessness, the training forward
+against inference, the tree it proposes, saving and loading, and its configuration."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import PROMPTS, greedy_params
+from foretell.api import load
+from foretell.budget import CostCurve
+from foretell.config import EagleTreeShape, SpeculativeConfig
+from foretell.drafters.eagle_tree import Eagle3Drafter
+from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
+from foretell.errors import ForetellError
+from foretell.models.eagle3 import (
+    Eagle3Config, default_aux_layers, load_eagle3_head, new_eagle3_head, save_eagle3_head,
+)
+from foretell.tree import depths
+from foretell.types import SamplingParams
+from test_engine_statistical import NEW, PROMPT, VOCAB, exact_marginals, worst_p_value
+
+GREEDY = greedy_params()
+DRAFT_IDS = torch.tensor([0, 2, 4, 5] + list(range(7, 43)))  # 40 of the 48 tokens
+
+
+def make_head(target, seed: int = 0, draft_ids=DRAFT_IDS, **config):
+    config = Eagle3Config.for_target(target.config, draft_vocab_size=len(draft_ids), **config)
+    return new_eagle3_head(target, config, seed=seed, draft_vocab=draft_ids)
+
+
+def with_eagle(plain, shape=EagleTreeShape(), scheduler=None, **config):
+    return plain.with_drafter(Eagle3Drafter(make_head(plain.target.model, **config), shape, scheduler))
+
+
+# --- exactness -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape, config", [
+    (EagleTreeShape(), {}),
+    (EagleTreeShape(depth=2, width=2, max_nodes=3), {"aux_layers": (0, 1, 2)}),
+    (EagleTreeShape(depth=1, width=1, max_nodes=1), {}),
+    (EagleTreeShape(depth=7, width=3, max_nodes=40), {"aux_layers": (1, 2)}),
+])
+def test_greedy_equals_plain(plain, shape, config):
+    spec = with_eagle(plain, shape, **config)
+    for prompt in PROMPTS:
+        result = spec.engine.generate(prompt, GREEDY)
+        assert result.tokens == plain.engine.generate(prompt, GREEDY).tokens
+        assert result.stats.draft_tokens_verified > 0
+
+
+def test_greedy_equals_plain_near_the_token_limit_and_with_the_scheduler(plain):
+    curve = CostCurve([1, 8, 64], [0.010, 0.012, 0.030], context=256)
+    for spec in (with_eagle(plain), with_eagle(plain, scheduler=AdaptiveTreeScheduler(curve))):
+        for limit in (1, 2, 3, 5):
+            params = SamplingParams(max_new_tokens=limit, ignore_eos=True)
+            for prompt in PROMPTS:
+                assert spec.engine.generate(prompt, params).tokens == plain.engine.generate(prompt, params).tokens
+    assert spec.engine.drafter.scheduler.history, "the scheduler chose the budgets"
+
+
+@pytest.fixture(scope="module")
+def micro_pipe(micro):
+    hf_target, root = micro
+    return hf_target, load(root / "t", "none", warm_up=False)
+
+
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)], ids=["t1.0", "t0.7-top_p0.9"]
+)
+def test_sampled_output_follows_the_target(micro_pipe, params):
+    """Exact marginals of the first NEW tokens by enumeration vs 1500 seeded engine runs; the draft
+    vocabulary leaves out 2 of the 8 tokens, so the id map and the zero-q tokens are exercised too."""
+    hf_target, pipe = micro_pipe
+    target = pipe.target.model
+    head = make_head(target, seed=5, draft_ids=torch.tensor([0, 1, 3, 4, 6, 7]))
+    spec = pipe.with_drafter(Eagle3Drafter(head, EagleTreeShape(depth=3, width=3, max_nodes=8)))
+    counts = torch.zeros(NEW, VOCAB)
+    accepted = 0
+    for seed in range(1500):
+        p = SamplingParams(**{**params.__dict__, "seed": seed, "max_new_tokens": NEW, "ignore_eos": True})
+        result = spec.engine.generate(PROMPT, p)
+        counts[torch.arange(NEW), torch.tensor(result.tokens)] += 1
+        accepted += sum(result.stats.accepted_per_position)
+    assert accepted > 500, "the test should exercise accepted tree paths"
+    assert worst_p_value(counts, exact_marginals(hf_target, params)) > 1e-3 / NEW
+
+
+# --- the head: training forward, tree, vocabulary --------------------------------------------
+
+
+def test_training_forward_matches_inference(plain):
+    """forward_training's unrolled steps equal feeding the context, then the true tokens one by one."""
+    target = plain.target.model
+    head = make_head(target, seed=3, aux_layers=(0, 1, 2))
+    ids = torch.randint(3, 48, (1, 20), generator=torch.Generator().manual_seed(0))
+    features = head.features(target.forward_sequences(ids, hidden_layers=head.config.aux_layers).hidden)
+    anchors, K = torch.tensor([0, 4, 9, 13]), 4
+    with torch.no_grad():
+        trained = head.forward_training(features[:, :14], ids, anchors, K)[0]
+        for k, a in enumerate(anchors.tolist()):
+            cache = head.new_cache(64)
+            out = head.step(ids[0, 1 : a + 2], head.fc(features[0, : a + 1]), torch.arange(a + 1), cache)
+            cache.commit_prefix(a + 1)
+            states = [out[-1]]
+            for j in range(1, K):
+                states.append(head.step(ids[0, a + 1 + j : a + 2 + j], states[-1][None], torch.tensor([a + j]), cache)[-1])
+                cache.commit_prefix(1)
+            torch.testing.assert_close(torch.stack(states), trained[k], atol=1e-5, rtol=1e-4)
+
+
+def test_proposals_are_best_first_trees_within_the_budget_and_the_draft_vocabulary(plain):
+    shape = EagleTreeShape(depth=4, width=3, max_nodes=10)
+    spec = with_eagle(plain, shape)
+    drafter = spec.engine.drafter
+    seen = []
+    propose = drafter.propose
+    drafter.propose = lambda tokens, n: seen.append(propose(tokens, n)) or seen[-1]
+    spec.engine.generate(PROMPTS[0], GREEDY)
+    assert seen
+    allowed = set(DRAFT_IDS.tolist())
+    for proposal in seen:
+        if not proposal.size:
+            continue
+        assert proposal.size <= 10 and int(depths(proposal.parents).max()) <= 4
+        assert all(p < i for i, p in enumerate(proposal.parents.tolist()))
+        assert set(proposal.tokens.tolist()) <= allowed
+        children = {}
+        for token, parent in zip(proposal.tokens.tolist(), proposal.parents.tolist()):
+            children.setdefault(parent, []).append(token)
+        assert all(len(c) == len(set(c)) <= 3 for c in children.values())  # top-k siblings, distinct
+        assert proposal.draft_prob is not None and bool(((proposal.draft_prob > 0) & (proposal.draft_prob <= 1)).all())
+
+
+def test_draft_vocabulary_maps(plain):
+    head = make_head(plain.target.model)
+    assert torch.equal(head.vocab_ids, DRAFT_IDS)
+    assert torch.equal(head.d2t, DRAFT_IDS - torch.arange(len(DRAFT_IDS)))  # EAGLE-3's offsets
+    assert int(head.t2d.sum()) == len(DRAFT_IDS) and bool(head.t2d[DRAFT_IDS].all())
+    with pytest.raises(ForetellError, match="distinct ids"):
+        head.set_draft_vocab(torch.tensor([1, 1, 2]))
+
+
+def test_default_aux_layers_follow_the_engines():
+    assert default_aux_layers(30) == (2, 15, 27)  # SmolLM2-135M: vLLM / SGLang capture the inputs of 2, 15, 27
+    assert default_aux_layers(32) == (2, 16, 29)
+    assert default_aux_layers(4) == (1, 2, 3) and default_aux_layers(2) == (1,)
+
+
+def test_save_load_round_trip_and_errors(plain, tmp_path, tiny_pair):
+    target = plain.target.model
+    head = make_head(target, seed=2)
+    folder = save_eagle3_head(head, tmp_path / "head")
+    back = load_eagle3_head(folder, target)
+    assert back.config == head.config
+    assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), back.state_dict().values()))
+    other = load(tiny_pair[1], "none", warm_up=False).target.model  # same shapes, so it loads ...
+    load_eagle3_head(folder, other)
+    from dataclasses import replace
+
+    from foretell.models.transformer import Transformer
+
+    deeper = Transformer(replace(target.config, num_hidden_layers=3))
+    with pytest.raises(ForetellError, match="built for a target with hidden size 64, vocabulary 48 and 2 layers"):
+        load_eagle3_head(folder, deeper)
+    (folder / "eagle3.json").write_text("{}")
+    with pytest.raises(ForetellError, match="not a foretell-eagle3"):
+        load_eagle3_head(folder, target)
+
+
+def test_loads_through_the_configuration(plain, tmp_path, tiny_pair):
+    save_eagle3_head(make_head(plain.target.model, seed=1), tmp_path / "head")
+    spec = SpeculativeConfig(method="eagle3", model=str(tmp_path / "head"), eagle_tree=EagleTreeShape(depth=3),
+                             result_cache="prompt")
+    pipe = load(tiny_pair[0], spec, warm_up=False)
+    assert isinstance(pipe.engine.drafter, Eagle3Drafter) and pipe.engine.drafter.target_layers == (1,)
+    for prompt in PROMPTS:
+        assert pipe.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+def test_configuration_options():
+    spec = SpeculativeConfig(method="eagle3", model="h").with_tree(depth=3, width=2, nodes=9)
+    assert spec.eagle_tree == EagleTreeShape(depth=3, width=2, max_nodes=9)
+    assert SpeculativeConfig.from_dict(spec.to_dict()) == spec
+    with pytest.raises(ForetellError, match="hot_vocab .* applies to the draft-model, draft-tree, parallel-head, hidden-state"):
+        SpeculativeConfig(method="eagle3", model="h", hot_vocab=64)
+    with pytest.raises(ForetellError, match="eagle_tree.max_nodes fixes"):
+        SpeculativeConfig(method="eagle3", model="h", eagle_tree=EagleTreeShape(max_nodes=8), budget="auto")
+    with pytest.raises(ForetellError, match="needs model: an EAGLE-3 head"):
+        SpeculativeConfig(method="eagle3")
+    with pytest.raises(ForetellError, match="eagle_tree .* applies to the eagle3"):
+        SpeculativeConfig(method="parallel-head", model="h", eagle_tree=EagleTreeShape(depth=2))
+    with pytest.raises(ForetellError, match="eagle3 tree depth, width and max_nodes must be >= 1"):
+        EagleTreeShape(width=0)
+
+
+def test_eagle_flag_picks_the_method(tmp_path):
+    from test_config import flags
+    from foretell.spec_args import speculative_from_args
+
+    spec = speculative_from_args(flags(eagle="h", tree_budget=12, budget="fixed"), "t")[0]
+    assert spec == SpeculativeConfig(method="eagle3", model="h", eagle_tree=EagleTreeShape(max_nodes=12))
+    with pytest.raises(ForetellError, match="give one"):
+        speculative_from_args(flags(eagle="h", head="x"), "t")
+
+
+def test_bench_methods(tmp_path):
+    from foretell.bench.methods import METHODS, Models, MethodOptions, build_methods, variant_spec
+
+    assert "eagle3" in METHODS and "eagle3-auto" in METHODS
+    spec = variant_spec("eagle3-lookup@8").spec(Models("t", eagle="h"), MethodOptions())
+    assert spec == SpeculativeConfig(method="eagle3", model="h", result_cache="prompt",
+                                     eagle_tree=EagleTreeShape(max_nodes=8))
+    with pytest.raises(ForetellError, match="need --eagle"):
+        build_methods(["eagle3"], Models("t"), MethodOptions())
+
+
+def test_a_missing_head_is_named(tmp_path, tiny_pair):
+    with pytest.raises(ForetellError, match="no drafter folder"):
+        load(tiny_pair[0], SpeculativeConfig(method="eagle3", model=str(tmp_path / "missing")), warm_up=False)

@@ -1,0 +1,228 @@
+"""`foretell train eagle3` on tiny models: the draft-vocabulary KL, training, resume, data-parallel equality,
+a feature cache shared with a parallel-head run, evaluation, decoding with the trained head, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import PROMPTS, accepted_drafts, greedy_params, make_hf_model, make_tokenizer, save_model_folder
+from foretell.api import load
+from foretell.cli import main
+from foretell.config import EagleTreeShape
+from foretell.drafters.eagle_tree import Eagle3Drafter
+from foretell.errors import ForetellError
+from foretell.models.eagle3 import load_eagle3_head, new_eagle3_head
+from foretell.models.loading import build_model
+from foretell.train.common.data import DataConfig, TokenData
+from foretell.train.common.distributed import call_with_context, launch
+from foretell.train.common.topk import full_kl
+from foretell.train.common.trainer import TrainConfig
+from foretell.train.eagle3.eval import eagle3_depth_eval
+from foretell.train.eagle3.loss import Eagle3LossConfig, draft_vocab_kl, draft_vocabulary
+from foretell.train.eagle3.pipeline import Eagle3Shape, Eagle3TrainConfig, run_eagle3
+from test_train_parallel_head import write_dataset
+
+VOCAB, SEQ_LEN, LAYERS = 48, 32, 4
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train_eagle3")
+    target = save_model_folder(root / "target", make_hf_model("llama", VOCAB, seed=0, layers=LAYERS), make_tokenizer(VOCAB))
+    return root, target, write_dataset(root / "train.jsonl", 48, 0), write_dataset(root / "test.jsonl", 12, 1)
+
+
+def config(setup, out: Path, **train) -> Eagle3TrainConfig:
+    root, target, data, held_out = setup
+    return Eagle3TrainConfig(
+        target=str(target), out=out, data=DataConfig(str(data), seq_len=SEQ_LEN), eval_data=str(held_out),
+        eval_sequences=0, shape=Eagle3Shape(draft_vocab=40), loss=Eagle3LossConfig(ttt_steps=3, anchors=8),
+        train=TrainConfig(**{"steps": 6, "batch_size": 4, "micro_batch_size": 1, "lr": 3e-3, "checkpoint_every": 2,
+                             **train}),
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(setup):
+    root = setup[0]
+    cfg = replace(config(setup, root / "trained", steps=40, warmup_steps=4), eval_sequences=12)
+    return cfg, run_eagle3(cfg)
+
+
+# --- the loss ------------------------------------------------------------------------------
+
+
+def test_draft_vocab_kl_is_the_kl_to_the_target_restricted_to_the_draft_vocabulary():
+    g = torch.Generator().manual_seed(0)
+    p_logits, logits = torch.randn(5, 10, generator=g) * 2, torch.randn(5, 6, generator=g)
+    inside = torch.tensor([0, 2, 3, 5, 7, 8])  # draft column j holds target id inside[j]
+    column = torch.full((10,), -1)
+    column[inside] = torch.arange(6)
+    logp = torch.log_softmax(p_logits, -1)
+    top, ids = logp.topk(10, -1)  # k = V: no tail
+    restricted = torch.log_softmax(p_logits[:, inside], -1)  # p renormalised on the draft vocabulary
+    torch.testing.assert_close(draft_vocab_kl(logits, top, column[ids]), full_kl(restricted, logits))
+    # Everything outside: finite value and gradient (the pair is masked out of the loss anyway).
+    logits.requires_grad_(True)
+    value = draft_vocab_kl(logits, top[:, :2], torch.full((5, 2), -1)).sum()
+    value.backward()
+    assert torch.isfinite(value) and bool(torch.isfinite(logits.grad).all())
+
+
+def test_draft_vocabulary_counts_the_drafted_tokens():
+    ids = torch.tensor([[1, 5, 5, 7, 9, 9, 9, 2]])
+    mask = torch.tensor([[False, True, True, True, True, True, False, False]])
+    vocab = draft_vocabulary(TokenData(ids, mask), 3, 12, special_ids=(2,))
+    assert vocab.tolist() == [2, 5, 9]  # drafted: 5, 7, 9, 9, 9, 2 (after masked rows 1..5); 2 is special
+
+
+# --- training ------------------------------------------------------------------------------
+
+
+def test_loss_decreases_and_only_the_head_trains(trained):
+    cfg, head_dir = trained
+    log = [json.loads(line) for line in (cfg.out / "train" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 41))
+    first, last = sum(r["loss"] for r in log[:5]) / 5, sum(r["loss"] for r in log[-5:]) / 5
+    assert last < 0.7 * first, (first, last)
+    saved = load_file(str(head_dir / "model.safetensors"))
+    assert {k.split(".")[0] for k in saved} == {"fc", "midlayer", "norm", "lm_head", "d2t", "t2d"}  # no embedding
+    target = build_model(Path(cfg.target), torch.float32)
+    data = TokenData.load(cfg.out / "data" / "train.safetensors")
+    vocab = draft_vocabulary(data, 40, VOCAB, make_tokenizer(VOCAB).all_special_ids)
+    assert torch.equal(torch.arange(40) + saved["d2t"], vocab)  # the training data's most drafted tokens
+    assert torch.equal(target.embed_tokens.weight, load_file(str(Path(cfg.target) / "model.safetensors"))["model.embed_tokens.weight"])
+    head = load_eagle3_head(head_dir, target)
+    assert head.config.aux_layers == (1, 2, 3)
+
+
+def test_resumed_run_matches_an_uninterrupted_one(setup, tmp_path):
+    whole = run_eagle3(config(setup, tmp_path / "whole"))
+    split_cfg = config(setup, tmp_path / "split")
+    run_eagle3(replace(split_cfg, stop_after=3))
+    assert not (tmp_path / "split" / "head").exists()
+    split = run_eagle3(split_cfg)
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(split / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ForetellError, match="other settings"):
+        run_eagle3(config(setup, tmp_path / "split", lr=1e-2))
+
+
+def test_two_processes_match_one_with_the_same_global_batch(setup, tmp_path):
+    one = run_eagle3(config(setup, tmp_path / "one", steps=3))
+    launch(call_with_context, (run_eagle3, config(setup, tmp_path / "two", steps=3)), 2, threads=1)
+    a, b = load_file(str(one / "model.safetensors")), load_file(str(tmp_path / "two" / "head" / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
+    target = build_model(Path(setup[1]), torch.float32)
+    start = new_eagle3_head(target, load_eagle3_head(one, target).config, draft_vocab=torch.arange(40) + a["d2t"]).state_dict()
+    assert all(not torch.equal(a[k], start[k]) for k in ("fc.weight", "lm_head.weight")), "three steps trained it"
+    # The sharded feature pass (each process its own rows) wrote the same cache.
+    for name in ("features", "logp", "ids"):
+        x, y = (np.load(tmp_path / run / "features" / f"{name}.npy") for run in ("one", "two"))
+        assert np.array_equal(x, y) if name == "ids" else np.allclose(x.astype(np.float32), y.astype(np.float32), atol=2)
+    log = [json.loads(line) for line in (tmp_path / "two" / "train" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3]  # one log, written by the main process
+
+
+def test_an_eagle3_run_reuses_a_parallel_head_runs_features(setup, tmp_path):
+    """Same data and layers: the EAGLE-3 run trains on the parallel-head run's cache, no feature pass."""
+    from foretell.train.parallel_head.pipeline import HeadShape, ParallelHeadTrainConfig, run_parallel_head
+    from foretell.train.parallel_head.train import HeadLossConfig
+
+    base = config(setup, tmp_path / "eagle3")
+    head_cfg = ParallelHeadTrainConfig(target=base.target, out=tmp_path / "head", data=base.data, eval_sequences=0,
+                                       shape=HeadShape(depth=2, fuse_layers=(1, 2, 3)), loss=HeadLossConfig(anchors=4),
+                                       features=base.features, train=replace(base.train, steps=1))
+    run_parallel_head(head_cfg)
+    (tmp_path / "eagle3").mkdir()
+    for part in ("data", "features"):
+        os.symlink(tmp_path / "head" / part, tmp_path / "eagle3" / part)
+    before = (tmp_path / "head" / "features" / "features.npy").stat().st_mtime_ns
+    run_eagle3(replace(base, train=replace(base.train, steps=2)))
+    assert (tmp_path / "head" / "features" / "features.npy").stat().st_mtime_ns == before
+    assert (tmp_path / "eagle3" / "head" / "model.safetensors").is_file()
+
+
+# --- evaluation and use --------------------------------------------------------------------
+
+
+def test_eval_is_in_range_and_beats_an_untrained_head(trained):
+    cfg, head_dir = trained
+    result = json.loads((cfg.out / "eval.json").read_text())
+    assert result["depth"] == [1, 2, 3, 4, 5] and result["sequences"] == 12
+    for key in ("top1", "expected_acceptance", "chain_top1"):
+        assert all(0.0 <= v <= 1.0 for v in result[key])
+    assert 0.5 < result["draft_vocab_coverage"] <= 1.0
+    target = build_model(Path(cfg.target), torch.float32)
+    head = load_eagle3_head(head_dir, target)
+    data = TokenData.load(cfg.out / "data" / "train.safetensors")
+    data = TokenData(data.input_ids[:12], data.loss_mask[:12])
+    untrained = new_eagle3_head(target, head.config, draft_vocab=head.vocab_ids)
+    assert eagle3_depth_eval(target, head, data, 3)["top1"][0] > eagle3_depth_eval(target, untrained, data, 3)["top1"][0]
+
+
+def test_trained_head_decodes_exactly_and_gets_accepted(trained):
+    cfg, head_dir = trained
+    plain = load(cfg.target, "none", warm_up=False)
+    target = plain.target.model
+    head = load_eagle3_head(head_dir, target)
+    untrained = new_eagle3_head(target, head.config, draft_vocab=head.vocab_ids)
+    shape = EagleTreeShape(depth=4, width=3, max_nodes=12)
+    prompts = [plain.encode(json.loads(line)["question"]) for line in Path(cfg.eval_data).read_text().splitlines()[:4]]
+    good = accepted_drafts(plain, Eagle3Drafter(head, shape), prompts + PROMPTS[:2])
+    bad = accepted_drafts(plain, Eagle3Drafter(untrained, shape), prompts + PROMPTS[:2])
+    assert good > bad
+
+
+def test_cli_end_to_end(setup, tmp_path, capsys):
+    root, target, data, held_out = setup
+    out = tmp_path / "cli"
+    assert main(["train", "eagle3", "--target", str(target), "--data", str(data), "--eval-data", str(held_out),
+                 "--seq-len", "32", "--steps", "2", "--batch-size", "2", "--eval-sequences", "2", "--draft-vocab", "40",
+                 "--ttt-steps", "2", "--anchors", "4", "--out", str(out)]) == 0
+    assert f"head: {out / 'head'}" in capsys.readouterr().out
+    assert main(["export", "eagle3", "--head", str(out / "head"), "--target", str(target), "--out", str(tmp_path / "x")]) == 0
+    assert json.loads((tmp_path / "x" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert main(["train", "eagle3", "--target", str(target), "--data", str(data), "--out", str(out),
+                 "--aux-layers", "1,x"]) == 2
+    assert "--aux-layers takes comma-separated layer numbers" in capsys.readouterr().err
+
+
+def test_greedy_with_the_trained_head_from_the_configuration(trained):
+    cfg, head_dir = trained
+    plain = load(cfg.target, "none", warm_up=False)
+    spec = plain.with_speculative({"method": "eagle3", "model": str(head_dir)})
+    for prompt in PROMPTS:
+        assert spec.engine.generate(prompt, greedy_params()).tokens == plain.engine.generate(prompt, greedy_params()).tokens
+
+
+def test_torchrun_trains_data_parallel_like_one_process(setup, tmp_path):
+    """The command under torchrun (2 processes, gloo, ranks from the environment) == the same command alone."""
+    import subprocess
+    import sys
+
+    from foretell.train.common.distributed import free_port
+
+    root, target, data, held_out = setup
+    args = ["train", "eagle3", "--target", str(target), "--data", str(data), "--seq-len", "32", "--steps", "3",
+            "--batch-size", "4", "--eval-sequences", "0", "--draft-vocab", "40", "--anchors", "4", "--threads", "1"]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                          str(free_port()), "-m", "foretell.cli", *args, "--out", str(tmp_path / "two")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.count("head: ") == 1  # printed by the main process only
+    a = load_file(str(tmp_path / "one" / "head" / "model.safetensors"))
+    b = load_file(str(tmp_path / "two" / "head" / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
