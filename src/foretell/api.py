@@ -53,6 +53,14 @@ class Pipeline:
         spec = as_speculative(speculative)
         return replace(self, engine=build_engine(spec, self.weights), speculative=spec)
 
+    def batch_engine(self, budget=None, max_batch: int = 16, prefill_chunk: int = 256):
+        """A continuous-batching engine over this target: every request gets this pipeline's configuration (its own
+        drafter state, shared weights). budget: a batch_budget policy, or None (each drafter as configured)."""
+        from foretell.batching import BatchEngine
+
+        return BatchEngine(self.target.model, lambda: build_engine(self.speculative, self.weights), budget, max_batch,
+                           prefill_chunk)
+
     def with_drafter(self, drafter: Drafter | None, length_policy: str | DraftLengthPolicy = "fixed",
                      gamma: int = 4) -> Pipeline:
         """The same target with a drafter object built by hand (a custom Drafter, or one under test); the

@@ -128,8 +128,13 @@ class Decoding:
     # --- decode steps -----------------------------------------------------------------------
 
     def plan(self, budget: int | None = None) -> TargetPass:
-        """Draft (as the engine's configuration says, at most `budget` tokens when given) and return the pass that
-        verifies the proposal."""
+        """Draft (as the engine's configuration says, at most `budget` tokens deep when given) and return the pass
+        that verifies the proposal."""
+        self.draft(budget)
+        return self.target_pass()
+
+    def draft(self, budget: int | None = None) -> Proposal:
+        """Run the drafter (and the engine's extras) for the next pass; the proposal waits for target_pass()."""
         engine, t1 = self.engine, time.perf_counter()
         room = self.limit - (len(self.ids) - self.prompt_len)  # tokens we may still add
         n = engine.draft_budget(room) if engine.drafter is not None else 0
@@ -140,6 +145,20 @@ class Decoding:
         proposal = engine.drafter.propose(self.ids, n) if drafted else empty_proposal()
         proposal, cache_nodes = self._extend_proposal(proposal, branch)
         self._planned = _Planned(proposal, drafted, n, branch, matched, cache_nodes, t1, time.perf_counter())
+        return proposal
+
+    def keep(self, nodes: int) -> None:
+        """Verify only the first `nodes` draft tokens of the planned proposal (a batch's budget; parents come
+        before their children in every proposal, so a prefix is a valid tree)."""
+        from foretell.batch_budget import truncate
+
+        planned = self._planned
+        planned.proposal = truncate(planned.proposal, nodes)
+        planned.cache_nodes = [i for i in planned.cache_nodes if i < nodes]
+
+    def target_pass(self) -> TargetPass:
+        """The target pass over [last token, planned drafts...]."""
+        engine, proposal = self.engine, self._planned.proposal
         device = engine.target.device
         inputs = torch.tensor([self.ids[-1], *proposal.tokens.tolist()], device=device)
         if proposal.is_chain:

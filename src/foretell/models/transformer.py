@@ -161,6 +161,20 @@ class DecoderLayer(nn.Module):
         """x: [B, T, H]. With a cache attend to its prefix (mask: [B or 1, 1, T, S]); without, causally within x.
         cos, sin: [.., T, R], R = rotary_dim or head_dim. kv_start: cache slots before it are out of every query's
         sliding window, so they are not read at all (the mask then covers slots kv_start..)."""
+        q, k, v = self.project_qkv(x, cos, sin)
+        return self.finish(x, self.attend(q, k, v, cache, layer, mask, kv_start))
+
+    def forward_packed(self, x, cos, sin, layer: int, segments: list[tuple[KVCache, object, int, int, int]]):
+        """Several requests' new tokens side by side in one row, x: [1, N, H]: the projections run once over all
+        N tokens; attention runs per request over its own cache. segments: (cache, mask, kv_start, start, end),
+        rows start..end of x belonging to that cache."""
+        q, k, v = self.project_qkv(x, cos, sin)
+        parts = [self.attend(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], cache, layer, mask, kv_start)
+                 for cache, mask, kv_start, a, b in segments]
+        return self.finish(x, torch.cat(parts, dim=2))
+
+    def project_qkv(self, x, cos, sin):
+        """q [B, Hq, T, D], k and v [B, Hkv, T, D] of x [B, T, H], normed and rotated."""
         B, T = x.shape[:2]
         q, k, v = self.qkv_proj(self.input_layernorm(x)).split(self.split, dim=-1)
         q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
@@ -173,21 +187,29 @@ class DecoderLayer(nn.Module):
             k = k * cos + rotate_half(k) * sin
         else:
             q, k = partial_rope(q, cos, sin), partial_rope(k, cos, sin)
+        return q, k, v
+
+    def attend(self, q, k, v, cache: KVCache | None, layer: int, mask, kv_start: int):
+        """Attention of the new queries over the cache's prefix and themselves (causally within them without one)."""
+        T = q.shape[2]
         if cache is not None:
             k, v = cache.write(layer, k, v)
             if kv_start:
                 k, v = k[:, :, kv_start:], v[:, :, kv_start:]
         if cache is not None and T <= SMALL_STEP:
-            attn = small_step_attention(q, k, v, mask, self.scale, self.attn_softcap)
-        elif self.attn_softcap is not None:
+            return small_step_attention(q, k, v, mask, self.scale, self.attn_softcap)
+        if self.attn_softcap is not None:
             if mask is None and cache is None:
-                mask = causal_mask(T, x.device)
-            attn = small_step_attention(q, k, v, mask, self.scale, self.attn_softcap)
-        else:
-            attn = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=cache is None and mask is None,
-                enable_gqa=self.num_kv_heads != self.num_heads, scale=self.scale,
-            )
+                mask = causal_mask(T, q.device)
+            return small_step_attention(q, k, v, mask, self.scale, self.attn_softcap)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=cache is None and mask is None,
+            enable_gqa=self.num_kv_heads != self.num_heads, scale=self.scale,
+        )
+
+    def finish(self, x, attn):
+        """The attention output projected and added, then the MLP block."""
+        B, T = x.shape[:2]
         out = self.o_proj(attn.transpose(1, 2).reshape(B, T, -1))
         if self.attn_output_norm is not None:
             out = self.attn_output_norm(out)
@@ -314,6 +336,48 @@ class Transformer(nn.Module):
         if logits_rows is not None:
             x = x[logits_rows]
         return ForwardOutput(logits=self.project(x).float(), hidden=hidden)
+
+    def forward_packed(self, passes: list) -> list[ForwardOutput]:
+        """Several requests' passes (each with the fields of `forward`'s arguments: input_ids, positions, cache,
+        tree_mask, hidden_layers, logits_rows; decoding.TargetPass) as one forward: the projections, the MLPs and
+        the output layer run once over all their tokens, which is where a step's time goes at small batch sizes;
+        attention runs per request over its own cache. Each output equals that pass run alone (up to float
+        rounding of the larger matrix products)."""
+        if len(passes) == 1:
+            p = passes[0]
+            return [self(p.input_ids, p.positions, p.cache, p.tree_mask, p.hidden_layers, p.logits_rows)]
+        sizes = [p.input_ids.shape[0] for p in passes]
+        bounds = [(sum(sizes[:i]), sum(sizes[: i + 1])) for i in range(len(sizes))]
+        positions = torch.cat([p.positions for p in passes])
+        lasts = [int(p.positions.max()) for p in passes]
+        cos, sin = self.rope(positions, max(lasts), self.dtype)
+        full_segments, local_segments = [], []
+        for p, (a, b), last in zip(passes, bounds, lasts):
+            p.cache.check_room(b - a)
+            mask = self._attention_mask(b - a, p.cache.length, p.tree_mask)
+            full_segments.append((p.cache, mask, 0, a, b))
+            if not self.uniform:
+                _, _, local_mask, kv_start = self._local(p.positions, last, p.cache.length, mask)
+                local_segments.append((p.cache, local_mask, kv_start, a, b))
+        full = (cos[None, None], sin[None, None], full_segments)
+        if not self.uniform:
+            lcos, lsin = self.local_rope(positions, max(lasts), self.dtype)
+            local = (lcos[None, None], lsin[None, None], local_segments)
+        wanted = set().union(*(p.hidden_layers for p in passes))
+        x = self.embed_tokens(torch.cat([p.input_ids for p in passes]))[None]
+        hidden = {0: x[0]} if 0 in wanted else {}
+        for i, layer in enumerate(self.layers):
+            layer_cos, layer_sin, segments = local if i in self.sliding else full
+            x = layer.forward_packed(x, layer_cos, layer_sin, i, segments)
+            if i + 1 in wanted and i + 1 < len(self.layers):
+                hidden[i + 1] = x[0]
+        x = self.norm(x)[0]
+        if len(self.layers) in wanted:
+            hidden[len(self.layers)] = x
+        rows = [x[a:b] if p.logits_rows is None else x[a:b][p.logits_rows] for p, (a, b) in zip(passes, bounds)]
+        logits = self.project(torch.cat(rows)).float().split([r.shape[0] for r in rows])
+        return [ForwardOutput(logits=lg, hidden={layer: hidden[layer][a:b] for layer in p.hidden_layers})
+                for p, (a, b), lg in zip(passes, bounds, logits)]
 
     def _local(self, positions: torch.Tensor, last: int, prefix: int, mask: torch.Tensor | None) -> tuple:
         """Sliding layers' (cos, sin, mask, kv_start) for `forward`: the full mask narrowed to the window."""

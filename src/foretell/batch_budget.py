@@ -1,0 +1,139 @@
+"""How many draft tokens each request of a batch may have verified in one target pass.
+
+One pass verifies every active request's proposal. Its cost grows with the total tokens it carries
+(c(N): the target's measured cost curve), so as the batch grows a verified draft token costs more relative to
+what it returns, and speculation must shrink or it slows serving down. Two policies:
+
+- BatchAwareBudget (foretell's): every proposed draft node has a value, the chance the target accepts it (its
+  path probability under the drafter, scaled by how well that request's drafter has been calibrated so far; a
+  drafter without probabilities gets its request's measured acceptance by depth). Nodes are taken best first
+  across all requests while the pass's expected tokens per second still rise: (B + sum of values) / c(B + n).
+  Speculation turns itself off, for a request or the whole pass, exactly when it stops paying.
+- FixedByBatchSize (the peer): a draft length per batch-size range, as vLLM configures it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Callable
+
+from foretell.types import Proposal
+
+
+def node_values(proposal: Proposal, acceptance: list[float], calibration: float) -> list[float]:
+    """The chance each node of a proposal is accepted: a path probability (product of draft_prob along its
+    ancestors) times `calibration`, or, without draft probabilities, the request's acceptance rate at each depth
+    (`acceptance[d]`: accepted / proposed at depth d + 1) multiplied along the path."""
+    n = proposal.size
+    if n == 0:
+        return []
+    parents = proposal.parents.tolist() if proposal.parents is not None else list(range(-1, n - 1))
+    probs = proposal.draft_prob.tolist() if proposal.draft_prob is not None else None
+    values: list[float] = []
+    depth: list[int] = []
+    for i, p in enumerate(parents):
+        depth.append(depth[p] + 1 if p >= 0 else 0)
+        step = min(1.0, probs[i] * calibration) if probs is not None else (
+            acceptance[depth[i]] if depth[i] < len(acceptance) else (acceptance[-1] if acceptance else 0.5))
+        values.append(step * (values[p] if p >= 0 else 1.0))
+    return values
+
+
+@dataclass
+class Calibration:
+    """Per request: accepted tokens over the values of the nodes it had verified (how optimistic its drafter's
+    probabilities are), with a prior of one pass's worth at 0.5."""
+
+    accepted: float = 0.5
+    predicted: float = 1.0
+
+    @property
+    def factor(self) -> float:
+        return self.accepted / self.predicted
+
+    def update(self, predicted: float, accepted: int) -> None:
+        self.predicted += predicted
+        self.accepted += accepted
+
+
+@dataclass
+class BatchAwareBudget:
+    """Caps per request (draft nodes it keeps, best first) that maximise the pass's expected tokens per second."""
+
+    cost: Callable[[int], float]  # seconds of a target pass over this many tokens in all
+    per_request: float = 0.0  # seconds each request adds to a pass regardless of tokens (its attention, bookkeeping)
+    name: str = "batch-aware"
+
+    def caps(self, values: list[list[float]]) -> list[int]:
+        """values[i]: request i's node values in proposal order (parents first). Returns how many of its nodes
+        each request keeps; node order is kept, so a prefix is always a valid tree."""
+        b = len(values)
+        caps = [0] * b
+        gain, tokens = float(b), b  # every request produces one token per pass without drafts
+        best = gain / (self.cost(tokens) + self.per_request * b)
+        # Candidates: the next node of each request, by value (values never grow along a path, so a node comes
+        # after its ancestors; ties keep proposal order).
+        heap = [(-v[0], i) for i, v in enumerate(values) if v]
+        heapq.heapify(heap)
+        while heap:
+            neg, i = heapq.heappop(heap)
+            rate = (gain - neg) / (self.cost(tokens + 1) + self.per_request * b)
+            if rate <= best:
+                break
+            gain, tokens, best = gain - neg, tokens + 1, rate
+            caps[i] += 1
+            if caps[i] < len(values[i]):
+                heapq.heappush(heap, (-values[i][caps[i]], i))
+        return caps
+
+
+@dataclass
+class FixedByBatchSize:
+    """Draft nodes per request by batch size: `lengths[k]` for batches up to `limits[k]`, 0 beyond (vLLM's
+    num_speculative_tokens per batch-size range)."""
+
+    limits: tuple[int, ...] = (1, 4, 8)
+    lengths: tuple[int, ...] = (8, 4, 2)
+    name: str = "fixed-by-batch-size"
+
+    def caps(self, values: list[list[float]]) -> list[int]:
+        b = len(values)
+        n = next((length for limit, length in zip(self.limits, self.lengths) if b <= limit), 0)
+        return [min(n, len(v)) for v in values]
+
+
+def truncate(proposal: Proposal, keep: int) -> Proposal:
+    """The first `keep` nodes of a proposal whose parents come before their children (a valid smaller tree)."""
+    if keep >= proposal.size:
+        return proposal
+    cut = slice(0, keep)
+    return Proposal(
+        tokens=proposal.tokens[cut],
+        q=None if proposal.q is None else proposal.q[cut],
+        parents=None if proposal.parents is None else proposal.parents[cut],
+        draft_prob=None if proposal.draft_prob is None else proposal.draft_prob[cut],
+    )
+
+
+@dataclass
+class BudgetStats:
+    """What the policy did over a run (reported by the serving benchmark)."""
+
+    passes: int = 0
+    requests: int = 0
+    proposed: int = 0
+    kept: int = 0
+    off_passes: int = 0  # passes where no request kept a draft token
+    by_batch: dict[int, list[int]] = field(default_factory=dict)  # batch size -> [passes, kept nodes]
+
+    def record(self, proposed: list[int], caps: list[int]) -> None:
+        self.passes += 1
+        self.requests += len(caps)
+        self.proposed += sum(proposed)
+        self.kept += sum(caps)
+        self.off_passes += int(sum(proposed) > 0 and sum(caps) == 0)
+        entry = self.by_batch.setdefault(len(caps), [0, 0])
+        entry[0] += 1
+        entry[1] += sum(caps)
+

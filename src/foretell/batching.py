@@ -1,0 +1,151 @@
+"""Continuous batching: one target pass verifies every active request's drafts.
+
+Requests join and leave between passes. Each pass packs, for every active request, its last token and its
+proposal (chain, tree or nothing), and for a request still reading its prompt the next chunk of it, into one
+target forward (Transformer.forward_packed): the projections and MLPs run once over all those tokens, attention
+per request over its own KV cache with its own tree mask. Every request is then verified with its own sampling
+parameters and generator, by the same per-request steps a lone request runs (decoding.py), so each request's
+output is what it would be alone.
+
+Each request has its own Engine (its own drafter state, length policy and extras; drafter weights shared),
+made by `new_engine`. A budget policy (batch_budget.py) caps how many draft tokens each request may have
+verified in a pass once the batch has more than one request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from foretell.batch_budget import BatchAwareBudget, BudgetStats, Calibration, FixedByBatchSize, node_values
+from foretell.decoding import Decoding
+from foretell.engine import Chunk, Engine
+from foretell.errors import ForetellError
+from foretell.types import SamplingParams
+
+
+@dataclass
+class Request:
+    """A request in the batch: its decoding state once admitted, and where its chunks go."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    on_chunk: Callable[[Chunk], None]  # called with each chunk; the last one carries the result
+    on_error: Callable[[Exception], None]
+    engine: Engine | None = None  # its configuration when it brings its own
+    state: Decoding | None = None
+    cancelled: bool = False
+    calibration: Calibration = field(default_factory=Calibration)
+    kept_value: float = 0.0  # the expected accepted tokens of the drafts the budget kept this pass
+    admitted_at: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.state is not None and self.state.done
+
+    def cancel(self) -> None:
+        """Leave the batch before the next pass; its KV cache is dropped with its state."""
+        self.cancelled = True
+
+
+class BatchEngine:
+    def __init__(self, target, new_engine: Callable[[], Engine],
+                 budget: BatchAwareBudget | FixedByBatchSize | None = None, max_batch: int = 16,
+                 prefill_chunk: int = 256):
+        if max_batch < 1 or prefill_chunk < 1:
+            raise ForetellError(f"max_batch and prefill_chunk must be >= 1, got {max_batch} and {prefill_chunk}")
+        self.target = target
+        self.new_engine = new_engine
+        self.budget = budget
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk  # prompt tokens read per pass: a long prompt never stalls the others
+        self.waiting: deque[Request] = deque()
+        self.active: list[Request] = []
+        self.budget_stats = BudgetStats()
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, on_chunk: Callable[[Chunk], None],
+               on_error: Callable[[Exception], None], engine: Engine | None = None) -> Request:
+        """Queue a request; `engine`: its own configuration (another drafter over the same target), else a fresh
+        one from new_engine."""
+        if engine is not None and engine.target is not self.target:
+            raise ForetellError("a request's engine must decode with the batch's target model")
+        request = Request(list(prompt_ids), params, on_chunk, on_error, engine=engine)
+        self.waiting.append(request)
+        return request
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.active
+
+    def step(self) -> None:
+        """One target pass over every active request (admitting waiting ones first)."""
+        with torch.inference_mode():
+            self._admit()
+            prefills, decodes = self._plan()
+            if not prefills and not decodes:
+                return
+            passes = [p for _, p in prefills] + [p for _, p in decodes]
+            outputs = self.target.forward_packed(passes)
+            for (request, step), out in zip(prefills, outputs):
+                request.state.prefilled_pass(step, out)
+            for (request, _), out in zip(decodes, outputs[len(prefills):]):
+                self._settle(request, out)
+            self.active = [r for r in self.active if not r.finished and not r.cancelled]
+
+    def run(self) -> None:
+        """Step until every submitted request has finished (tests, benchmarks)."""
+        while not self.idle:
+            self.step()
+
+    def _admit(self) -> None:
+        self.active = [r for r in self.active if not r.cancelled]
+        while self.waiting and len(self.active) < self.max_batch:
+            request = self.waiting.popleft()
+            if request.cancelled:
+                continue
+            try:
+                engine = request.engine or self.new_engine()
+                request.state = engine.start(request.prompt_ids, request.params)
+            except ForetellError as e:
+                request.on_error(e)
+                continue
+            request.admitted_at = time.perf_counter()
+            self.active.append(request)
+
+    def _plan(self):
+        """The prefill chunks (at most prefill_chunk prompt tokens in all, oldest request first) and the decode
+        passes of this step, each a (request, TargetPass)."""
+        prefills, room = [], self.prefill_chunk
+        for request in self.active:
+            if request.state.prefilling and room > 0:
+                step = request.state.prefill_pass(room)
+                room -= step.input_ids.numel()
+                prefills.append((request, step))
+        ready = [r for r in self.active if not r.state.prefilling]
+        proposals = [r.state.draft() for r in ready]
+        if self.budget is not None and len(self.active) > 1 and any(p.size for p in proposals):
+            values = [node_values(p, r.state.stats.acceptance_per_position, r.calibration.factor)
+                      for p, r in zip(proposals, ready)]
+            caps = self.budget.caps(values)
+            self.budget_stats.record([p.size for p in proposals], caps)
+            for r, cap, v in zip(ready, caps, values):
+                r.state.keep(cap)
+                r.kept_value = sum(v[:cap])
+        return prefills, [(r, r.state.target_pass()) for r in ready]
+
+    def _settle(self, request: Request, out) -> None:
+        before = request.state.stats.accepted_tokens
+        try:
+            chunk = request.state.settle(out)
+        except ForetellError as e:  # a drafter refusing the request: it leaves, the others go on
+            request.cancelled = True
+            request.on_error(e)
+            return
+        if request.kept_value:
+            request.calibration.update(request.kept_value, request.state.stats.accepted_tokens - before)
+            request.kept_value = 0.0
+        request.on_chunk(chunk)

@@ -1,0 +1,172 @@
+"""Continuous batching: every request's output is what it would be alone (greedy exactly in fp32, sampled in
+distribution), whatever shares its batch; requests join, finish, fail and are cancelled without disturbing the
+others; long prompts are read in chunks; the budget policies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import PROMPTS
+from foretell.api import load
+from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize, node_values, truncate
+from foretell.config import SpeculativeConfig
+from foretell.errors import ForetellError
+from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
+from foretell.types import Proposal, SamplingParams
+
+
+class Collector:
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.result = None
+        self.error: Exception | None = None
+
+    def chunk(self, c):
+        self.tokens += c.tokens
+        if c.result is not None:
+            self.result = c.result
+
+    def fail(self, e):
+        self.error = e
+
+
+def submit(batch, prompt, params, engine=None) -> Collector:
+    c = Collector()
+    batch.submit(prompt, params, c.chunk, c.fail, engine)
+    return c
+
+
+@pytest.fixture(scope="module")
+def pipes(tiny_pair, tmp_path_factory):
+    """The same tiny target under several configurations (weights shared)."""
+    plain = load(tiny_pair[0], "none", warm_up=False)
+    target = plain.target.model
+    head = save_parallel_head(new_parallel_head(target, ParallelHeadConfig.for_target(target.config), seed=3),
+                              tmp_path_factory.mktemp("batch") / "head")
+    specs = {
+        "none": SpeculativeConfig(method="none"),
+        "prompt-lookup": SpeculativeConfig(gamma=3),
+        "draft-model": SpeculativeConfig(method="draft-model", model=str(tiny_pair[1]), gamma=3, draft_quant="none"),
+        "draft-tree": SpeculativeConfig(method="draft-tree", model=str(tiny_pair[1]), draft_quant="none"),
+        "parallel-head": SpeculativeConfig(method="parallel-head", model=str(head), result_cache="prompt"),
+    }
+    return {name: plain.with_speculative(spec) for name, spec in specs.items()}
+
+
+GREEDY = SamplingParams(max_new_tokens=30, ignore_eos=True)
+
+
+@pytest.mark.parametrize("budget", [None, "batch-aware", "fixed"])
+def test_each_request_decodes_as_if_alone(pipes, budget):
+    """Greedy fp32: a prompt's output beside three other requests (other drafters, temperatures, lengths) equals
+    its output alone, for every drafter."""
+    policy = {None: None, "batch-aware": BatchAwareBudget(cost=lambda n: 1.0 + 0.02 * n),
+              "fixed": FixedByBatchSize()}[budget]
+    sampled = SamplingParams(temperature=1.0, seed=7, max_new_tokens=18, ignore_eos=True)
+    for name, pipe in pipes.items():
+        alone = [pipe.engine.generate(p, GREEDY).tokens for p in PROMPTS[:2]]
+        batch = pipe.batch_engine(policy, max_batch=4)
+        mine = [submit(batch, p, GREEDY) for p in PROMPTS[:2]]
+        others = [submit(batch, PROMPTS[2], sampled, pipes["draft-tree"].with_speculative(pipes["draft-tree"].speculative).engine),
+                  submit(batch, PROMPTS[3], SamplingParams(max_new_tokens=7), pipes["prompt-lookup"].engine)]
+        batch.run()
+        assert [c.tokens for c in mine] == alone, name
+        assert all(c.result is not None and c.error is None for c in mine + others)
+        assert len(others[1].tokens) <= 7
+
+
+def test_requests_leave_without_disturbing_the_others(pipes):
+    pipe = pipes["parallel-head"]
+    alone = pipe.engine.generate(PROMPTS[0], GREEDY).tokens
+    batch = pipe.batch_engine(BatchAwareBudget(cost=lambda n: 1.0 + 0.05 * n), max_batch=3)
+    kept = submit(batch, PROMPTS[0], GREEDY)
+    short = submit(batch, PROMPTS[1], SamplingParams(max_new_tokens=3))
+    too_long = submit(batch, [5] * (pipe.engine.context_window + 4), GREEDY)  # fails when admitted
+    cancelled = Collector()
+    request = batch.submit(PROMPTS[2], GREEDY, cancelled.chunk, cancelled.fail)
+    later = submit(batch, PROMPTS[3], GREEDY)  # waits for a free slot, then joins
+    for _ in range(3):
+        batch.step()
+    request.cancel()
+    batch.run()
+    assert kept.tokens == alone
+    assert short.result.stats.finish_reason == "length" and len(short.tokens) == 3
+    assert isinstance(too_long.error, ForetellError) and "context window" in str(too_long.error)
+    assert cancelled.result is None and 0 < len(cancelled.tokens) < 30
+    assert later.tokens == pipe.engine.generate(PROMPTS[3], GREEDY).tokens
+    assert batch.idle
+
+
+def test_a_long_prompt_is_read_in_chunks_while_others_decode(pipes):
+    pipe = pipes["none"]
+    batch = pipe.batch_engine(max_batch=2, prefill_chunk=4)
+    running = submit(batch, PROMPTS[0], GREEDY)
+    batch.step()  # its prompt
+    batch.step()
+    produced = len(running.tokens)
+    long_prompt = (PROMPTS[1] * 4)[:25]
+    newcomer = submit(batch, long_prompt, GREEDY)
+    for _ in range(3):  # 24 prompt tokens to read, 4 a pass: the runner gains a token every pass meanwhile
+        batch.step()
+        assert newcomer.tokens == []
+    assert len(running.tokens) == produced + 3
+    batch.run()
+    assert newcomer.tokens == pipe.engine.generate(long_prompt, GREEDY).tokens
+
+
+def test_sampling_in_a_batch_follows_the_target(micro):
+    """Temperature 1, draft-model chains, four requests per batch: each request's tokens follow the target's
+    exact distribution (the statistical test of test_engine_statistical)."""
+    from test_engine_statistical import GAMMA, NEW, PROMPT, RUNS, VOCAB, exact_marginals, worst_p_value
+
+    target, root = micro
+    pipe = load(root / "t", SpeculativeConfig(method="draft-model", model=str(root / "d"), gamma=GAMMA,
+                                              draft_quant="none"), warm_up=False)
+    batch = pipe.batch_engine(BatchAwareBudget(cost=lambda n: 1.0 + 0.1 * n), max_batch=4)
+    collectors = [submit(batch, PROMPT, SamplingParams(temperature=1.0, seed=seed, max_new_tokens=NEW, ignore_eos=True))
+                  for seed in range(RUNS)]
+    batch.run()
+    counts = torch.zeros(NEW, VOCAB)
+    for c in collectors:
+        assert len(c.tokens) == NEW
+        counts[torch.arange(NEW), torch.tensor(c.tokens)] += 1
+    assert worst_p_value(counts, exact_marginals(target, SamplingParams(temperature=1.0))) > 1e-3 / NEW
+
+
+# --- budget policies ---------------------------------------------------------------------------
+
+
+def test_node_values():
+    chain = Proposal(tokens=torch.tensor([4, 5, 6]))
+    assert node_values(chain, [0.5, 0.4], 1.0) == pytest.approx([0.5, 0.2, 0.08])  # past the history: the last rate
+    tree = Proposal(tokens=torch.tensor([1, 2, 3]), parents=torch.tensor([-1, 0, -1]),
+                    draft_prob=torch.tensor([0.8, 0.5, 0.1]))
+    assert node_values(tree, [], 0.5) == pytest.approx([0.4, 0.1, 0.05])
+    assert node_values(tree, [], 5.0) == pytest.approx([1.0, 1.0, 0.5])  # capped at 1 per step
+
+
+def test_batch_aware_budget_keeps_drafts_while_they_pay():
+    values = [[0.9, 0.8, 0.2], [0.5, 0.1], []]
+    cheap = BatchAwareBudget(cost=lambda n: 1.0 + 0.01 * n)
+    assert cheap.caps(values) == [3, 2, 0]
+    dear = BatchAwareBudget(cost=lambda n: float(n))  # a token costs as much as a pass: nothing pays
+    assert dear.caps(values) == [0, 0, 0]
+    middle = BatchAwareBudget(cost=lambda n: 1.0 + 0.3 * n)
+    caps = middle.caps(values)
+    assert caps[0] >= 1 and caps[1] <= caps[0] and sum(caps) < 5  # the best nodes first, the weak ones dropped
+
+
+def test_fixed_by_batch_size():
+    rule = FixedByBatchSize(limits=(1, 4), lengths=(6, 2))
+    assert rule.caps([[0.5] * 8]) == [6]
+    assert rule.caps([[0.5] * 8, [0.5], [], [0.5] * 3]) == [2, 1, 0, 2]
+    assert rule.caps([[0.5] * 8] * 5) == [0] * 5
+
+
+def test_truncate_keeps_a_valid_tree():
+    tree = Proposal(tokens=torch.tensor([1, 2, 3, 4]), parents=torch.tensor([-1, 0, -1, 1]),
+                    draft_prob=torch.tensor([0.5, 0.5, 0.5, 0.5]))
+    cut = truncate(tree, 2)
+    assert cut.tokens.tolist() == [1, 2] and cut.parents.tolist() == [-1, 0] and cut.draft_prob.numel() == 2
+    assert truncate(tree, 9) is tree
