@@ -7,7 +7,6 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 
 import httpx
 
@@ -56,38 +55,58 @@ def wait_until(condition, timeout: float = 10.0, what: str = "condition") -> Non
         time.sleep(0.02)
 
 
-class StandInEngine:
-    """Replaces the engine where a test needs control over time: each generation waits for `gate`, then
-    yields `tokens` one-token chunks `delay` seconds apart. Records how each generation ended."""
+class StandInBatch:
+    """Replaces the batching engine where a test needs control over time: each request waits for `gate`, then
+    gets `tokens` one-token chunks, one a pass, passes `delay` seconds apart. Records how each request ended."""
 
-    def __init__(self, context_window: int, tokens: int = 100, delay: float = 0.02):
-        self.context_window = context_window
-        self.tokens, self.delay = tokens, delay
+    def __init__(self, tokens: int = 100, delay: float = 0.02, max_batch: int = 1):
+        self.tokens, self.delay, self.max_batch = tokens, delay, max_batch
         self.gate = threading.Event()
         self.gate.set()
         self.completed = 0
-        self.closed_after: list[int] = []  # chunks sent before a generation was closed early
+        self.closed_after: list[int] = []  # chunks sent before a request was cancelled
+        self.active: list[StandInRequest] = []
 
-    def stream(self, prompt_ids: list[int], params):
+    @property
+    def idle(self) -> bool:
+        return not self.active
+
+    def submit(self, prompt_ids, params, on_chunk, on_error, engine=None):
+        request = StandInRequest(len(prompt_ids), on_chunk)
+        self.active.append(request)
+        return request
+
+    def sweep(self) -> None:
+        for r in self.active:
+            if r.cancelled:
+                self.closed_after.append(r.sent)
+        self.active = [r for r in self.active if not r.cancelled]
+
+    def step(self) -> None:
         assert self.gate.wait(30)
-        sent = 0
-        try:
-            for sent in range(1, self.tokens):
-                yield Chunk("w1 ", [4])
-                time.sleep(self.delay)
-            stats = GenerationStats(prompt_tokens=len(prompt_ids), new_tokens=self.tokens, target_passes=self.tokens,
+        self.sweep()
+        for r in self.active:
+            r.sent += 1
+            if r.sent < self.tokens:
+                r.on_chunk(Chunk("w1 ", [4]))
+                continue
+            stats = GenerationStats(prompt_tokens=r.prompt_tokens, new_tokens=self.tokens, target_passes=self.tokens,
                                     finish_reason="length")
-            self.completed += 1  # the worker closes the generator after the last chunk, as it may
-            sent = None
-            yield Chunk("w1", [4], GenerationResult([4] * self.tokens, "w1 " * (self.tokens - 1) + "w1", stats))
-        except GeneratorExit:
-            if sent is not None:
-                self.closed_after.append(sent)
-            raise
+            self.completed += 1
+            r.on_chunk(Chunk("w1", [4], GenerationResult([4] * self.tokens, "w1 " * (self.tokens - 1) + "w1", stats)))
+            r.done = True
+        self.active = [r for r in self.active if not r.done]
+        time.sleep(self.delay)
 
 
-def with_engine(pipeline, engine):
-    return replace(pipeline, engine=engine)
+class StandInRequest:
+    def __init__(self, prompt_tokens: int, on_chunk):
+        self.prompt_tokens, self.on_chunk = prompt_tokens, on_chunk
+        self.sent = 0
+        self.cancelled = self.done = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> dict:
@@ -101,22 +120,23 @@ def assert_openai_error(response: httpx.Response, status: int, code: str | None 
     return error
 
 
-class SlowedEngine:
-    """The real engine, `delay` seconds between chunks, so a test can act while a generation runs. Closing
-    this stream closes the engine's, as the worker's close would."""
+class SlowedBatch:
+    """A real batching engine, `delay` seconds after each pass, so a test can act while a generation runs."""
 
-    def __init__(self, engine, delay: float):
-        self.engine, self.delay = engine, delay
-        self.context_window = engine.context_window
-        self.chunks_sent: list[int] = []  # per generation, when it ended
+    def __init__(self, batch, delay: float):
+        self.batch, self.delay = batch, delay
+        self.max_batch = batch.max_batch
 
-    def stream(self, prompt_ids: list[int], params):
-        inner, sent = self.engine.stream(prompt_ids, params), 0
-        try:
-            for chunk in inner:
-                yield chunk
-                sent += 1
-                time.sleep(self.delay)
-        finally:
-            inner.close()
-            self.chunks_sent.append(sent)
+    @property
+    def idle(self) -> bool:
+        return self.batch.idle
+
+    def submit(self, *args, **kwargs):
+        return self.batch.submit(*args, **kwargs)
+
+    def sweep(self) -> None:
+        self.batch.sweep()
+
+    def step(self) -> None:
+        self.batch.step()
+        time.sleep(self.delay)

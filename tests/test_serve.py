@@ -127,7 +127,8 @@ def test_raw_stream_ends_with_done(server):
 
 
 def test_async_client_concurrent_streams(server, client):
-    """Concurrent requests queue for the one engine; each gets what it would have got alone."""
+    """Concurrent requests are decoded in one batch (one target pass verifies all their drafts); each gets what
+    it would have got alone."""
     prompts = ["w1 w2 w3", RAW_PROMPT, "w9 w9 w9 w9", "w3 w4"]
     alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0).choices[0].text
              for p in prompts]

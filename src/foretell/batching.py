@@ -96,6 +96,11 @@ class BatchEngine:
                 self._settle(request, out)
             self.active = [r for r in self.active if not r.finished and not r.cancelled]
 
+    def sweep(self) -> None:
+        """Drop cancelled requests now (their KV caches go with them), not at the next pass."""
+        self.waiting = deque(r for r in self.waiting if not r.cancelled)
+        self.active = [r for r in self.active if not r.cancelled]
+
     def run(self) -> None:
         """Step until every submitted request has finished (tests, benchmarks)."""
         while not self.idle:

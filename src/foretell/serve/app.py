@@ -31,10 +31,10 @@ from foretell.serve.worker import Cancelled, Channel, Job, QueueFull, ShuttingDo
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions; chat: the rest of the window
 
 
-def create_app(pipeline: Pipeline, model_name: str, settings: ServeSettings) -> FastAPI:
-    """An app serving `pipeline` as `model_name`. The app owns one worker thread, started and stopped with
-    the app's lifespan; give each app its own pipeline, since an engine runs one generation at a time."""
-    server = Routes(pipeline, model_name, settings)
+def create_app(pipeline: Pipeline, model_name: str, settings: ServeSettings, batch=None) -> FastAPI:
+    """An app serving `pipeline` as `model_name`. The app owns one worker thread driving a batching engine
+    (`batch`, by default one over the pipeline per the settings), started and stopped with the app's lifespan."""
+    server = Routes(pipeline, model_name, settings, batch)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -56,13 +56,25 @@ def create_app(pipeline: Pipeline, model_name: str, settings: ServeSettings) -> 
     return app
 
 
+def make_batch(pipeline: Pipeline, settings: ServeSettings):
+    """The batching engine the worker drives, with the budget policy the settings name."""
+    from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize
+
+    budget = None
+    if settings.batch_budget == "fixed":
+        budget = FixedByBatchSize()
+    elif settings.batch_budget == "auto" and pipeline.speculative.drafts:
+        budget = BatchAwareBudget(cost=pipeline.weights.target_cost())
+    return pipeline.batch_engine(budget, settings.max_batch, settings.prefill_chunk)
+
+
 class Routes:
     """What the routes share: the pipeline, the worker that owns its engine, metrics and settings."""
 
-    def __init__(self, pipeline: Pipeline, model_name: str, settings: ServeSettings):
+    def __init__(self, pipeline: Pipeline, model_name: str, settings: ServeSettings, batch=None):
         self.pipeline, self.model_name, self.settings = pipeline, model_name, settings
         self.metrics = ServerMetrics()
-        self.worker = Worker(pipeline.engine.stream, self.metrics, settings.max_queue)
+        self.worker = Worker(batch or make_batch(pipeline, settings), self.metrics, settings.max_queue)
         self.created = int(time.time())
 
     def require_key(self, request: Request) -> None:

@@ -43,6 +43,15 @@ def add_serve_parser(sub) -> None:
                    help="seconds a request may take, waiting included (default: %(default)s)")
     g.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes,
                    help="largest request body; larger ones get 413 (default: %(default)s)")
+    g.add_argument("--max-batch", type=int, default=defaults.max_batch,
+                   help="requests decoded together, one target pass verifying all their drafts; 1 = one at a time "
+                   "(default: %(default)s)")
+    g.add_argument("--batch-budget", default=defaults.batch_budget, choices=("auto", "fixed", "none"),
+                   help="draft tokens each request may have verified per pass: auto = foretell's batch-aware budget "
+                   "(measured cost curve), fixed = by batch size (vLLM's rule), none = each drafter as configured "
+                   "(default: %(default)s)")
+    g.add_argument("--prefill-chunk", type=int, default=defaults.prefill_chunk,
+                   help="prompt tokens read per pass, so long prompts never stall running requests (default: %(default)s)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM or Ctrl-C, seconds to let requests in flight finish (default: %(default)s)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
@@ -64,7 +73,8 @@ def run_serve(args: argparse.Namespace) -> None:
 
     settings = ServeSettings(api_key=args.api_key or os.environ.get("FORETELL_API_KEY") or None,
                              max_queue=args.max_queue, request_timeout=args.request_timeout,
-                             max_body_bytes=args.max_body_bytes)
+                             max_body_bytes=args.max_body_bytes, max_batch=args.max_batch,
+                             batch_budget=args.batch_budget, prefill_chunk=args.prefill_chunk)
     if not 0 <= args.port <= 65535:
         raise ForetellError(f"--port must be in 0..65535, got {args.port}")
     spec, why = speculative_from_args(args, args.model)

@@ -14,6 +14,11 @@ class ServeSettings:
     request_timeout: seconds from a request's arrival in the queue to its last token, waiting included.
     max_body_bytes: the largest request body read (else 413).
     retry_after: the Retry-After seconds sent with a 503 when the queue is full.
+    max_batch: requests decoded together (one target pass verifies all their drafts); 1 = one at a time.
+    batch_budget: how many draft tokens each request of a batch may have verified per pass: auto (foretell's
+        batch-aware budget, from this machine's measured cost curve), fixed (by batch size, as vLLM
+        configures it) or none (each drafter as configured).
+    prefill_chunk: prompt tokens read per pass, so a long prompt never stalls the requests already running.
     """
 
     api_key: str | None = None
@@ -21,6 +26,9 @@ class ServeSettings:
     request_timeout: float = 600.0
     max_body_bytes: int = 1 << 20
     retry_after: int = 1
+    max_batch: int = 16
+    batch_budget: str = "auto"
+    prefill_chunk: int = 256
 
     def __post_init__(self):
         if self.api_key is not None and (not self.api_key or not self.api_key.isprintable() or " " in self.api_key):
@@ -31,5 +39,9 @@ class ServeSettings:
             raise ForetellError(f"--request-timeout must be > 0 seconds, got {self.request_timeout}")
         if self.max_body_bytes < 1024:
             raise ForetellError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.max_batch < 1 or self.prefill_chunk < 1:
+            raise ForetellError(f"--max-batch and --prefill-chunk must be >= 1, got {self.max_batch} and {self.prefill_chunk}")
+        if self.batch_budget not in ("auto", "fixed", "none"):
+            raise ForetellError(f"--batch-budget must be auto, fixed or none, got {self.batch_budget!r}")
         if self.retry_after < 0:
             raise ForetellError(f"retry_after must be >= 0 seconds, got {self.retry_after}")

@@ -1,10 +1,10 @@
-"""The one thread that owns the engine: a bounded queue of jobs, served one at a time.
+"""The one thread that owns the engine: a bounded queue of jobs, served together by a batching engine.
 
 A request becomes a Job (prompt ids, SamplingParams, a Channel back to the request's event loop). The worker
-runs the engine's stream for it and sends each Chunk through the channel. Between chunks it checks whether
-the job was cancelled (the client went away, or its time limit passed): then it closes the engine's
-generator, whose frame holds the request's KV cache, so the memory is freed at once rather than after the
-whole generation. The server never touches the decode loop itself.
+moves jobs from the queue into the batch (batching.py) whenever it has room, runs its passes, and sends each
+job's Chunks through its channel. Between passes it checks which jobs were cancelled (the client went away, or
+its time limit passed): those leave the batch before the next pass, and their KV caches go with them. The
+server never touches the decode loop itself.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Iterator
+from typing import AsyncIterator
 
 from foretell.engine import Chunk
 from foretell.errors import ForetellError
@@ -100,16 +100,28 @@ class Job:
             raise
 
 
-class Worker:
-    """stream: the engine's `stream(prompt_ids, params) -> Iterator[Chunk]`, only ever called from this thread."""
+@dataclass(eq=False)
+class Running:
+    """A job in the batch, with what its metrics need."""
 
-    def __init__(self, stream: Callable[[list[int], SamplingParams], Iterator[Chunk]], metrics: ServerMetrics,
-                 max_queue: int):
-        self._stream = stream
+    job: Job
+    started: float
+    request: object = None  # its batching.Request
+    ttft: float | None = None
+    last: float = 0.0
+    done: bool = False
+
+
+class Worker:
+    """batch: a batching.BatchEngine, only ever driven from this thread."""
+
+    def __init__(self, batch, metrics: ServerMetrics, max_queue: int):
+        self._batch = batch
         self._metrics = metrics
         self._jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
+        self._running: list[Running] = []
 
     @property
     def alive(self) -> bool:
@@ -131,7 +143,7 @@ class Worker:
             raise QueueFull(f"the server is busy: {self._jobs.maxsize} requests are already waiting") from None
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Cancel the running job, fail the waiting ones, and wait for the thread."""
+        """Cancel the running jobs, fail the waiting ones, and wait for the thread."""
         self._closing.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -145,56 +157,80 @@ class Worker:
 
     def _run(self) -> None:
         while not self._closing.is_set():
+            self._admit(block=not self._running)
+            self._drop_stopped()
+            if self._running:
+                try:
+                    self._batch.step()
+                except Exception:  # a bug in a pass: every job in it gets the error, the server goes on
+                    log.exception("a batched pass failed")
+                    for run in self._running:
+                        run.request.cancel()  # it leaves the batch before the next pass
+                        self._fail(run, RuntimeError("generation failed: see the server log"))
+                self._running = [r for r in self._running if not r.done]
+        for run in self._running:
+            run.request.cancel()
+            self._stopped_early(run.job, "shutdown")
+            self._end(run)
+
+    def _admit(self, block: bool) -> None:
+        """Jobs from the queue into the batch while it has room (waiting briefly for one when nothing runs)."""
+        while len(self._running) < self._batch.max_batch:
             try:
-                job = self._jobs.get(timeout=0.25)  # wakes up to notice stop()
+                job = self._jobs.get(timeout=0.25) if block else self._jobs.get_nowait()  # wakes up to notice stop()
             except queue.Empty:
-                continue
+                return
+            block = False
             self._metrics.waiting.dec()
-            self._serve(job)
+            start = time.monotonic()
+            if reason := self._reason_to_stop(job):  # gone or timed out while waiting
+                self._stopped_early(job, reason)
+                continue
+            self._metrics.queue_time.observe(start - job.queued_at)
+            self._metrics.running.inc()
+            run = Running(job, start, last=start)
+            run.request = self._batch.submit(job.prompt_ids, job.params, lambda c, r=run: self._chunk(r, c),
+                                             lambda e, r=run: self._fail(r, e))
+            self._running.append(run)
+
+    def _chunk(self, run: Running, chunk: Chunk) -> None:
+        now = time.monotonic()
+        if run.ttft is None:
+            run.ttft = now - run.job.queued_at
+            self._metrics.ttft.observe(run.ttft)
+        else:
+            self._metrics.itl.observe(now - run.last)
+        run.last = now
+        run.job.channel.send(chunk)
+        if chunk.result is not None:
+            self._metrics.finished(chunk.result.stats, now - run.job.queued_at, run.ttft)
+            run.job.channel.send(END)
+            self._end(run)
+
+    def _fail(self, run: Running, error: Exception) -> None:
+        if not isinstance(error, ForetellError):
+            log.error("generation failed: %s", error)
+        run.job.channel.send(error)
+        self._metrics.aborted.labels(reason="error").inc()
+        self._end(run)
+
+    def _end(self, run: Running) -> None:
+        if not run.done:
+            run.done = True
+            self._metrics.running.dec()
+
+    def _drop_stopped(self) -> None:
+        """Cancelled or timed-out jobs leave the batch before the next pass."""
+        for run in self._running:
+            if not run.done and (reason := self._reason_to_stop(run.job)):
+                run.request.cancel()
+                self._stopped_early(run.job, reason)
+                self._end(run)
+        self._batch.sweep()
+        self._running = [r for r in self._running if not r.done]
 
     def _reason_to_stop(self, job: Job) -> str | None:
         return job.cancel_reason or ("shutdown" if self._closing.is_set() else None)
-
-    def _serve(self, job: Job) -> None:
-        start = time.monotonic()
-        if reason := self._reason_to_stop(job):  # gone or timed out while waiting
-            self._stopped_early(job, reason)
-            return
-        self._metrics.queue_time.observe(start - job.queued_at)
-        self._metrics.running.inc()
-        stream = self._stream(job.prompt_ids, job.params)
-        outcome, ttft, last = "error", None, start
-        try:
-            for chunk in stream:
-                now = time.monotonic()
-                if ttft is None:
-                    ttft = now - job.queued_at
-                    self._metrics.ttft.observe(ttft)
-                else:
-                    self._metrics.itl.observe(now - last)
-                last = now
-                job.channel.send(chunk)
-                if chunk.result is not None:
-                    self._metrics.finished(chunk.result.stats, now - job.queued_at, ttft)
-                    outcome = None
-                    job.channel.send(END)
-                    break
-                if reason := self._reason_to_stop(job):
-                    outcome = reason
-                    break
-            else:
-                job.channel.send(RuntimeError("the engine stopped without a result"))
-        except Exception as e:  # bad input only the engine could see (ForetellError), or a bug: tell the request
-            if not isinstance(e, ForetellError):
-                log.exception("generation failed")
-            job.channel.send(e)
-        finally:
-            stream.close()  # its frame holds the KV cache: free it now, not when the generation would have ended
-            self._metrics.running.dec()
-            if outcome == "error":
-                self._metrics.aborted.labels(reason="error").inc()
-            elif outcome:
-                self._stopped_early(job, outcome)
 
     def _stopped_early(self, job: Job, reason: str) -> None:
         """Count a job stopped before its end and end its request's wait (the request may be gone already)."""
