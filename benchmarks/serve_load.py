@@ -62,6 +62,8 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
                 if not line.startswith("data: "):
                     continue
                 if line == "data: [DONE]":
+                    if not out.tokens:  # a server without stream usage (llama.cpp's): one token per text event
+                        out.tokens = events
                     out.status = "ok" if out.tokens else "failed"
                     out.error = "" if out.tokens else "no usage before [DONE]"
                     return out

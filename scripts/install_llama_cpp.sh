@@ -6,10 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-if .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
+if .venv/bin/python -c "import llama_cpp, llama_cpp.server" 2>/dev/null; then
   echo "llama-cpp-python is already installed" >&2
   exit 0
 fi
 echo "building llama-cpp-python 0.3.36 from source (a few minutes)" >&2
-CMAKE_ARGS="-DGGML_NATIVE=ON" .venv/bin/python -m pip install -q "llama-cpp-python==0.3.36"
+CMAKE_ARGS="-DGGML_NATIVE=ON" .venv/bin/python -m pip install -q "llama-cpp-python[server]==0.3.36"  # the server: the batching benchmark's peer
 .venv/bin/python -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"

@@ -142,7 +142,8 @@ def test_api_key(pipeline):
 
 
 def test_settings_are_checked():
-    for bad in (dict(max_queue=0), dict(request_timeout=0), dict(max_body_bytes=10), dict(api_key="two words")):
+    for bad in (dict(max_queue=0), dict(request_timeout=0), dict(max_body_bytes=10), dict(api_key="two words"),
+                dict(max_batch=0), dict(batch_budget="some"), dict(prefill_chunk=0)):
         with pytest.raises(ForetellError):
             ServeSettings(**bad)
 
