@@ -138,7 +138,7 @@ def main() -> None:
                                       args.out / "server-fixed.log"),
     }
     if not args.no_llama_cpp and importlib.util.find_spec("llama_cpp") is not None:
-        from foretell.bench.methods import gguf_file
+        from foretell.models.presets import gguf_file
 
         gguf = gguf_file(args.model)
         if gguf is not None:

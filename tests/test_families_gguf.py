@@ -34,8 +34,10 @@ def llama3_rope_freqs(head_dim: int, p: dict) -> list[float]:
     return factors
 
 
-def write_gguf(hf, arch: str, path, name: str = "tiny", metadata=lambda writer: None, tensors: dict | None = None):
-    """An all-F32 GGUF of `hf` with a word-level gpt2-type vocabulary (token ids as in conftest.make_tokenizer)."""
+def write_gguf(hf, arch: str, path, name: str = "tiny", metadata=lambda writer: None, tensors: dict | None = None,
+               q4_1=lambda hf_name: False):
+    """A GGUF of `hf` with a word-level gpt2-type vocabulary (token ids as in conftest.make_tokenizer): F32, but
+    Q4_1 for the tensors q4_1(name) picks."""
     c = hf.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -72,7 +74,12 @@ def write_gguf(hf, arch: str, path, name: str = "tiny", metadata=lambda writer: 
             t = t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
         if arch.startswith("gemma") and hf_name.endswith("norm.weight"):  # llama.cpp stores Gemma's 1 + w
             t = t + 1
-        w.add_tensor(names.get_name(hf_name, try_suffixes=(".weight", ".bias")), np.ascontiguousarray(t))
+        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if q4_1(hf_name):
+            kind = gguf.GGMLQuantizationType.Q4_1
+            w.add_tensor(gguf_name, gguf.quants.quantize(np.ascontiguousarray(t), kind), raw_dtype=kind)
+        else:
+            w.add_tensor(gguf_name, np.ascontiguousarray(t))
     for tensor_name, values in (tensors or {}).items():
         w.add_tensor(tensor_name, np.asarray(values, dtype=np.float32))
     w.write_header_to_file()

@@ -20,6 +20,8 @@ from foretell.drafters.length_policy import DraftLengthPolicy, make_length_polic
 from foretell.engine import Chunk, Engine, GenerationResult
 from foretell.errors import ForetellError
 from foretell.models.loading import LoadedModel, load_model
+from foretell.models.gguf_quant import keep_gguf_quantization
+from foretell.models.presets import gguf_file
 from foretell.models.quant import TARGET_QUANT_MODES, quantize_target
 from foretell.text import encode_prompt
 from foretell.types import SamplingParams
@@ -87,15 +89,23 @@ def load(
     speculative: a SpeculativeConfig (see config.py for every option), its dict / JSON form, or a bare method
     name ("none", "prompt-lookup", ...). None: the target's installed drafter if there is one, else prompt lookup
     (`default_speculative`). The configuration is checked before any weights load.
-    quant: the target's weights as int8 or int4 (weight-only; opt-in): a different, smaller model than the
-    full-precision one, which speculation then reproduces exactly (its cost against bf16: docs/speed.md).
+    quant: the target's weights as int8 or int4 (weight-only; opt-in), or "gguf": the 4-bit blocks its GGUF file
+    ships with where PyTorch has a kernel (Q4_1): a different, smaller model than the full-precision one, which
+    speculation then reproduces exactly (its cost against bf16: docs/speed.md).
     warm_up: a few throw-away forwards so the first generation is not the slow one.
     """
     spec = default_speculative(target, cache_dir)[0] if speculative is None else as_speculative(speculative)
     if quant not in TARGET_QUANT_MODES:
         raise ForetellError(f"unknown target quantization {quant!r}; use one of {', '.join(TARGET_QUANT_MODES)}")
+    gguf = gguf_file(target) if quant == "gguf" else None
+    if quant == "gguf" and gguf is None:
+        raise ForetellError(f"quant='gguf' keeps a GGUF file's own quantization, and {str(target)!r} has no GGUF file "
+                            "on disk; use int4 or int8")
     loaded = load_model(target, dtype, device, cache_dir)
-    quantize_target(loaded.model, quant)
+    if gguf is not None:
+        keep_gguf_quantization(loaded.model, gguf)
+    else:
+        quantize_target(loaded.model, quant)
     weights = DrafterWeights(loaded, str(target), dtype, device, cache_dir)
     engine = build_engine(spec, weights)
     if warm_up:

@@ -14,9 +14,10 @@ from foretell.spec_args import add_speculative_args
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="target: preset name, .gguf file or HF folder (default: %(default)s)")
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--quant", default="none", choices=("none", "int8", "int4"),
-                   help="the target's weights as int8 / int4 (weight-only, opt-in): a smaller, faster and different "
-                   "model, which speculation reproduces exactly (default: %(default)s)")
+    p.add_argument("--quant", default="none", choices=("none", "int8", "int4", "gguf"),
+                   help="the target's weights as int8 / int4 (weight-only, opt-in), or gguf: the 4-bit blocks its GGUF "
+                   "file ships with (Q4_1): a smaller, faster and different model, which speculation reproduces "
+                   "exactly (default: %(default)s)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
@@ -78,9 +79,9 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--eagle", help="an EAGLE-3 head (foretell's folder or a vLLM / SGLang checkpoint), for the eagle3* methods")
     b.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"),
                    help="weights dtype, every method (default: %(default)s)")
-    b.add_argument("--quant", default="none", choices=("none", "int8", "int4"),
-                   help="foretell's target weights as int8 / int4 (weight-only), every foretell method; the "
-                   "transformers peers stay at --dtype (default: %(default)s)")
+    b.add_argument("--quant", default="none", choices=("none", "int8", "int4", "gguf"),
+                   help="foretell's target weights as int8 / int4 (weight-only) or gguf (the file's own Q4_1 blocks), "
+                   "every foretell method; the transformers peers stay at --dtype (default: %(default)s)")
     b.add_argument("--datasets", default="spec-bench", help=f"comma list of {', '.join(DATASETS)} (default: %(default)s)")
     b.add_argument("--per-category", type=int, default=10,
                    help="prompts per category, the first N in file order (default: %(default)s)")

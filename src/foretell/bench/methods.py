@@ -23,6 +23,7 @@ from foretell.config import HiddenStateOptions, SpeculativeConfig, TreeShape
 from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB
 from foretell.errors import ForetellError
 from foretell.models.loading import parse_dtype, resolve_model_dir
+from foretell.models.presets import gguf_file
 from foretell.types import SamplingParams
 
 
@@ -221,15 +222,6 @@ class LlamaCppMethod:
 
     def memory_bytes(self) -> int:
         return self.gguf.stat().st_size  # weights only: llama.cpp's cache is not exposed
-
-
-def gguf_file(spec: str) -> Path | None:
-    """The original GGUF of a model spec, when one is still on disk (chunked presets are deleted after conversion)."""
-    from foretell.models.presets import PRESETS, locate_single_gguf
-
-    if spec in PRESETS and PRESETS[spec].single_file_module:
-        return locate_single_gguf(PRESETS[spec])
-    return Path(spec) if str(spec).endswith(".gguf") and Path(spec).is_file() else None
 
 
 def make_llama_cpp(models: Models, opts: MethodOptions):

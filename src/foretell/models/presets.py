@@ -128,3 +128,11 @@ def assemble_chunks(preset: Preset, out_path: Path) -> Path:
         )
     tmp.rename(out_path)
     return out_path
+
+
+def gguf_file(spec: str | Path) -> Path | None:
+    """The original GGUF of a model spec, when one is still on disk (chunked presets are deleted after conversion)."""
+    spec = str(spec)
+    if spec in PRESETS and PRESETS[spec].single_file_module:
+        return locate_single_gguf(PRESETS[spec])
+    return Path(spec) if spec.endswith(".gguf") and Path(spec).is_file() else None

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 QUANT_MODES = ("none", "int8", "auto")  # drafts
-TARGET_QUANT_MODES = ("none", "int8", "int4")  # targets: opt-in, a different model
+TARGET_QUANT_MODES = ("none", "int8", "int4", "gguf")  # targets: opt-in, a different model (gguf: the file's own)
 INT4_GROUP = 32
 # The fused kernel is built for a few rows (decode steps); for a prefill of hundreds of tokens it
 # is 2-3x slower than dequantizing the weight and running a dense matmul (measured here).
@@ -180,6 +180,8 @@ def quantize_target(model: nn.Module, mode: str) -> nn.Module:
         raise ForetellError("int4 targets run on CPU only (PyTorch's int4 CPU kernel); use int8 or none here")
     if mode == "none":
         return model
+    if mode == "gguf":
+        raise ForetellError("gguf quantization comes from the model's GGUF file: load the target with quant='gguf'")
     return quantize_linears(model, Int8Linear.from_weight if mode == "int8" else int4_or_int8)
 
 
