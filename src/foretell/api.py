@@ -81,6 +81,7 @@ def load(
     dtype: str | torch.dtype = "float32",
     device: str = "cpu",
     quant: str = "none",
+    compile: bool = False,
     warm_up: bool = True,
     cache_dir: Path | None = None,
 ) -> Pipeline:
@@ -92,6 +93,8 @@ def load(
     quant: the target's weights as int8 or int4 (weight-only; opt-in), or "gguf": the 4-bit blocks its GGUF file
     ships with where PyTorch has a kernel (Q4_1): a different, smaller model than the full-precision one, which
     speculation then reproduces exactly (its cost against bf16: docs/speed.md).
+    compile: torch.compile the target's per-layer blocks (opt-in; compiled during warm-up; see
+    benchmarks/compile_ab.py for whether it pays on your machine).
     warm_up: a few throw-away forwards so the first generation is not the slow one.
     """
     spec = default_speculative(target, cache_dir)[0] if speculative is None else as_speculative(speculative)
@@ -106,6 +109,8 @@ def load(
         keep_gguf_quantization(loaded.model, gguf)
     else:
         quantize_target(loaded.model, quant)
+    if compile:
+        loaded.model.compile_steps()
     weights = DrafterWeights(loaded, str(target), dtype, device, cache_dir)
     engine = build_engine(spec, weights)
     if warm_up:

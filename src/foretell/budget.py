@@ -71,6 +71,7 @@ def machine_key(model: Transformer, model_name: str) -> dict:
         "device": device,
         "threads": torch.get_num_threads(),
         "weights": weight_format(model),
+        "compiled": model.compiled,
         "runtime": RUNTIME_VERSION,  # a faster forward makes old curves stale
     }
 

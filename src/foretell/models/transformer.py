@@ -261,6 +261,7 @@ class Transformer(nn.Module):
         self.sliding = frozenset(i for i in cfg.sliding_layers if i < cfg.num_hidden_layers)
         # Every layer attends alike (the Llama / Qwen2 fast path) unless some slide or rotate differently.
         self.uniform = not self.sliding and cfg.local_rope_theta is None
+        self.compiled = False  # compile_steps()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -269,6 +270,16 @@ class Transformer(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
+
+    def compile_steps(self) -> Transformer:
+        """torch.compile each layer's projections-and-norms and MLP blocks (not attention, whose key length grows
+        every step), with dynamic token counts so verification sizes do not recompile. Opt-in: on this 2-core CPU
+        it has not paid (benchmarks/compile_ab.py); the cost curve is keyed by it (budget.machine_key)."""
+        for layer in self.layers:
+            layer.project_qkv = torch.compile(layer.project_qkv, dynamic=True)
+            layer.finish = torch.compile(layer.finish, dynamic=True)
+        self.compiled = True
+        return self
 
     def new_cache(self, capacity: int) -> KVCache:
         c = self.config
