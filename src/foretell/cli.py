@@ -18,6 +18,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="the target's weights as int8 / int4 (weight-only, opt-in), or gguf: the 4-bit blocks its GGUF "
                    "file ships with (Q4_1): a smaller, faster and different model, which speculation reproduces "
                    "exactly (default: %(default)s)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the target's per-layer blocks at start (opt-in; benchmarks/compile_ab.py says "
+                   "whether it pays here)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
@@ -131,7 +134,7 @@ def cmd_generate(args) -> None:
     spec, why = speculative_from_args(args, args.model)
     if args.save_spec_config:
         print(f"[speculative config written to {spec.save(args.save_spec_config)}]", file=sys.stderr)
-    pipe = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant)
+    pipe = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant, compile=args.compile)
     if why:
         print(f"[drafter: {spec.describe()}: {why}; --drafter picks another]", file=sys.stderr)
     result = None

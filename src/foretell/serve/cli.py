@@ -82,7 +82,7 @@ def run_serve(args: argparse.Namespace) -> None:
         print(f"[speculative config written to {spec.save(args.save_spec_config)}]", file=sys.stderr)
     if args.threads:
         torch.set_num_threads(args.threads)
-    pipeline = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant)
+    pipeline = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant, compile=args.compile)
     name = args.served_model_name or Path(str(args.model).rstrip("/")).name
     app = create_app(pipeline, name, settings)
     chose = f": {why}; --drafter picks another" if why else ""
