@@ -1,4 +1,4 @@
-"""What quantizing the target costs: int8 / int4 weights against the bf16 model, on held-out text.
+"""What quantizing the target costs: int8 / int4 / GGUF-kept weights against the bf16 model, on held-out text.
 
     .venv/bin/python benchmarks/quant_quality.py [--model smollm2-135m] [--texts 48] [--prompts 12]
 
@@ -49,7 +49,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     rows = [json.loads(line) for line in Path(args.data).read_text().splitlines()[: args.texts]]
-    pipes = {q: load(args.model, "none", dtype="bfloat16", quant=q) for q in ("none", "int8", "int4")}
+    pipes = {q: load(args.model, "none", dtype="bfloat16", quant=q) for q in ("none", "int8", "int4", "gguf")}
     tokenizer = pipes["none"].tokenizer
     sequences = [tokenize_conversation(tokenizer, r["messages"]) for r in rows]
     prompts = [pipes["none"].encode(r["prompt"]) for r in load_prompts(["gsm8k", "spec-bench"], args.prompts)]
@@ -66,7 +66,7 @@ def main() -> None:
         same = sum(o == r for o, r in zip(outputs, reference[1])) / len(outputs)
         first = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), min(len(o), len(r)))
                  for o, r in zip(outputs, reference[1])]
-        name = "bf16" if quant == "none" else f"{quant} (weight-only)"
+        name = {"none": "bf16", "gguf": "gguf (the file's own Q4_1 blocks)"}.get(quant, f"{quant} (weight-only)")
         print(f"| {name} | {math.exp(nll):.3f} | {agree:.3f} | {same:.2f} | {sum(first) / len(first):.1f} |")
 
 

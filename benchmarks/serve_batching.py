@@ -18,16 +18,13 @@ import asyncio
 import importlib.util
 import json
 import random
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import Server, plot, run_level, summarize  # noqa: E402  (a sibling script)
+from serve_load import Server, free_port, plot, run_level, start_and_wait, summarize  # noqa: E402  (a sibling script)
 
 from foretell.bench.datasets import load_prompts  # noqa: E402
 
@@ -36,35 +33,17 @@ class LlamaCppServer:
     """llama-cpp-python's OpenAI-compatible server on the preset's own GGUF file, on a free port."""
 
     def __init__(self, gguf: Path, threads: int, log: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "m", "--host",
                "127.0.0.1", "--port", str(self.port), "--n_threads", str(threads), "--n_ctx", "4096",
                "--interrupt_requests", "False"]  # queue concurrent requests instead of cutting the running one off
         self.command = " ".join(cmd[1:])
-        self.log = log.open("w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"llama.cpp's server exited while starting; see {log}")
-            try:
-                if httpx.get(f"{self.url}/v1/models").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"llama.cpp's server did not start; see {log}")
-            time.sleep(0.5)
+        self.proc = start_and_wait(cmd, log, f"{self.url}/v1/models", "llama.cpp's server", 300)
 
     def stop(self) -> int:
         self.proc.terminate()
-        try:
-            return self.proc.wait(timeout=60)
-        finally:
-            self.log.close()
+        return self.proc.wait(timeout=60)
 
 
 def single_vs_batch(model: str, drafter_flags: list[str], prompts: list[str], max_tokens: int, threads: int) -> dict:

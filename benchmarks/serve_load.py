@@ -108,32 +108,42 @@ async def run_level(url: str, model: str, prompts: list[str], requests: int, cli
     return outcomes, time.perf_counter() - start
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_and_wait(cmd: list[str], log: Path, ready_url: str, what: str, limit_s: float) -> subprocess.Popen:
+    """Start `cmd` with its output in `log` and wait until `ready_url` answers 200; exit naming `what` if the
+    process dies first or `limit_s` passes."""
+    with log.open("w") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + limit_s
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited while starting; see {log}")
+        try:
+            if httpx.get(ready_url).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what} did not start within {limit_s:.0f} s; see {log}")
+        time.sleep(0.5)
+
+
 class Server:
     """A `foretell serve` subprocess on a free 127.0.0.1 port."""
 
     def __init__(self, name: str, args: argparse.Namespace, flags: list[str], log: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.name, self.url = name, f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "foretell.cli", "serve", "--model", args.model, "--dtype", args.dtype,
                "--port", str(self.port), "--served-model-name", "m", "--log-level", "warning",
                "--threads", str(args.threads), *flags]
         self.command = " ".join(cmd[1:])
-        self.log = log.open("w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 600
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server {name} exited while starting; see {log}")
-            try:
-                if httpx.get(f"{self.url}/health").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"server {name} did not start; see {log}")
-            time.sleep(0.5)
+        self.proc = start_and_wait(cmd, log, f"{self.url}/health", f"server {name}", 600)
 
     def rss_mib(self) -> float:
         try:
@@ -157,10 +167,7 @@ class Server:
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=120)
-        finally:
-            self.log.close()
+        return self.proc.wait(timeout=120)
 
 
 def summarize(server: str, clients: int, outcomes: list[Outcome], wall: float) -> dict:

@@ -49,7 +49,7 @@ def split(pipe, prompts: list[list[int]], params: SamplingParams, timer: Forward
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--quant", default="none", choices=("none", "int8", "int4"))
+    p.add_argument("--quant", default="none", choices=("none", "int8", "int4", "gguf"))
     p.add_argument("--per", type=int, default=2, help="prompts per category (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)

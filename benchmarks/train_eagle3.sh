@@ -13,17 +13,12 @@
 # Environment: OUT (runs/eagle3/smollm2-head), HEAD_RUN (runs/shipped/smollm2-head), STEPS, THREADS, PROCS, HIDDEN,
 # HIDDEN_OUT (runs/hidden_state/smollm2-shipped-data).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-bash benchmarks/self_data.sh
-F=.venv/bin/foretell
-D=runs/self_data
-T=${THREADS:-2}
+source "$(dirname "$0")/shipped_data.sh"
 OUT=${OUT:-runs/eagle3/smollm2-head}
 HEAD_RUN=${HEAD_RUN:-runs/shipped/smollm2-head}
-DATA="$D/smollm2-sharegpt.jsonl,$D/smollm2-gsm8k.jsonl,gsm8k:2000,sharegpt:3000"
 [ -f "$D/smollm2-sharegpt.jsonl" ] || $F self-data --data sharegpt --num-prompts 2656 --max-new-tokens 192 \
   --batch-size 64 --threads "$T" --out $D/smollm2-sharegpt.jsonl
-COMMON=(--target smollm2-135m --data "$DATA" --eval-data $D/smollm2-mix-test.jsonl --seq-len 320 --anchors 32
+COMMON=(--target smollm2-135m --data "$SHIPPED_DATA" --eval-data $D/smollm2-mix-test.jsonl --seq-len 320 --anchors 32
         --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-3000}" --warmup 100 --batch-size 16 --bf16
         --checkpoint-every 50 --eval-sequences 72 --threads "$T" --processes "${PROCS:-1}")
 

@@ -11,14 +11,10 @@
 # Every stage resumes: rerun the same command after an interruption. Then ship it with benchmarks/ship_drafter.py
 # (the command is printed at the end). Environment: OUT (runs/shipped/smollm2-head), STEPS, THREADS.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-bash benchmarks/self_data.sh
-F=.venv/bin/foretell
-D=runs/self_data
-T=${THREADS:-2}
+source "$(dirname "$0")/shipped_data.sh"
 $F self-data --data sharegpt --num-prompts 2656 --max-new-tokens 192 --batch-size 64 --threads "$T" --out $D/smollm2-sharegpt.jsonl
 OUT=${OUT:-runs/shipped/smollm2-head}
-$F train parallel-head --target smollm2-135m --data "$D/smollm2-sharegpt.jsonl,$D/smollm2-gsm8k.jsonl,gsm8k:2000,sharegpt:3000" \
+$F train parallel-head --target smollm2-135m --data "$SHIPPED_DATA" \
   --eval-data $D/smollm2-mix-test.jsonl --seq-len 320 --depth 4 --head-layers 1 --anchors 32 --depth-decay 0.8 \
   --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-3000}" --warmup 100 --batch-size 16 --lr 1e-3 --bf16 \
   --checkpoint-every 50 --eval-sequences 72 --threads "$T" --out "$OUT"

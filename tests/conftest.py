@@ -104,6 +104,35 @@ def plain(tiny_pair):
     return load(tiny_pair[0], "none", warm_up=False)
 
 
+def assert_greedy_equals_plain(plain, spec) -> None:
+    """Greedy decoding of every prompt through `spec` gives plain decoding's tokens, with drafts verified."""
+    params = greedy_params()
+    for prompt in PROMPTS:
+        result = spec.engine.generate(prompt, params)
+        assert result.tokens == plain.engine.generate(prompt, params).tokens
+        assert result.stats.draft_tokens_verified > 0
+
+
+def assert_exact_near_the_token_limit(plain, spec) -> None:
+    """Outputs of 1 to 5 tokens equal plain decoding's: a tree's depth shrinks to the tokens left."""
+    from foretell.types import SamplingParams
+
+    for limit in (1, 2, 3, 5):
+        params = SamplingParams(max_new_tokens=limit, ignore_eos=True)
+        for prompt in PROMPTS:
+            assert spec.engine.generate(prompt, params).tokens == plain.engine.generate(prompt, params).tokens
+
+
+def recorded_proposals(spec, prompt: list[int], params) -> list:
+    """The proposals the drafter of `spec` makes while it generates from `prompt`."""
+    drafter = spec.engine.drafter
+    seen = []
+    propose = drafter.propose
+    drafter.propose = lambda tokens, n: seen.append(propose(tokens, n)) or seen[-1]
+    spec.engine.generate(prompt, params)
+    return seen
+
+
 def accepted_drafts(plain, drafter, prompts) -> int:
     """Drafts accepted over `prompts`, checking that every greedy output equals plain decoding."""
     spec, params = plain.with_drafter(drafter), greedy_params()

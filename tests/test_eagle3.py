@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PROMPTS, greedy_params
+from conftest import (
+    PROMPTS, assert_exact_near_the_token_limit, assert_greedy_equals_plain, greedy_params, recorded_proposals,
+)
 from foretell.api import load
 from foretell.budget import CostCurve
 from foretell.config import EagleTreeShape, SpeculativeConfig
@@ -18,7 +20,7 @@ from foretell.models.eagle3 import (
 )
 from foretell.tree import depths
 from foretell.types import SamplingParams
-from test_engine_statistical import NEW, PROMPT, VOCAB, exact_marginals, worst_p_value
+from test_engine_statistical import assert_tree_samples_follow_target
 
 GREEDY = greedy_params()
 DRAFT_IDS = torch.tensor([0, 2, 4, 5] + list(range(7, 43)))  # 40 of the 48 tokens
@@ -43,20 +45,13 @@ def with_eagle(plain, shape=EagleTreeShape(), scheduler=None, **config):
     (EagleTreeShape(depth=7, width=3, max_nodes=40), {"aux_layers": (1, 2)}),
 ])
 def test_greedy_equals_plain(plain, shape, config):
-    spec = with_eagle(plain, shape, **config)
-    for prompt in PROMPTS:
-        result = spec.engine.generate(prompt, GREEDY)
-        assert result.tokens == plain.engine.generate(prompt, GREEDY).tokens
-        assert result.stats.draft_tokens_verified > 0
+    assert_greedy_equals_plain(plain, with_eagle(plain, shape, **config))
 
 
 def test_greedy_equals_plain_near_the_token_limit_and_with_the_scheduler(plain):
     curve = CostCurve([1, 8, 64], [0.010, 0.012, 0.030], context=256)
     for spec in (with_eagle(plain), with_eagle(plain, scheduler=AdaptiveTreeScheduler(curve))):
-        for limit in (1, 2, 3, 5):
-            params = SamplingParams(max_new_tokens=limit, ignore_eos=True)
-            for prompt in PROMPTS:
-                assert spec.engine.generate(prompt, params).tokens == plain.engine.generate(prompt, params).tokens
+        assert_exact_near_the_token_limit(plain, spec)
     assert spec.engine.drafter.scheduler.history, "the scheduler chose the budgets"
 
 
@@ -76,15 +71,7 @@ def test_sampled_output_follows_the_target(micro_pipe, params):
     target = pipe.target.model
     head = make_head(target, seed=5, draft_ids=torch.tensor([0, 1, 3, 4, 6, 7]))
     spec = pipe.with_drafter(Eagle3Drafter(head, EagleTreeShape(depth=3, width=3, max_nodes=8)))
-    counts = torch.zeros(NEW, VOCAB)
-    accepted = 0
-    for seed in range(1500):
-        p = SamplingParams(**{**params.__dict__, "seed": seed, "max_new_tokens": NEW, "ignore_eos": True})
-        result = spec.engine.generate(PROMPT, p)
-        counts[torch.arange(NEW), torch.tensor(result.tokens)] += 1
-        accepted += sum(result.stats.accepted_per_position)
-    assert accepted > 500, "the test should exercise accepted tree paths"
-    assert worst_p_value(counts, exact_marginals(hf_target, params)) > 1e-3 / NEW
+    assert_tree_samples_follow_target(spec, hf_target, params)
 
 
 # --- the head: training forward, tree, vocabulary --------------------------------------------
@@ -112,12 +99,7 @@ def test_training_forward_matches_inference(plain):
 
 def test_proposals_are_best_first_trees_within_the_budget_and_the_draft_vocabulary(plain):
     shape = EagleTreeShape(depth=4, width=3, max_nodes=10)
-    spec = with_eagle(plain, shape)
-    drafter = spec.engine.drafter
-    seen = []
-    propose = drafter.propose
-    drafter.propose = lambda tokens, n: seen.append(propose(tokens, n)) or seen[-1]
-    spec.engine.generate(PROMPTS[0], GREEDY)
+    seen = recorded_proposals(with_eagle(plain, shape), PROMPTS[0], GREEDY)
     assert seen
     allowed = set(DRAFT_IDS.tolist())
     for proposal in seen:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import PROMPTS, accepted_drafts, greedy_params, make_hf_model, make_tokenizer, save_model_folder
+from conftest import PROMPTS, accepted_drafts, greedy_params, make_tokenizer
 from foretell.api import load
 from foretell.cli import main
 from foretell.config import EagleTreeShape
@@ -21,40 +21,30 @@ from foretell.drafters.eagle_tree import Eagle3Drafter
 from foretell.errors import ForetellError
 from foretell.models.eagle3 import load_eagle3_head, new_eagle3_head
 from foretell.models.loading import build_model
-from foretell.train.common.data import DataConfig, TokenData
-from foretell.train.common.distributed import call_with_context, launch
+from foretell.train.common.data import TokenData
 from foretell.train.common.topk import full_kl
-from foretell.train.common.trainer import TrainConfig
 from foretell.train.eagle3.eval import eagle3_depth_eval
 from foretell.train.eagle3.loss import Eagle3LossConfig, draft_vocab_kl, draft_vocabulary
 from foretell.train.eagle3.pipeline import Eagle3Shape, Eagle3TrainConfig, run_eagle3
-from test_train_parallel_head import write_dataset
-
-VOCAB, SEQ_LEN, LAYERS = 48, 32, 4
+from train_util import (
+    VOCAB, assert_resume_repeats_the_run, assert_two_processes_train_like_one, assert_loss_fell, read_log,
+    run_fields, tiny_setup, trained_run,
+)
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train_eagle3")
-    target = save_model_folder(root / "target", make_hf_model("llama", VOCAB, seed=0, layers=LAYERS), make_tokenizer(VOCAB))
-    return root, target, write_dataset(root / "train.jsonl", 48, 0), write_dataset(root / "test.jsonl", 12, 1)
+    return tiny_setup(tmp_path_factory, "train_eagle3", layers=4)
 
 
 def config(setup, out: Path, **train) -> Eagle3TrainConfig:
-    root, target, data, held_out = setup
-    return Eagle3TrainConfig(
-        target=str(target), out=out, data=DataConfig(str(data), seq_len=SEQ_LEN), eval_data=str(held_out),
-        eval_sequences=0, shape=Eagle3Shape(draft_vocab=40), loss=Eagle3LossConfig(ttt_steps=3, anchors=8),
-        train=TrainConfig(**{"steps": 6, "batch_size": 4, "micro_batch_size": 1, "lr": 3e-3, "checkpoint_every": 2,
-                             **train}),
-    )
+    return Eagle3TrainConfig(**run_fields(setup, out, **train), shape=Eagle3Shape(draft_vocab=40),
+                             loss=Eagle3LossConfig(ttt_steps=3, anchors=8))
 
 
 @pytest.fixture(scope="module")
 def trained(setup):
-    root = setup[0]
-    cfg = replace(config(setup, root / "trained", steps=40, warmup_steps=4), eval_sequences=12)
-    return cfg, run_eagle3(cfg)
+    return trained_run(run_eagle3, config, setup)
 
 
 # --- the loss ------------------------------------------------------------------------------
@@ -89,10 +79,7 @@ def test_draft_vocabulary_counts_the_drafted_tokens():
 
 def test_loss_decreases_and_only_the_head_trains(trained):
     cfg, head_dir = trained
-    log = [json.loads(line) for line in (cfg.out / "train" / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log] == list(range(1, 41))
-    first, last = sum(r["loss"] for r in log[:5]) / 5, sum(r["loss"] for r in log[-5:]) / 5
-    assert last < 0.7 * first, (first, last)
+    assert_loss_fell(cfg.out)
     saved = load_file(str(head_dir / "model.safetensors"))
     assert {k.split(".")[0] for k in saved} == {"fc", "midlayer", "norm", "lm_head", "d2t", "t2d"}  # no embedding
     target = build_model(Path(cfg.target), torch.float32)
@@ -105,32 +92,22 @@ def test_loss_decreases_and_only_the_head_trains(trained):
 
 
 def test_resumed_run_matches_an_uninterrupted_one(setup, tmp_path):
-    whole = run_eagle3(config(setup, tmp_path / "whole"))
-    split_cfg = config(setup, tmp_path / "split")
-    run_eagle3(replace(split_cfg, stop_after=3))
-    assert not (tmp_path / "split" / "head").exists()
-    split = run_eagle3(split_cfg)
-    a, b = load_file(str(whole / "model.safetensors")), load_file(str(split / "model.safetensors"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_resume_repeats_the_run(run_eagle3, lambda out: config(setup, out), tmp_path, "head")
     with pytest.raises(ForetellError, match="other settings"):
         run_eagle3(config(setup, tmp_path / "split", lr=1e-2))
 
 
 def test_two_processes_match_one_with_the_same_global_batch(setup, tmp_path):
-    one = run_eagle3(config(setup, tmp_path / "one", steps=3))
-    launch(call_with_context, (run_eagle3, config(setup, tmp_path / "two", steps=3)), 2, threads=1)
-    a, b = load_file(str(one / "model.safetensors")), load_file(str(tmp_path / "two" / "head" / "model.safetensors"))
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
+    a = assert_two_processes_train_like_one(run_eagle3, lambda out: config(setup, out, steps=3), tmp_path, "head")
     target = build_model(Path(setup[1]), torch.float32)
+    one = tmp_path / "one" / "head"
     start = new_eagle3_head(target, load_eagle3_head(one, target).config, draft_vocab=torch.arange(40) + a["d2t"]).state_dict()
     assert all(not torch.equal(a[k], start[k]) for k in ("fc.weight", "lm_head.weight")), "three steps trained it"
     # The sharded feature pass (each process its own rows) wrote the same cache.
     for name in ("features", "logp", "ids"):
         x, y = (np.load(tmp_path / run / "features" / f"{name}.npy") for run in ("one", "two"))
         assert np.array_equal(x, y) if name == "ids" else np.allclose(x.astype(np.float32), y.astype(np.float32), atol=2)
-    log = [json.loads(line) for line in (tmp_path / "two" / "train" / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log] == [1, 2, 3]  # one log, written by the main process
+    assert [r["step"] for r in read_log(tmp_path / "two")] == [1, 2, 3]  # one log, written by the main process
 
 
 def test_an_eagle3_run_reuses_a_parallel_head_runs_features(setup, tmp_path):

@@ -94,6 +94,20 @@ def worst_p_value(counts: torch.Tensor, exact: torch.Tensor) -> float:
     return worst
 
 
+def assert_tree_samples_follow_target(spec, hf_target, params: SamplingParams) -> None:
+    """RUNS seeded runs of a tree drafter's pipeline `spec` on the micro model: the first NEW tokens follow the
+    exact marginals, and enough drafts are accepted for the test to exercise accepted tree paths."""
+    counts = torch.zeros(NEW, VOCAB)
+    accepted = 0
+    for seed in range(RUNS):
+        p = SamplingParams(**{**params.__dict__, "seed": seed, "max_new_tokens": NEW, "ignore_eos": True})
+        result = spec.engine.generate(PROMPT, p)
+        counts[torch.arange(NEW), torch.tensor(result.tokens)] += 1
+        accepted += sum(result.stats.accepted_per_position)
+    assert accepted > 500, "the test should exercise accepted tree paths"
+    assert worst_p_value(counts, exact_marginals(hf_target, params)) > 1e-3 / NEW
+
+
 PARAMS = {"t1.0": SamplingParams(temperature=1.0), "t0.7-top_p0.9": SamplingParams(temperature=0.7, top_p=0.9)}
 
 

@@ -9,7 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import PROMPTS, accepted_drafts, greedy_params, make_hf_model, make_tokenizer, save_model_folder
+from conftest import (
+    PROMPTS, accepted_drafts, assert_exact_near_the_token_limit, assert_greedy_equals_plain, greedy_params,
+    make_hf_model, make_tokenizer, recorded_proposals, save_model_folder,
+)
 from foretell.api import load
 from foretell.config import HiddenStateOptions, SpeculativeConfig
 from foretell.drafters.hidden_tree import HiddenStateDrafter, follow, grow_info_tree, merge_trees
@@ -76,18 +79,11 @@ def test_greedy_with_hot_vocabulary_and_token_info_table(plain):
     options = HiddenStateOptions(resample_when="always", token_info_cache=10)
     spec, drafter = with_hidden(plain, options, hot=hot)
     assert drafter.info_table is not None and drafter.info_table.rows.shape == (10, hot.size)
-    for prompt in PROMPTS:
-        result = spec.engine.generate(prompt, GREEDY)
-        assert result.tokens == plain.engine.generate(prompt, GREEDY).tokens
-        assert result.stats.draft_tokens_verified > 0
+    assert_greedy_equals_plain(plain, spec)
 
 
 def test_greedy_equals_plain_near_the_token_limit(plain):
-    spec, _ = with_hidden(plain, HiddenStateOptions(resample_when="always"))
-    for limit in (1, 2, 3, 5):
-        params = SamplingParams(max_new_tokens=limit, ignore_eos=True)
-        for prompt in PROMPTS:
-            assert spec.engine.generate(prompt, params).tokens == plain.engine.generate(prompt, params).tokens
+    assert_exact_near_the_token_limit(plain, with_hidden(plain, HiddenStateOptions(resample_when="always"))[0])
 
 
 def test_scheduled_tree_is_exact_and_the_scheduler_picks_the_budget(plain):
@@ -349,10 +345,8 @@ def path_nodes(parents, node):
 def test_proposals_respect_the_budget_in_generation(plain):
     options = HiddenStateOptions(depth=3, width=2, max_nodes=6, resample_when="always")
     spec, drafter = with_hidden(plain, options)
-    seen = []
-    propose = drafter.propose
-    drafter.propose = lambda tokens, n: seen.append(propose(tokens, n)) or seen[-1]
-    spec.engine.generate(PROMPTS[0], SamplingParams(temperature=0.8, seed=1, max_new_tokens=30, ignore_eos=True))
+    params = SamplingParams(temperature=0.8, seed=1, max_new_tokens=30, ignore_eos=True)
+    seen = recorded_proposals(spec, PROMPTS[0], params)
     assert seen and all(p.size <= 6 and p.depth <= 3 for p in seen)
     assert any(p.size == 6 for p in seen)
     assert drafter.stats.resampled_subtrees > 0 and drafter.stats.resampled_nodes > 0

@@ -8,7 +8,10 @@ import math
 import pytest
 import torch
 
-from conftest import PROMPTS, accepted_drafts, greedy_params, make_hf_model, make_tokenizer, save_model_folder
+from conftest import (
+    PROMPTS, accepted_drafts, assert_exact_near_the_token_limit, assert_greedy_equals_plain, greedy_params,
+    make_hf_model, make_tokenizer, recorded_proposals, save_model_folder,
+)
 from foretell.api import load
 from foretell.config import HeadTreeShape, SpeculativeConfig
 from foretell.drafters.base import DrafterBase
@@ -22,7 +25,7 @@ from foretell.models.parallel_head import (
 )
 from foretell.tree import depths
 from foretell.types import Proposal, SamplingParams
-from test_engine_statistical import NEW, PROMPT, VOCAB, exact_marginals, worst_p_value
+from test_engine_statistical import VOCAB, assert_tree_samples_follow_target
 
 GREEDY = greedy_params()
 
@@ -46,20 +49,12 @@ def with_head(plain, shape=HeadTreeShape(), **config):
     ],
 )
 def test_greedy_equals_plain(plain, shape, config):
-    spec = with_head(plain, shape, **config)
-    for prompt in PROMPTS:
-        result = spec.engine.generate(prompt, GREEDY)
-        assert result.tokens == plain.engine.generate(prompt, GREEDY).tokens
-        assert result.stats.draft_tokens_verified > 0
+    assert_greedy_equals_plain(plain, with_head(plain, shape, **config))
 
 
 def test_greedy_equals_plain_near_the_token_limit(plain):
     """The tree's depth shrinks to the tokens left; short limits must still be exact."""
-    spec = with_head(plain)
-    for limit in (1, 2, 3, 5):
-        params = SamplingParams(max_new_tokens=limit, ignore_eos=True)
-        for prompt in PROMPTS:
-            assert spec.engine.generate(prompt, params).tokens == plain.engine.generate(prompt, params).tokens
+    assert_exact_near_the_token_limit(plain, with_head(plain))
 
 
 @pytest.fixture(scope="module")
@@ -77,15 +72,7 @@ def test_sampled_output_follows_the_target(micro, params):
     """Exact marginals of the first NEW tokens by enumeration vs 1500 seeded engine runs."""
     hf_target, pipe = micro
     spec = with_head(pipe, HeadTreeShape(max_nodes=8, depth=3, width=3))
-    counts = torch.zeros(NEW, VOCAB)
-    accepted = 0
-    for seed in range(1500):
-        p = SamplingParams(**{**params.__dict__, "seed": seed, "max_new_tokens": NEW, "ignore_eos": True})
-        result = spec.engine.generate(PROMPT, p)
-        counts[torch.arange(NEW), torch.tensor(result.tokens)] += 1
-        accepted += sum(result.stats.accepted_per_position)
-    assert accepted > 500, "the test should exercise accepted tree paths"
-    assert worst_p_value(counts, exact_marginals(hf_target, params)) > 1e-3 / NEW
+    assert_tree_samples_follow_target(spec, hf_target, params)
 
 
 # --- the engine hook -----------------------------------------------------------------------
@@ -301,12 +288,8 @@ def test_grow_tree_skips_zero_probability_tokens():
 
 def test_proposals_respect_the_budget_in_generation(plain):
     shape = HeadTreeShape(max_nodes=6, depth=3, width=2)
-    spec = with_head(plain, shape)
-    drafter = spec.engine.drafter
-    seen = []
-    propose = drafter.propose
-    drafter.propose = lambda tokens, n: seen.append(propose(tokens, n)) or seen[-1]
-    spec.engine.generate(PROMPTS[0], SamplingParams(temperature=0.8, seed=1, max_new_tokens=30, ignore_eos=True))
+    params = SamplingParams(temperature=0.8, seed=1, max_new_tokens=30, ignore_eos=True)
+    seen = recorded_proposals(with_head(plain, shape), PROMPTS[0], params)
     assert seen and all(p.size <= 6 and p.depth <= 3 for p in seen)
     assert any(p.size == 6 for p in seen)
 

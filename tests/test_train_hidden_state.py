@@ -10,41 +10,36 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import make_hf_model, make_tokenizer, save_model_folder
 from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.cli import main
 from foretell.errors import ForetellError
 from foretell.models.hidden_draft import HiddenDraftConfig, load_hidden_draft, new_hidden_draft
 from foretell.models.loading import build_model
-from foretell.train.common.data import DataConfig, TokenData
+from foretell.train.common.data import TokenData
 from foretell.train.common.features import FeatureCache
-from foretell.train.common.trainer import TrainConfig, WarmupCosine
+from foretell.train.common.trainer import WarmupCosine
 from foretell.train.hidden_state.eval import hidden_depth_eval, hot_vocab_coverage
 from foretell.train.hidden_state.loss import HiddenLossConfig, noise_rows, unroll, unroll_steps, with_noise
 from foretell.train.hidden_state.pipeline import HiddenShape, HiddenStateTrainConfig, run_hidden_state
 from foretell.train.hidden_state.train import hidden_step
 from foretell.types import SamplingParams
-from test_train_parallel_head import SEQ_LEN, VOCAB, write_dataset
+from train_util import (
+    SEQ_LEN, VOCAB, assert_resume_repeats_the_run, assert_two_processes_train_like_one, mean_losses, read_log, run_fields,
+    tiny_setup,
+)
 
 DEPTH = 3
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train_hidden")
-    target = save_model_folder(root / "target", make_hf_model("llama", VOCAB, seed=0, layers=3), make_tokenizer(VOCAB))
-    return root, target, write_dataset(root / "train.jsonl", 48, 0), write_dataset(root / "test.jsonl", 12, 1)
+    return tiny_setup(tmp_path_factory, "train_hidden", layers=3)
 
 
 def config(setup, out: Path, loss: HiddenLossConfig = HiddenLossConfig(anchors=8), **train) -> HiddenStateTrainConfig:
-    root, target, data, held_out = setup
-    return HiddenStateTrainConfig(
-        target=str(target), out=out, data=DataConfig(str(data), seq_len=SEQ_LEN), eval_data=str(held_out),
-        eval_sequences=0, shape=HiddenShape(depth=DEPTH, token_info_rank=8), loss=loss, hot_vocab_sizes=(8, 16, 100),
-        train=TrainConfig(**{"steps": 6, "batch_size": 4, "micro_batch_size": 1, "lr": 3e-3, "checkpoint_every": 2,
-                             **train}),
-    )
+    return HiddenStateTrainConfig(**run_fields(setup, out, **train), shape=HiddenShape(depth=DEPTH, token_info_rank=8),
+                                  loss=loss, hot_vocab_sizes=(8, 16, 100))
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +49,6 @@ def trained(setup):
     cfg = replace(config(setup, root / "trained", HiddenLossConfig(anchors=8, curriculum=0.3), steps=40, lr=1e-2,
                          warmup_steps=4), eval_sequences=12)
     return cfg, run_hidden_state(cfg)
-
-
-def read_log(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "train" / "log.jsonl").read_text().splitlines()]
 
 
 # --- curriculum and noise --------------------------------------------------------------------
@@ -101,7 +92,7 @@ def test_loss_decreases_and_the_curriculum_is_followed(trained):
     assert [r["step"] for r in log] == list(range(1, 41))
     assert [r["unroll"] for r in log[:12]] == [1] * 4 + [2] * 4 + [3] * 4  # stages of 40 * 0.3 / 3 steps
     full = log[10:]  # full depth from here on: the same loss throughout
-    first, last = sum(r["loss"] for r in full[:5]) / 5, sum(r["loss"] for r in full[-5:]) / 5
+    first, last = mean_losses(full)
     assert last < 0.9 * first, (first, last)
     assert last < 0.7 * sum(r["loss"] for r in log[:5]) / 5  # lower at depth 3 than it started at depth 1
     assert log[-1]["mse"] < log[0]["mse"]
@@ -133,13 +124,7 @@ def test_only_the_draft_trains_and_the_target_gets_no_gradient(setup, trained):
 
 
 def test_resumed_run_matches_an_uninterrupted_one(setup, tmp_path):
-    whole = run_hidden_state(config(setup, tmp_path / "whole"))
-    split_cfg = config(setup, tmp_path / "split")
-    run_hidden_state(replace(split_cfg, stop_after=3))
-    assert not (tmp_path / "split" / "draft").exists()
-    split = run_hidden_state(split_cfg)
-    a, b = load_file(str(whole / "model.safetensors")), load_file(str(split / "model.safetensors"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_resume_repeats_the_run(run_hidden_state, lambda out: config(setup, out), tmp_path, "draft")
     assert [r["step"] for r in read_log(tmp_path / "split")] == [1, 2, 3, 4, 5, 6]
     assert read_log(tmp_path / "split") == [{**r, "seconds": s["seconds"]} for r, s in
                                             zip(read_log(tmp_path / "whole"), read_log(tmp_path / "split"))]
@@ -257,13 +242,6 @@ def test_unroll_equals_forward_training(setup):
 def test_two_processes_match_one_with_the_same_global_batch(setup, tmp_path):
     """Data-parallel (2 gloo processes, a sharded feature pass) == 1 process at the same global batch; noise rows
     and anchors are functions of (seed, step, sequence), so each process draws what one process would."""
-    from foretell.train.common.distributed import call_with_context, launch
-
-    one = run_hidden_state(config(setup, tmp_path / "one", steps=3))
-    launch(call_with_context, (run_hidden_state, config(setup, tmp_path / "two", steps=3)), 2, threads=1)
-    a, b = load_file(str(one / "model.safetensors")), load_file(str(tmp_path / "two" / "draft" / "model.safetensors"))
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
-    log = [json.loads(line) for line in (tmp_path / "two" / "train" / "log.jsonl").read_text().splitlines()]
-    first = [json.loads(line) for line in (tmp_path / "one" / "train" / "log.jsonl").read_text().splitlines()]
+    assert_two_processes_train_like_one(run_hidden_state, lambda out: config(setup, out, steps=3), tmp_path, "draft")
+    log, first = read_log(tmp_path / "two"), read_log(tmp_path / "one")
     assert [(r["unroll"], round(r["loss"], 4)) for r in log] == [(r["unroll"], round(r["loss"], 4)) for r in first]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,59 +10,37 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import make_hf_model, make_tokenizer, save_model_folder
 from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.cli import main
 from foretell.errors import ForetellError
 from foretell.models.loading import build_model
 from foretell.models.parallel_head import ParallelHeadConfig, load_parallel_head, new_parallel_head
-from foretell.train.common.data import DataConfig, TokenData
+from foretell.train.common.data import TokenData
 from foretell.train.common.depths import anchor_candidates, sample_anchors, valid_depths
 from foretell.train.common.features import FeatureCache
-from foretell.train.common.trainer import TrainConfig
 from foretell.train.parallel_head.eval import depth_acceptance
 from foretell.train.parallel_head.pipeline import HeadShape, ParallelHeadTrainConfig, run_parallel_head
 from foretell.train.parallel_head.train import HeadLossConfig
 from foretell.types import SamplingParams
-
-VOCAB = 48
-SEQ_LEN = 32
-
-
-def write_dataset(path: Path, rows: int, seed: int) -> Path:
-    rng = random.Random(seed)
-    with open(path, "w") as f:
-        for _ in range(rows):
-            q = [rng.randrange(3, VOCAB - 3) for _ in range(rng.randrange(2, 6))]
-            answer = " ".join(f"w{(i * 7) % 45}" for i in q + q[::-1])
-            f.write(json.dumps({"question": " ".join(f"w{i}" for i in q), "answer": answer}) + "\n")
-    return path
-
+from train_util import (
+    SEQ_LEN, assert_resume_repeats_the_run, assert_two_processes_train_like_one, assert_loss_fell, read_log, run_fields,
+    tiny_setup, trained_run,
+)
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train_head")
-    target = save_model_folder(root / "target", make_hf_model("llama", VOCAB, seed=0, layers=3), make_tokenizer(VOCAB))
-    return root, target, write_dataset(root / "train.jsonl", 48, 0), write_dataset(root / "test.jsonl", 12, 1)
+    return tiny_setup(tmp_path_factory, "train_head", layers=3)
 
 
 def config(setup, out: Path, **train) -> ParallelHeadTrainConfig:
-    root, target, data, held_out = setup
-    return ParallelHeadTrainConfig(
-        target=str(target), out=out, data=DataConfig(str(data), seq_len=SEQ_LEN), eval_data=str(held_out),
-        eval_sequences=0, shape=HeadShape(depth=4), loss=HeadLossConfig(anchors=8),
-        train=TrainConfig(**{"steps": 6, "batch_size": 4, "micro_batch_size": 1, "lr": 3e-3, "checkpoint_every": 2,
-                             **train}),
-    )
+    return ParallelHeadTrainConfig(**run_fields(setup, out, **train), shape=HeadShape(depth=4),
+                                   loss=HeadLossConfig(anchors=8))
 
 
 @pytest.fixture(scope="module")
 def trained(setup):
-    """One run of 40 steps, evaluated on the held-out file."""
-    root = setup[0]
-    cfg = replace(config(setup, root / "trained", steps=40, warmup_steps=4), eval_sequences=12)
-    return cfg, run_parallel_head(cfg)
+    return trained_run(run_parallel_head, config, setup)
 
 
 # --- anchors -------------------------------------------------------------------------------
@@ -98,10 +75,7 @@ def test_features_are_the_targets_hidden_states_and_distributions(trained):
 
 def test_loss_decreases(trained):
     cfg, _ = trained
-    log = [json.loads(line) for line in (cfg.out / "train" / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log] == list(range(1, 41))
-    first, last = sum(r["loss"] for r in log[:5]) / 5, sum(r["loss"] for r in log[-5:]) / 5
-    assert last < 0.7 * first, (first, last)
+    assert_loss_fell(cfg.out)
     assert (cfg.out / "train" / "loss.png").stat().st_size > 0
 
 
@@ -117,15 +91,8 @@ def test_only_the_head_trains(trained):
 
 
 def test_resumed_run_matches_an_uninterrupted_one(setup, tmp_path):
-    whole = run_parallel_head(config(setup, tmp_path / "whole"))
-    split_cfg = config(setup, tmp_path / "split")
-    run_parallel_head(replace(split_cfg, stop_after=3))
-    assert not (tmp_path / "split" / "head").exists()
-    split = run_parallel_head(split_cfg)
-    a, b = load_file(str(whole / "model.safetensors")), load_file(str(split / "model.safetensors"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    log = [json.loads(line) for line in (tmp_path / "split" / "train" / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
+    assert_resume_repeats_the_run(run_parallel_head, lambda out: config(setup, out), tmp_path, "head")
+    assert [r["step"] for r in read_log(tmp_path / "split")] == [1, 2, 3, 4, 5, 6]
     # Other settings in the same folder are refused rather than mixed into the run.
     with pytest.raises(ForetellError, match="other settings"):
         run_parallel_head(config(setup, tmp_path / "split", lr=1e-2))
@@ -255,17 +222,10 @@ def test_init_head_continues_from_a_trained_head(setup, trained, tmp_path):
 
 def test_two_processes_match_one_with_the_same_global_batch(setup, tmp_path):
     """Data-parallel (2 gloo processes, a sharded feature pass) == 1 process at the same global batch."""
-    from foretell.train.common.distributed import call_with_context, launch
-
-    one = run_parallel_head(config(setup, tmp_path / "one", steps=3))
-    launch(call_with_context, (run_parallel_head, config(setup, tmp_path / "two", steps=3)), 2, threads=1)
-    a, b = load_file(str(one / "model.safetensors")), load_file(str(tmp_path / "two" / "head" / "model.safetensors"))
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
+    a = assert_two_processes_train_like_one(run_parallel_head, lambda out: config(setup, out, steps=3), tmp_path, "head")
     target = build_model(Path(setup[1]), torch.float32)
-    start = new_parallel_head(target, load_parallel_head(one, target).config).state_dict()
+    start = new_parallel_head(target, load_parallel_head(tmp_path / "one" / "head", target).config).state_dict()
     assert not torch.equal(a["fuse.weight"], start["fuse.weight"]), "three steps trained it"
-    log = [json.loads(line) for line in (tmp_path / "two" / "train" / "log.jsonl").read_text().splitlines()]
-    first = [json.loads(line) for line in (tmp_path / "one" / "train" / "log.jsonl").read_text().splitlines()]
+    log, first = read_log(tmp_path / "two"), read_log(tmp_path / "one")
     assert [r["anchors"] for r in log] == [r["anchors"] for r in first]  # statistics summed over the processes
     assert [round(r["loss"], 4) for r in log] == [round(r["loss"], 4) for r in first]

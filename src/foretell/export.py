@@ -32,22 +32,25 @@ def add_export_parser(sub) -> None:
                          "(architectures LlamaForCausalLMEagle3; the aux layer ids in each engine's convention).")
     p.add_argument("--head", required=True, help="the head: foretell's folder (foretell train eagle3: OUT/head) or an EAGLE-3 checkpoint")
     p.add_argument("--target", required=True, help="its target: preset, .gguf or HF folder")
-    p.add_argument("--out", required=True, help="folder to write")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
-                   help="weights dtype (default: %(default)s)")
+    add_output_arguments(p, "bfloat16")
     p.set_defaults(run=cmd_export_eagle3)
     d = kinds.add_parser("draft-model", help="a draft model as a plain Hugging Face folder (transformers' assistant_model)",
                          description="config.json, model.safetensors and the tokenizer files: transformers' "
                          "AutoModelForCausalLM loads it, and generate(..., assistant_model=...) uses it as the draft.")
     d.add_argument("--draft", required=True, help="the draft: a folder (foretell train adaspec: OUT/draft/model), preset or .gguf")
-    d.add_argument("--out", required=True, help="folder to write")
-    d.add_argument("--dtype", default="float32", choices=("bfloat16", "float16", "float32"),
-                   help="weights dtype (default: %(default)s)")
+    add_output_arguments(d, "float32")
     d.set_defaults(run=cmd_export_draft_model)
     f = kinds.add_parser("dflash", help="not possible for foretell's parallel head; says why",
                          description="Explains why the parallel head has no DFlash export.")
     f.add_argument("--head", help="a parallel head folder (ignored)")
     f.set_defaults(run=cmd_export_dflash)
+
+
+def add_output_arguments(p, dtype: str) -> None:
+    """--out and --dtype of the exports that write weights (`dtype`: the kind's default)."""
+    p.add_argument("--out", required=True, help="folder to write")
+    p.add_argument("--dtype", default=dtype, choices=("bfloat16", "float16", "float32"),
+                   help="weights dtype (default: %(default)s)")
 
 
 def cmd_export_dflash(args) -> None:

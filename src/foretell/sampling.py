@@ -30,6 +30,12 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return logits.softmax(-1)
 
 
+def ranking_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """What tree drafters rank children by: processed_probs under the user's temperature / top-k / top-p,
+    and the plain softmax when decoding is greedy (its one-hot would leave a single child)."""
+    return processed_probs(logits, params if not params.greedy else SamplingParams(temperature=1.0))
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """Draw one token from a [V] distribution."""
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -55,7 +55,7 @@ def children_lists(parents: torch.Tensor) -> list[list[int]]:
     return children
 
 
-def path_to(node: int, parents: torch.Tensor) -> list[int]:
+def path_to(node: int, parents: torch.Tensor | list[int]) -> list[int]:
     """Nodes from the root's child down to `node` (inclusive); [] for the root (-1)."""
     path = []
     while node != -1:

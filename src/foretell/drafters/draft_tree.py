@@ -22,7 +22,8 @@ import torch
 from foretell.budget import CostCurve, best_tree_size
 from foretell.config import TreeShape
 from foretell.drafters.draft_model import DraftModelDrafter
-from foretell.sampling import processed_probs
+from foretell.sampling import ranking_probs
+from foretell.tree import path_to
 from foretell.types import Proposal, SamplingParams
 
 
@@ -42,13 +43,6 @@ class _Growth:
         self.scores.append(score)
         self.q_rows.append(q)
         return len(self.tokens) - 1
-
-    def ancestors(self, node: int) -> list[int]:
-        out = []
-        while node != -1:
-            out.append(node)
-            node = self.parents[node]
-        return out
 
 
 class DraftTreeDrafter(DraftModelDrafter):
@@ -117,9 +111,7 @@ class DraftTreeDrafter(DraftModelDrafter):
         return optimistic > rate
 
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
-        # Rank and sample under the user's temperature / top-k / top-p; greedy ranks by softmax.
-        params = self.params if not self.params.greedy else SamplingParams(temperature=1.0)
-        return processed_probs(logits, params)
+        return ranking_probs(logits, self.params)  # static trees also sample their children from it
 
     def _expand(self, grown: _Growth, frontier, d: int) -> list[int]:
         k = self.shape.branching[d] if self.shape.kind == "static" else self.shape.top_k
@@ -147,7 +139,7 @@ class DraftTreeDrafter(DraftModelDrafter):
         mask = torch.zeros(len(nodes), len(grown.slot), dtype=torch.bool)
         depths = []
         for row, n in enumerate(nodes):
-            chain = grown.ancestors(n)
+            chain = path_to(n, grown.parents)
             mask[row, [grown.slot[a] for a in chain]] = True
             depths.append(len(chain))
         device = self.model.device

@@ -25,11 +25,13 @@ from dataclasses import dataclass, field
 import torch
 
 from foretell.config import EagleTreeShape
-from foretell.drafters.base import DrafterBase, empty_proposal
+from foretell.drafters.base import empty_proposal
+from foretell.drafters.hooked_tree import HookedTreeDrafter
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.eagle3 import Eagle3Head
-from foretell.sampling import processed_probs
+from foretell.sampling import ranking_probs
+from foretell.tree import path_to
 from foretell.types import Proposal, SamplingParams
 
 
@@ -62,13 +64,6 @@ class _Nodes:
             added.append(len(self.columns) - 1)
         return added
 
-    def ancestors(self, node: int) -> list[int]:
-        out = []
-        while node != -1:
-            out.append(node)
-            node = self.parents[node]
-        return out
-
     def best(self, limit: int) -> list[int]:
         """The `limit` best nodes, best first; parents precede children (a child's score never exceeds its
         parent's, and ties go to the shallower, then earlier node), so every prefix is closed under ancestors."""
@@ -76,45 +71,23 @@ class _Nodes:
         return order[:limit]
 
 
-class Eagle3Drafter(DrafterBase):
+class Eagle3Drafter(HookedTreeDrafter):
     name = "eagle3"
-    sizes_itself = True  # its tree shape (or the scheduler) sets depth and size, not the engine's length policy
+    what = "EAGLE-3 head"
 
     def __init__(self, head: Eagle3Head, shape: EagleTreeShape = EagleTreeShape(),
                  scheduler: AdaptiveTreeScheduler | None = None):
         """With a scheduler, its node cap replaces shape.max_nodes and it picks each step's budget."""
-        self.head = head
-        self.shape = shape
-        self.scheduler = scheduler
-        self.max_nodes = scheduler.limits.max_nodes if scheduler is not None else shape.max_nodes
-        self.target_layers = tuple(head.config.aux_layers)  # the engine hands us these rows after each commit
-        self.cache = None
-        self.params = SamplingParams()
+        super().__init__(head, scheduler, shape.max_nodes, head.config.aux_layers)
+        self.head, self.shape = head, shape
         self._vocab_ids = head.vocab_ids.tolist()  # column -> target id
-        self._pending: list[torch.Tensor] = []  # feature rows observed, not yet fed to the head
-        self._observed = 0  # rows observed this generation = tokens in the target's cache
-        self._sent: tuple[list[int], list[float]] = ([], [])  # the last tree's parents and scores (scheduler)
 
     def start(self, prompt_ids, capacity: int, params: SamplingParams, generator) -> None:
-        need = capacity + self.shape.depth * self.shape.width  # room for the tree rows past the context
-        if self.cache is None or self.cache.capacity < need:
-            self.cache = self.head.new_cache(need)
-        self.cache.truncate(0)
-        self.params = params
-        self._pending, self._observed = [], 0
-
-    def observe(self, hidden: dict[int, torch.Tensor]) -> None:
-        rows = self.head.features(hidden)
-        self._pending.append(rows)
-        self._observed += rows.shape[0]
+        self._new_generation(capacity + self.shape.depth * self.shape.width, params)  # room for the tree rows
 
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
         """max_tokens caps the tree's depth (tokens left to generate)."""
-        if self._observed != len(tokens) - 1:
-            raise RuntimeError(
-                f"the EAGLE-3 head saw {self._observed} target rows for {len(tokens) - 1} committed tokens; "
-                "the engine must hand over every committed row (observe) before propose"
-            )
+        self._check_observed(tokens)
         self._sent = ([], [])
         depth, grow = min(self.shape.depth, max_tokens), self.max_nodes
         if self.scheduler is not None:  # draft only what the scheduler may keep
@@ -127,18 +100,14 @@ class Eagle3Drafter(DrafterBase):
         nodes = self._grow(root_state, root_q, depth, len(tokens) - 2)
         keep = nodes.best(grow)
         if self.scheduler is not None:
-            n = self.scheduler.choose([nodes.scores[i] for i in keep], self._parents(nodes, keep),
-                                      time.perf_counter() - t0)
-            keep = keep[:n]
-            self._sent = (self._parents(nodes, keep), [nodes.scores[i] for i in keep])
+            keep = keep[: self._schedule([nodes.scores[i] for i in keep], self._parents(nodes, keep), t0)]
         return self._proposal(nodes, keep)
 
     # --- pieces --------------------------------------------------------------------------
 
     def _feed_context(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed and commit the pending rows; the last row's output and depth-1 distribution."""
-        features = torch.cat(self._pending)
-        self._pending = []
+        features = self._take_pending()
         start, n = self.cache.length, features.shape[0]
         head = self.head
         hidden = head.fc(features.to(head.dtype))
@@ -176,7 +145,7 @@ class Eagle3Drafter(DrafterBase):
             nodes.slot[node] = len(nodes.slot)
         mask = torch.zeros(len(expand), len(nodes.slot), dtype=torch.bool)
         for row, node in enumerate(expand):
-            mask[row, [nodes.slot[a] for a in nodes.ancestors(node) if a in nodes.slot]] = True
+            mask[row, [nodes.slot[a] for a in path_to(node, nodes.parents) if a in nodes.slot]] = True
         head = self.head
         tokens = torch.tensor([self._vocab_ids[nodes.columns[i]] for i in expand], dtype=torch.long, device=head.device)
         hidden = torch.stack([states[nodes.parents[i]] for i in expand])
@@ -186,9 +155,7 @@ class Eagle3Drafter(DrafterBase):
         return out
 
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
-        # Rank under the user's temperature / top-k / top-p; greedy ranks by softmax.
-        params = self.params if not self.params.greedy else SamplingParams(temperature=1.0)
-        return processed_probs(logits, params)
+        return ranking_probs(logits, self.params)
 
     @staticmethod
     def _parents(nodes: _Nodes, keep: list[int]) -> list[int]:
@@ -206,14 +173,3 @@ class Eagle3Drafter(DrafterBase):
             parents=torch.tensor(parents, dtype=torch.long),
             draft_prob=torch.tensor([nodes.probs[i] for i in keep]),
         )
-
-    def cache_bytes(self) -> int:
-        return self.cache.nbytes() if self.cache is not None else 0
-
-    def modules(self) -> tuple[torch.nn.Module, ...]:
-        return (self.head,)
-
-    def verified(self, accepted: int, verify_seconds: float, verified_nodes: int) -> None:
-        """The engine's report on the last proposal (accepted path length, the pass's time and size)."""
-        if self.scheduler is not None and self._sent[0]:
-            self.scheduler.record(*self._sent, accepted, verify_seconds, verified_nodes)

@@ -41,12 +41,13 @@ from typing import Callable
 import torch
 
 from foretell.config import HiddenStateOptions
-from foretell.drafters.base import DrafterBase, empty_proposal
+from foretell.drafters.base import empty_proposal
+from foretell.drafters.hooked_tree import HookedTreeDrafter
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.hidden_draft import HiddenDraft
 from foretell.models.token_info import TokenInfoTable
-from foretell.sampling import processed_probs
+from foretell.sampling import ranking_probs
 from foretell.types import Proposal, SamplingParams
 
 DEFAULT_HOT_VOCAB = 8192  # output tokens of the benchmarked configuration (seed 000: a few thousand hot tokens)
@@ -173,26 +174,18 @@ class HiddenStateStats:
     resample_seconds: float = 0.0
 
 
-class HiddenStateDrafter(DrafterBase):
+class HiddenStateDrafter(HookedTreeDrafter):
     name = "hidden-state"
-    sizes_itself = True  # its options set depth and size, not the engine's length policy
+    what = "hidden-state draft"
 
     def __init__(self, draft: HiddenDraft, options: HiddenStateOptions = HiddenStateOptions(),
                  scheduler: AdaptiveTreeScheduler | None = None):
         """With a scheduler, its node cap replaces options.max_nodes and it picks each step's budget."""
-        self.draft = draft
-        self.options = options
-        self.scheduler = scheduler
-        self.max_nodes = scheduler.limits.max_nodes if scheduler is not None else options.max_nodes
-        self._sent: tuple[list[int], list[float]] = ([], [])  # the last tree's parents and scores (scheduler)
-        self.target_layers = (draft.target_layer,)  # the engine hands us these rows after each commit
-        self.cache = None
-        self.params = SamplingParams()
+        super().__init__(draft, scheduler, options.max_nodes, (draft.target_layer,))
+        self.draft, self.options = draft, options
         self.stats = HiddenStateStats()
         ids = draft.output_ids
         self._out_ids = ids.tolist() if ids is not None else None
-        self._pending: list[torch.Tensor] = []  # target rows observed, not yet fed to the draft
-        self._observed = 0  # rows observed this generation = tokens in the target's cache
         self._chain: _Chain | None = None  # the last regular proposal, for resampling
         self._last: tuple[int, list[int], list[int], list[bool]] | None = None  # root_len, tokens, parents, resampled-only
         self._info_memo: dict[int, torch.Tensor] = {}  # token -> E row, for the current generation
@@ -206,30 +199,20 @@ class HiddenStateDrafter(DrafterBase):
                 self.info_table = TokenInfoTable.build(chosen, lambda t: draft.info(torch.tensor(t, dtype=torch.long)))
 
     def start(self, prompt_ids, capacity: int, params: SamplingParams, generator) -> None:
-        need = capacity + self.options.depth  # room for the chain's own predictions past the context
-        if self.cache is None or self.cache.capacity < need:
-            self.cache = self.draft.new_cache(need)
-        self.cache.truncate(0)
-        self.params = params
+        self._new_generation(capacity + self.options.depth, params)  # room for the chain's own predictions
         self.stats = HiddenStateStats()
-        self._pending, self._observed = [], 0
         self._chain = self._last = None
         self._info_memo = {}
 
-    def observe(self, hidden: dict[int, torch.Tensor]) -> None:
+    def _rows(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         layer = self.draft.target_layer
         if layer not in hidden:
             raise ForetellError(f"the hidden-state draft needs target hidden layer {layer}, which was not provided")
-        self._pending.append(hidden[layer])
-        self._observed += hidden[layer].shape[0]
+        return hidden[layer]
 
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
         """max_tokens caps the tree's depth (tokens left to generate)."""
-        if self._observed != len(tokens) - 1:
-            raise RuntimeError(
-                f"the hidden-state draft saw {self._observed} target rows for {len(tokens) - 1} committed tokens; "
-                "the engine must hand over every committed row (observe) before propose"
-            )
+        self._check_observed(tokens)
         t0 = time.perf_counter()
         self._sent = ([], [])
         self._account(tokens)
@@ -262,8 +245,7 @@ class HiddenStateDrafter(DrafterBase):
 
     def _run_chain(self, depth: int) -> torch.Tensor:
         """Feed the pending target rows, then `depth - 1` own predictions: [depth, V_out] logits."""
-        rows = torch.cat(self._pending)
-        self._pending = []
+        rows = self._take_pending()
         context = self.cache.length + rows.shape[0]
         predicted = [self.draft.step(rows, self.cache)[-1:]]  # the root's state, from the context
         self.cache.commit_prefix(rows.shape[0])
@@ -289,9 +271,7 @@ class HiddenStateDrafter(DrafterBase):
     def _child_probs(self, level_logits: torch.Tensor, token: int) -> torch.Tensor:
         info = self._info(token)
         logits = level_logits if info is None else level_logits + info
-        # Rank under the user's temperature / top-k / top-p; greedy ranks by softmax.
-        params = self.params if not self.params.greedy else SamplingParams(temperature=1.0)
-        return processed_probs(logits, params)
+        return ranking_probs(logits, self.params)
 
     def _resample(self, tokens: list[int], depth: int) -> tuple[list[int], list[int], list[float]] | None:
         """A subtree below the new root from the last chain's cached logits (no draft forward), or None."""
@@ -332,23 +312,11 @@ class HiddenStateDrafter(DrafterBase):
         i = bisect.bisect_left(self._out_ids, token)  # hot ids are sorted
         return i if i < len(self._out_ids) and self._out_ids[i] == token else None
 
-    def cache_bytes(self) -> int:
-        return self.cache.nbytes() if self.cache is not None else 0
-
-    def modules(self) -> tuple[torch.nn.Module, ...]:
-        return (self.draft,)
-
-    def verified(self, accepted: int, verify_seconds: float, verified_nodes: int) -> None:
-        """The engine's report on the last proposal (accepted path length, the pass's time and size)."""
-        if self.scheduler is not None and self._sent[0]:
-            self.scheduler.record(*self._sent, accepted, verify_seconds, verified_nodes)
-
     def _proposal(self, root_len: int, trees: list, t0: float, only_resampled: bool = False) -> Proposal:
         tokens, parents, scores, sources = merge_trees(trees, self.max_nodes)
         if self.scheduler is not None and tokens:  # best-first order: any prefix is closed under ancestors
-            n = self.scheduler.choose(scores, parents, time.perf_counter() - t0)
+            n = self._schedule(scores, parents, t0)
             tokens, parents, scores, sources = tokens[:n], parents[:n], scores[:n], sources[:n]
-            self._sent = (parents, scores)
         resampled_only = [only_resampled or s == 0b10 for s in sources]
         self.stats.resampled_nodes += sum(s & 0b10 > 0 or only_resampled for s in sources)
         self._last = (root_len, tokens, parents, resampled_only)

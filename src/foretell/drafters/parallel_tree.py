@@ -19,11 +19,12 @@ import time
 import torch
 
 from foretell.config import HeadTreeShape
-from foretell.drafters.base import DrafterBase, empty_proposal
+from foretell.drafters.base import empty_proposal
+from foretell.drafters.hooked_tree import HookedTreeDrafter
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.parallel_head import ParallelHead
-from foretell.sampling import processed_probs
+from foretell.sampling import ranking_probs
 from foretell.types import Proposal, SamplingParams
 
 
@@ -73,9 +74,9 @@ def node_probs(q: torch.Tensor, tokens: list[int], parents: list[int]) -> torch.
     return q[torch.tensor(depth), torch.tensor(tokens)].float().cpu()
 
 
-class ParallelHeadDrafter(DrafterBase):
+class ParallelHeadDrafter(HookedTreeDrafter):
     name = "parallel-head"
-    sizes_itself = True  # its tree shape sets depth and size, not the engine's length policy
+    what = "parallel head"
 
     def __init__(
         self, head: ParallelHead, shape: HeadTreeShape = HeadTreeShape(), scheduler: AdaptiveTreeScheduler | None = None
@@ -83,47 +84,24 @@ class ParallelHeadDrafter(DrafterBase):
         """With a scheduler, its limits replace the fixed shape's and it picks each step's tree."""
         if scheduler is None and shape.depth > head.config.depth:
             raise ForetellError(f"tree depth {shape.depth} exceeds the parallel head's depth {head.config.depth}")
+        super().__init__(head, scheduler, shape.max_nodes, head.config.fuse_layers)
         self.head = head
-        self.scheduler = scheduler
         if scheduler is not None:
             limits = scheduler.limits
             shape = HeadTreeShape(limits.max_nodes, min(limits.max_depth, head.config.depth), limits.max_width)
         self.shape = shape
-        self.max_nodes = shape.max_nodes
-        self._sent: tuple[list[int], list[float]] = ([], [])  # the last tree's parents and scores
-        self.target_layers = tuple(head.config.fuse_layers)  # the engine hands us these rows after each commit
-        self.cache = None
-        self.params = SamplingParams()
-        self._pending: list[torch.Tensor] = []  # feature rows observed, not yet fed to the head
-        self._observed = 0  # rows observed this generation = tokens in the target's cache
 
     def start(self, prompt_ids, capacity: int, params: SamplingParams, generator) -> None:
-        need = capacity + self.head.config.depth  # room for the placeholders past the context
-        if self.cache is None or self.cache.capacity < need:
-            self.cache = self.head.new_cache(need)
-        self.cache.truncate(0)
-        self.params = params
-        self._pending = []
-        self._observed = 0
-
-    def observe(self, hidden: dict[int, torch.Tensor]) -> None:
-        rows = self.head.features(hidden)
-        self._pending.append(rows)
-        self._observed += rows.shape[0]
+        self._new_generation(capacity + self.head.config.depth, params)  # room for the placeholders
 
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
         """max_tokens caps the tree's depth (tokens left to generate)."""
-        if self._observed != len(tokens) - 1:
-            raise RuntimeError(
-                f"the parallel head saw {self._observed} target rows for {len(tokens) - 1} committed tokens; "
-                "the engine must hand over every committed row (observe) before propose"
-            )
+        self._check_observed(tokens)
         depth = min(self.shape.depth, max_tokens)
         if depth <= 0 or not self._pending:  # a one-token prompt has no target rows yet
             return empty_proposal()
         t0 = time.perf_counter()
-        features = torch.cat(self._pending)
-        self._pending = []
+        features = self._take_pending()
         start = self.cache.length
         next_tokens = torch.tensor(tokens[start + 1 :], dtype=torch.long, device=self.head.device)
         # Over the head's own (hot) vocabulary: the same tree as over the full one, whose extra
@@ -133,28 +111,13 @@ class ParallelHeadDrafter(DrafterBase):
         q = self._q(logits)
         drafted, parents, scores = grow_tree(q, self.shape.max_nodes, self.shape.width)
         if self.scheduler is not None:
-            n = self.scheduler.choose(scores, parents, time.perf_counter() - t0)
-            drafted, parents, scores = drafted[:n], parents[:n], scores[:n]  # best-first: closed under ancestors
-            self._sent = (parents, scores)
+            n = self._schedule(scores, parents, t0)
+            drafted, parents, scores = drafted[:n], parents[:n], scores[:n]
         draft_prob = node_probs(q, drafted, parents)
         tokens = torch.tensor(drafted, dtype=torch.long)
         if self.head.vocab_ids is not None:
             tokens = self.head.vocab_ids[tokens]  # columns -> token ids
         return Proposal(tokens=tokens, parents=torch.tensor(parents, dtype=torch.long), draft_prob=draft_prob)
 
-    def cache_bytes(self) -> int:
-        return self.cache.nbytes() if self.cache is not None else 0
-
-    def modules(self) -> tuple[torch.nn.Module, ...]:
-        return (self.head,)
-
-    def verified(self, accepted: int, verify_seconds: float, verified_nodes: int) -> None:
-        """The engine's report on the last proposal: accepted path length, the pass's time and its size
-        (larger than our tree when the engine merged in the result cache's branch)."""
-        if self.scheduler is not None and self._sent[0]:
-            self.scheduler.record(*self._sent, accepted, verify_seconds, verified_nodes)
-
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
-        # Rank under the user's temperature / top-k / top-p; greedy ranks by softmax.
-        params = self.params if not self.params.greedy else SamplingParams(temperature=1.0)
-        return processed_probs(logits, params)
+        return ranking_probs(logits, self.params)

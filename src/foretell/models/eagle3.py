@@ -29,9 +29,10 @@ from torch import nn
 from foretell.errors import ForetellError
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
+from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
 from foretell.models.rope import RopeScaling
 from foretell.models.module_folder import FolderFormat, load_weights, read_config, save_module
-from foretell.models.transformer import RMSNorm, Transformer, rope_tables
+from foretell.models.transformer import RMSNorm, RotaryTables, Transformer
 
 FOLDER_FORMAT = FolderFormat(name="foretell-eagle3", version=1, config_file="eagle3.json", what="EAGLE-3 head")
 CONFIG_FILE = FOLDER_FORMAT.config_file
@@ -54,13 +55,7 @@ def default_aux_layers(target_num_layers: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class Eagle3Config:
-    hidden_size: int  # the target's: the head reads its hidden states and embeddings
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int  # the target's vocabulary
+class Eagle3Config(TargetSizes):
     draft_vocab_size: int  # columns of the head's own lm_head
     target_num_layers: int
     aux_layers: tuple[int, ...]  # target hook layers fused by fc, ascending (the order the engines capture them)
@@ -101,14 +96,7 @@ class Eagle3Config:
         )
 
     def check_target(self, target: ModelConfig) -> None:
-        mine = (self.hidden_size, self.vocab_size, self.target_num_layers)
-        theirs = (target.hidden_size, target.vocab_size, target.num_hidden_layers)
-        if mine != theirs:
-            raise ForetellError(
-                f"this EAGLE-3 head was built for a target with hidden size {mine[0]}, vocabulary {mine[1]} and "
-                f"{mine[2]} layers, but the target has {theirs[0]}, {theirs[1]} and {theirs[2]}; "
-                "use a head trained for this target"
-            )
+        check_target_sizes(self, target, "EAGLE-3 head", "a head")
 
 
 def rope_parameters(scaling: RopeScaling | None) -> dict | None:
@@ -174,7 +162,9 @@ class SharedEmbedding:
     embed_tokens: nn.Module
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(DrafterModule):
+    placed_by = "fc"
+
     def __init__(self, config: Eagle3Config, target: Transformer):
         super().__init__()
         config.check_target(target.config)
@@ -188,17 +178,9 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self.shared = SharedEmbedding(target.embed_tokens)
-        self._rope_len = 0
-        self._cos = self._sin = None
+        # The target's RoPE, its scaling included; the tables grow with the positions asked for.
+        self.rotary = RotaryTables(config.head_dim, config.rope_theta, config.scaling(), config.max_position_embeddings)
         self.to(dtype=target.dtype, device=target.device)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.fc.weight.device
 
     @property
     def vocab_ids(self) -> torch.Tensor:
@@ -222,10 +204,6 @@ class Eagle3Head(nn.Module):
         if int(self.t2d.sum()) != len(ids) or not bool(self.t2d[ids].all()):
             raise ForetellError("the head's t2d does not mark exactly the tokens d2t maps to")
 
-    def new_cache(self, capacity: int) -> KVCache:
-        c = self.config
-        return KVCache(1, c.num_key_value_heads, c.head_dim, capacity, self.dtype, self.device)
-
     def features(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         """[..., len(aux_layers) * H]: the aux layers' hidden states side by side, in layer order."""
         missing = [layer for layer in self.config.aux_layers if layer not in hidden]
@@ -235,18 +213,6 @@ class Eagle3Head(nn.Module):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.shared.embed_tokens(tokens.to(self.device)).detach().to(self.dtype)
-
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [.., 1, T, D] for positions [T] or [B, T]."""
-        need = int(positions.max()) + 1
-        if need > self._rope_len:
-            length = max(need, 2 * self._rope_len, 256)
-            c = self.config
-            self._cos, self._sin = rope_tables(c.head_dim, c.rope_theta, length, self.device, c.scaling(),
-                                               c.max_position_embeddings)
-            self._rope_len = length
-        cos, sin = self._cos[positions].to(self.dtype), self._sin[positions].to(self.dtype)
-        return (cos[None, None], sin[None, None]) if positions.dim() == 1 else (cos[:, None], sin[:, None])
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
         """[..., H] layer outputs (before the final norm) -> [..., draft_vocab_size] float32 logits."""

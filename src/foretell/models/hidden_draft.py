@@ -29,23 +29,18 @@ from foretell.errors import ForetellError
 from foretell.hot_vocab import HotVocab
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
+from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
 from foretell.models.module_folder import FolderFormat, load_weights, read_config, save_module
 from foretell.models.quant import quantize_int8, resolve_quant
 from foretell.models.token_info import TokenInfo
-from foretell.models.transformer import DecoderLayer, Transformer, make_norm, rope_tables, softcap
+from foretell.models.transformer import DecoderLayer, RotaryTables, Transformer, make_norm, softcap
 
 FOLDER_FORMAT = FolderFormat(name="foretell-hidden-draft", version=1, config_file="hidden_draft.json", what="hidden-state draft")
 FORMAT, FORMAT_VERSION, CONFIG_FILE = FOLDER_FORMAT.name, FOLDER_FORMAT.version, FOLDER_FORMAT.config_file
 
 
 @dataclass(frozen=True)
-class HiddenDraftConfig:
-    hidden_size: int  # the target's: the draft reads and predicts its hidden states
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
+class HiddenDraftConfig(TargetSizes):  # the draft reads and predicts the target's hidden states
     target_num_layers: int  # the draft reads hook layer target_num_layers (the final-normed states)
     token_info_rank: int = 256  # r of W_1 [H, r], W_2 [r, V]; 0 = no token-info weights
     rms_norm_eps: float = 1e-6
@@ -83,14 +78,7 @@ class HiddenDraftConfig:
         )
 
     def check_target(self, target: ModelConfig) -> None:
-        mine = (self.hidden_size, self.vocab_size, self.target_num_layers)
-        theirs = (target.hidden_size, target.vocab_size, target.num_hidden_layers)
-        if mine != theirs:
-            raise ForetellError(
-                f"this hidden-state draft was built for a target with hidden size {mine[0]}, vocabulary {mine[1]} and "
-                f"{mine[2]} layers, but the target has {theirs[0]}, {theirs[1]} and {theirs[2]}; "
-                "use a hidden-state draft trained for this target"
-            )
+        check_target_sizes(self, target, "hidden-state draft", "a hidden-state draft")
 
 
 @dataclass(frozen=True)
@@ -104,7 +92,9 @@ class SharedParts:
     final_softcap: float | None = None  # the target's logit soft-cap (Gemma 2), applied as the target does
 
 
-class HiddenDraft(nn.Module):
+class HiddenDraft(DrafterModule):
+    placed_by = "norm"
+
     def __init__(self, config: HiddenDraftConfig, target: Transformer, hot: HotVocab | None = None):
         super().__init__()
         config.check_target(target.config)
@@ -119,17 +109,8 @@ class HiddenDraft(nn.Module):
         with torch.random.fork_rng(devices=[]):
             lm_head = hot.head(target.lm_head) if hot is not None else target.lm_head
         self.shared = SharedParts(target.embed_tokens, lm_head, hot, target.config.final_softcap)
-        self._rope_len = 0
-        self._cos = self._sin = None
+        self.rotary = RotaryTables(config.head_dim, config.rope_theta, None, 0)
         self.to(dtype=target.dtype, device=target.device)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.norm.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.norm.weight.device
 
     @property
     def target_layer(self) -> int:
@@ -141,20 +122,8 @@ class HiddenDraft(nn.Module):
         """Full-vocabulary id of each output column (the hot ids), or None when columns are ids."""
         return self.shared.hot.ids if self.shared.hot is not None else None
 
-    def new_cache(self, capacity: int) -> KVCache:
-        c = self.config
-        return KVCache(1, c.num_key_value_heads, c.head_dim, capacity, self.dtype, self.device)
-
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        need = int(positions.max()) + 1
-        if need > self._rope_len:
-            length = max(need, 2 * self._rope_len, 256)
-            self._cos, self._sin = rope_tables(self.config.head_dim, self.config.rope_theta, length, self.device)
-            self._rope_len = length
-        return self._cos[positions].to(self.dtype)[None, None], self._sin[positions].to(self.dtype)[None, None]
-
     def _layer(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, mask) -> torch.Tensor:
-        cos, sin = self._rope(positions)
+        cos, sin = self.rope(positions)
         return self.norm(self.layer(x, cos, sin, cache, 0, mask))
 
     def step(self, hidden: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -26,8 +26,9 @@ from foretell.errors import ForetellError
 from foretell.hot_vocab import HotVocab
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
+from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
 from foretell.models.module_folder import FolderFormat, load_weights, read_config, save_module
-from foretell.models.transformer import DecoderLayer, RMSNorm, Transformer, rope_tables, softcap
+from foretell.models.transformer import DecoderLayer, RMSNorm, RotaryTables, Transformer, softcap
 
 FOLDER_FORMAT = FolderFormat(name="foretell-parallel-head", version=1, config_file="parallel_head.json", what="parallel head")
 FORMAT, FORMAT_VERSION, CONFIG_FILE = FOLDER_FORMAT.name, FOLDER_FORMAT.version, FOLDER_FORMAT.config_file
@@ -40,13 +41,7 @@ def default_fuse_layers(target_num_layers: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class ParallelHeadConfig:
-    hidden_size: int  # the target's: the head reads its embeddings and feeds its output layer
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
+class ParallelHeadConfig(TargetSizes):  # the head reads the target's embeddings and feeds its output layer
     target_num_layers: int  # checked at load: fuse_layers index this target's layers
     fuse_layers: tuple[int, ...]  # target hidden layers fused into each input row (0 = embeddings, L = final norm)
     num_layers: int = 1
@@ -97,13 +92,7 @@ class ParallelHeadConfig:
         )
 
     def check_target(self, target: ModelConfig) -> None:
-        mine = (self.hidden_size, self.vocab_size, self.target_num_layers)
-        theirs = (target.hidden_size, target.vocab_size, target.num_hidden_layers)
-        if mine != theirs:
-            raise ForetellError(
-                f"this parallel head was built for a target with hidden size {mine[0]}, vocabulary {mine[1]} and "
-                f"{mine[2]} layers, but the target has {theirs[0]}, {theirs[1]} and {theirs[2]}; use a head trained for this target"
-            )
+        check_target_sizes(self, target, "parallel head", "a head")
 
 
 @dataclass(frozen=True)
@@ -117,7 +106,9 @@ class TargetParts:
     final_softcap: float | None = None  # the target's logit soft-cap (Gemma 2), applied as the target does
 
 
-class ParallelHead(nn.Module):
+class ParallelHead(DrafterModule):
+    placed_by = "fuse"
+
     def __init__(self, config: ParallelHeadConfig, target: Transformer, hot: HotVocab | None = None):
         super().__init__()
         config.check_target(target.config)
@@ -130,21 +121,12 @@ class ParallelHead(nn.Module):
         layer_config = config.layer_config(target.config)
         self.layers = nn.ModuleList(DecoderLayer(layer_config) for _ in range(config.num_layers))
         self.norm = RMSNorm(H, config.rms_norm_eps)
-        self._rope_len = 0
-        self._cos = self._sin = None
+        self.rotary = RotaryTables(config.head_dim, config.rope_theta, None, 0)
         self.to(dtype=target.dtype, device=target.device)
 
     @property
-    def dtype(self) -> torch.dtype:
-        return self.fuse.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.fuse.weight.device
-
-    def new_cache(self, capacity: int) -> KVCache:
-        c = self.config
-        return KVCache(c.num_layers, c.num_key_value_heads, c.head_dim, capacity, self.dtype, self.device)
+    def cache_layers(self) -> int:
+        return self.config.num_layers
 
     def features(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         """[..., len(fuse_layers) * H]: the fused layers' hidden states side by side."""
@@ -158,16 +140,8 @@ class ParallelHead(nn.Module):
         embedded = self.shared.embed_tokens(next_tokens).detach()
         return self.fuse(torch.cat([features.to(self.dtype), embedded], dim=-1))
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        need = int(positions.max()) + 1
-        if need > self._rope_len:
-            length = max(need, 2 * self._rope_len, 256)
-            self._cos, self._sin = rope_tables(self.config.head_dim, self.config.rope_theta, length, self.device)
-            self._rope_len = length
-        return self._cos[positions].to(self.dtype)[None, None], self._sin[positions].to(self.dtype)[None, None]
-
     def _run_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, mask) -> torch.Tensor:
-        cos, sin = self._rope(positions)
+        cos, sin = self.rope(positions)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i, mask)
         return self.norm(x)

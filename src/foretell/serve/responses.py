@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, model_serializer
 
@@ -59,29 +59,22 @@ class SpeculativeDecoding(_Out):
                    target_passes=stats.target_passes)
 
 
+class AssistantMessage(_Out):
+    role: str = "assistant"
+    content: str
+
+
+class Delta(_Out):
+    OMIT_NONE = ("role", "content")
+    role: str | None = None
+    content: str | None = None
+
+
 class CompletionChoice(_Out):
     index: int = 0
     text: str
     logprobs: None = None
     finish_reason: str | None = None
-
-
-class Completion(_Out):
-    """A text_completion: the whole response, or one stream chunk (OpenAI uses the same object for both)."""
-
-    OMIT_NONE = ("usage", "speculative_decoding")
-    id: str
-    object: str = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-    speculative_decoding: SpeculativeDecoding | None = None
-
-
-class AssistantMessage(_Out):
-    role: str = "assistant"
-    content: str
 
 
 class ChatChoice(_Out):
@@ -91,23 +84,6 @@ class ChatChoice(_Out):
     finish_reason: str
 
 
-class ChatCompletion(_Out):
-    OMIT_NONE = ("speculative_decoding",)
-    id: str
-    object: str = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    speculative_decoding: SpeculativeDecoding | None = None
-
-
-class Delta(_Out):
-    OMIT_NONE = ("role", "content")
-    role: str | None = None
-    content: str | None = None
-
-
 class ChatChunkChoice(_Out):
     index: int = 0
     delta: Delta
@@ -115,15 +91,37 @@ class ChatChunkChoice(_Out):
     finish_reason: str | None = None
 
 
-class ChatCompletionChunk(_Out):
+Choice = TypeVar("Choice")
+
+
+class _Response(_Out, Generic[Choice]):
+    """The fields of every response object and stream chunk; a subclass names its `object` and choice type
+    (pydantic keeps a redeclared field where the base declared it, so the JSON keys keep this order)."""
+
     OMIT_NONE = ("usage", "speculative_decoding")
     id: str
-    object: str = "chat.completion.chunk"
+    object: str
     created: int
     model: str
-    choices: list[ChatChunkChoice]
+    choices: list[Choice]
     usage: Usage | None = None
     speculative_decoding: SpeculativeDecoding | None = None
+
+
+class Completion(_Response[CompletionChoice]):
+    """A text_completion: the whole response, or one stream chunk (OpenAI uses the same object for both)."""
+
+    object: str = "text_completion"
+
+
+class ChatCompletion(_Response[ChatChoice]):
+    OMIT_NONE = ("speculative_decoding",)
+    object: str = "chat.completion"
+    usage: Usage
+
+
+class ChatCompletionChunk(_Response[ChatChunkChoice]):
+    object: str = "chat.completion.chunk"
 
 
 def sse(obj: BaseModel | str) -> str:
@@ -138,15 +136,30 @@ def sse_error(body: dict) -> str:
 SSE_DONE = "data: [DONE]\n\n"
 
 
-class CompletionShape:
-    """text_completion objects for one request."""
+class _Shape:
+    """What both shapes do alike: every object of one request carries its id (PREFIX-hex), creation time and
+    model; a stream that asked for usage ends with a CHUNK holding it and no choices."""
+
+    PREFIX: ClassVar[str]
+    CHUNK: ClassVar[type[_Response]]
 
     def __init__(self, model: str, method: str):
-        self.id, self.created, self.model, self.method = f"cmpl-{uuid.uuid4().hex}", int(time.time()), model, method
+        self.id, self.created, self.model, self.method = f"{self.PREFIX}-{uuid.uuid4().hex}", int(time.time()), model, method
+
+    def _object(self, cls: type[_Response], choices: list, **extra) -> _Response:
+        return cls(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
+
+    def usage(self, stats: GenerationStats) -> BaseModel:
+        return self._object(self.CHUNK, [], usage=Usage.of(stats))
+
+
+class CompletionShape(_Shape):
+    """text_completion objects for one request."""
+
+    PREFIX, CHUNK = "cmpl", Completion
 
     def _chunk(self, text: str, finish: str | None = None, **extra) -> Completion:
-        return Completion(id=self.id, created=self.created, model=self.model,
-                          choices=[CompletionChoice(text=text, finish_reason=finish)], **extra)
+        return self._object(Completion, [CompletionChoice(text=text, finish_reason=finish)], **extra)
 
     def opening(self) -> list[BaseModel]:
         return []
@@ -157,23 +170,18 @@ class CompletionShape:
     def closing(self, stats: GenerationStats) -> BaseModel:
         return self._chunk("", stats.finish_reason, speculative_decoding=SpeculativeDecoding.of(self.method, stats))
 
-    def usage(self, stats: GenerationStats) -> BaseModel:
-        return Completion(id=self.id, created=self.created, model=self.model, choices=[], usage=Usage.of(stats))
-
     def response(self, text: str, stats: GenerationStats) -> BaseModel:
         return self._chunk(text, stats.finish_reason, usage=Usage.of(stats),
                            speculative_decoding=SpeculativeDecoding.of(self.method, stats))
 
 
-class ChatShape:
+class ChatShape(_Shape):
     """chat.completion and chat.completion.chunk objects for one request."""
 
-    def __init__(self, model: str, method: str):
-        self.id, self.created, self.model, self.method = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model, method
+    PREFIX, CHUNK = "chatcmpl", ChatCompletionChunk
 
     def _chunk(self, delta: Delta, finish: str | None = None, **extra) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
-                                   choices=[ChatChunkChoice(delta=delta, finish_reason=finish)], **extra)
+        return self._object(ChatCompletionChunk, [ChatChunkChoice(delta=delta, finish_reason=finish)], **extra)
 
     def opening(self) -> list[BaseModel]:
         return [self._chunk(Delta(role="assistant", content=""))]
@@ -185,11 +193,7 @@ class ChatShape:
         spec = SpeculativeDecoding.of(self.method, stats)
         return self._chunk(Delta(), stats.finish_reason, speculative_decoding=spec)
 
-    def usage(self, stats: GenerationStats) -> BaseModel:
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[],
-                                   usage=Usage.of(stats))
-
     def response(self, text: str, stats: GenerationStats) -> BaseModel:
         choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=stats.finish_reason)
-        return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=[choice],
-                              usage=Usage.of(stats), speculative_decoding=SpeculativeDecoding.of(self.method, stats))
+        return self._object(ChatCompletion, [choice], usage=Usage.of(stats),
+                            speculative_decoding=SpeculativeDecoding.of(self.method, stats))

@@ -2,8 +2,8 @@
 
 Its training data (data.py: one source or a mix), held-out data, the frozen
 target and the feature cache, each made once and reused while its settings hold; and the shape
-check of a warm start. `cfg` below is any such kind's run config: target, out, data, eval_data,
-eval_sequences, features and train. With several processes (a DistContext) the main process makes the
+check of a warm start. `cfg` below is any such kind's run config: a FeatureRunConfig with the kind's
+shape, loss and train (its TrainConfig). With several processes (a DistContext) the main process makes the
 files and the others read them (ctx.first), the feature pass is sharded, and only the main process
 writes the run folder, the trained module and the evaluation.
 """
@@ -11,7 +11,7 @@ writes the run folder, the trained module and the evaluation.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,9 +21,26 @@ from foretell.models.loading import build_model, load_tokenizer, parse_dtype, re
 from foretell.train.common.cache import fingerprint_of
 from foretell.train.common.data import DataConfig, DataReport, TokenData, build_token_data
 from foretell.train.common.distributed import DistContext
-from foretell.train.common.features import FeatureCache, build_feature_cache, cache_settings, open_if_complete
+from foretell.train.common.features import (
+    FeatureCache, FeatureConfig, build_feature_cache, cache_settings, open_if_complete,
+)
 
 REPORT = "report.json"  # in OUT/data: rows per source and the evaluation-prompt filter's counts
+
+
+@dataclass(frozen=True)
+class FeatureRunConfig:
+    """The settings every kind trained on cached features has; a kind's config adds its shape, loss, train
+    (its TrainConfig, with the kind's defaults) and warm start."""
+
+    target: str
+    out: Path
+    data: DataConfig = field(default_factory=DataConfig)  # source may also be "both"
+    eval_data: str | None = None  # None: the test split of data.source (a .jsonl file has no split: give one)
+    eval_sequences: int = 64  # 0 = no evaluation
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    resume: bool = True
+    stop_after: int | None = None  # stop training early (tests of resuming)
 
 
 def prepare_data(cfg: DataConfig, tokenizer, folder: Path) -> TokenData:
@@ -89,13 +106,21 @@ def check_same_shape(option: str, folder: Path, saved, wanted, options: str) -> 
                             f"{options} it was trained with")
 
 
-def train_or_load(cfg, settings: dict, what: str, load, train_new, save, ctx: DistContext | None = None):
-    """The run's trained module: loaded from OUT/<what> when this run already finished it, else trained.
+def job_settings(cfg, target_dir: Path, **kind) -> dict:
+    """What a run's training folder is bound to (train_or_load's `settings`): the target and data, the kind's
+    own entries (its module's config, ...), its loss, the feature pass and the schedule."""
+    return {"target": str(target_dir), "data": asdict(cfg.data), **kind, "loss": asdict(cfg.loss),
+            "features": asdict(cfg.features), "train": asdict(cfg.train)}
+
+
+def train_or_load(cfg, settings: dict, what: str, load, train_new, save, evaluate=None,
+                  ctx: DistContext | None = None) -> Path:
+    """OUT/<what>, the run's trained module: loaded from there when this run already finished it, else trained.
 
     The settings are checked against the run folder's first (other settings are refused; --no-resume clears
     it). train_new(job_dir) -> (module, steps done) trains and checkpoints into job_dir; save(module, folder)
-    writes the result. Returns (module, OUT/<what>); module is None when training stopped early on purpose
-    (the same command resumes).
+    writes the result; evaluate(module), when given, then evaluates it. When training stopped early on
+    purpose (the same command resumes) there is no module yet: nothing is saved or evaluated.
     """
     from foretell.train.common.run_folder import DONE, SettingsJob, open_job_folder
 
@@ -104,10 +129,13 @@ def train_or_load(cfg, settings: dict, what: str, load, train_new, save, ctx: Di
     folder = cfg.out / what
     if (job.out / DONE).is_file() and folder.is_dir():
         print(f"foretell train: the {what} in {folder} is already trained, skipping")
-        return load(folder), folder
-    module, steps = train_new(job.out)
-    if steps < cfg.train.steps:
-        return None, folder
-    save(module, folder)
-    (job.out / DONE).write_text(json.dumps({"steps": steps}))
-    return module, folder
+        module = load(folder)
+    else:
+        module, steps = train_new(job.out)
+        if steps < cfg.train.steps:
+            return folder
+        save(module, folder)
+        (job.out / DONE).write_text(json.dumps({"steps": steps}))
+    if evaluate is not None:
+        evaluate(module)
+    return folder

@@ -1,14 +1,16 @@
 """The options of `foretell train KIND`, defined once: every kind has the same command shape.
 
 add_run_arguments: target, data, evaluation, schedule and run folder, shared by every kind (each
-passes its own defaults). add_feature_arguments: the target's feature pass, shared by the kinds
-that train on cached features (parallel-head, hidden-state). A kind's own options come after these.
+passes its own defaults). add_feature_kind_arguments: those, the target's feature pass and data-parallel
+training, for the kinds that train on cached features (parallel-head, hidden-state, eagle3). A kind's own
+options come after these.
 """
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from pathlib import Path
 
 from foretell.errors import ForetellError
 
@@ -59,6 +61,12 @@ def add_run_arguments(p, train, eval_sequences: int, *, report: str = "OUT/eval.
     g.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
 
+def add_option_table(g, rows) -> None:
+    """A kind's own options as rows (flag, type, default, help), each help ending with its default."""
+    for flag, kind, default, text in rows:
+        g.add_argument(flag, type=kind, default=default, help=f"{text} (default: %(default)s)")
+
+
 def add_topk_argument(g, top_k: int) -> None:
     g.add_argument("--topk-teacher", type=int, default=top_k, help="target log-probs cached per token (default: %(default)s)")
 
@@ -84,6 +92,32 @@ def add_distributed_arguments(p) -> None:
                    help="CPU processes on this machine (gloo), splitting --batch-size between them (default: %(default)s)")
     g.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cpu, or cuda: each process on GPU LOCAL_RANK, NCCL between them (default: %(default)s)")
+
+
+def add_feature_kind_arguments(p, train, eval_sequences: int, title: str):
+    """The options of a kind trained on cached features that come before its own: the shared ones (`train`
+    and `eval_sequences` its defaults), the feature pass and data-parallel training. Returns the group
+    `title` for the kind's own."""
+    add_run_arguments(p, train, eval_sequences)
+    add_feature_arguments(p)
+    add_distributed_arguments(p)
+    return p.add_argument_group(title)
+
+
+def add_head_arguments(g, anchors: int) -> None:
+    """Own options the heads trained at sampled anchors (parallel head, EAGLE-3) share, meaning the same."""
+    g.add_argument("--anchors", type=int, default=anchors, help="anchors sampled per sequence per step (default: %(default)s)")
+    g.add_argument("--init-head", help="start from this trained head (a saved OUT/head of the same shape) instead of "
+                   "a new one: train longer with a fresh schedule")
+
+
+def run_feature_kind(fn, cfg, args) -> bool:
+    """run_distributed with --threads applied first; True on the main (or launching) process."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return run_distributed(fn, cfg, args)
 
 
 def run_distributed(fn, cfg, args) -> bool:
@@ -131,9 +165,9 @@ def check_run_options(args) -> None:
         raise ForetellError(f"--warmup must be >= 0, got {args.warmup}")
 
 
-def run_settings(args, train):
-    """Check the shared and feature-pass options of a kind trained on cached features; returns
-    (DataConfig, FeatureConfig, TrainConfig) from them (`train`: the kind's defaults)."""
+def run_settings(args, train) -> dict:
+    """Check the shared and feature-pass options of a kind trained on cached features; returns the fields
+    of its run config they set (common/feature_run.py's FeatureRunConfig; `train`: the kind's defaults)."""
     from foretell.train.common.features import FeatureConfig
 
     check_run_options(args)
@@ -141,4 +175,6 @@ def run_settings(args, train):
     if args.seq_len < 3:
         raise ForetellError(f"--seq-len must be >= 3 (an anchor needs two tokens after it), got {args.seq_len}")
     features = FeatureConfig(args.topk_teacher, args.feature_batch, args.feature_dtype)
-    return data_config(args), features, train_config(args, train)
+    return dict(target=args.target, out=Path(args.out), data=data_config(args), eval_data=args.eval_data,
+                eval_sequences=args.eval_sequences, features=features, train=train_config(args, train),
+                resume=args.resume)

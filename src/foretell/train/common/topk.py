@@ -28,9 +28,13 @@ def topk_kl(student_logits: torch.Tensor, teacher_logp: torch.Tensor, teacher_id
     outcomes: a lower bound on the full KL, equal to it when k = V.
     """
     log_q = F.log_softmax(student_logits.float(), dim=-1)
-    log_q_top = log_q.gather(-1, teacher_ids)
-    p_top = teacher_logp.exp()
-    head = (p_top * (teacher_logp - log_q_top)).sum(-1)
+    return coarsened_kl(teacher_logp.exp(), teacher_logp, log_q.gather(-1, teacher_ids))
+
+
+def coarsened_kl(p_top: torch.Tensor, logp_top: torch.Tensor, log_q_top: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) [...] over k listed outcomes [..., k] (p's probabilities and log-probabilities, q's
+    log-probabilities) plus one tail bucket holding the mass outside them on either side."""
+    head = (p_top * (logp_top - log_q_top)).sum(-1)
     p_tail = (1.0 - p_top.sum(-1)).clamp(min=0.0)
     has_tail = p_tail > TAIL_EPS
     # Keep both logs finite where there is no tail: torch.where would turn an inf there into a nan gradient.

@@ -151,11 +151,66 @@ def plot_losses(log_path: Path, png: Path, title: str) -> None:
     plt.close(fig)
 
 
-def train_step(wrapped, model, optimizer, scheduler, objective: Objective, batch_fn: BatchFn,
+class TrainingRun:
+    """The bookkeeping of a training loop in its folder `out`, shared by train() and feature_loop.run_steps:
+    AdamW on the module's parameters with warmup + cosine, the checkpoint (read back when resuming), one log
+    row a step and the progress bar (the main process writes them), and the loss plot at the end."""
+
+    def __init__(self, module: nn.Module, cfg: TrainConfig, out: Path, ctx: DistContext, resume: bool,
+                 stop_after: int | None, desc: str):
+        self.module, self.cfg, self.out, self.ctx, self.desc = module, cfg, out, ctx, desc
+        self.optimizer = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, cfg.steps // 10)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, WarmupCosine(warmup, cfg.steps, cfg.min_lr_ratio))
+        out.mkdir(parents=True, exist_ok=True)
+        self.checkpoint, self.log = out / CHECKPOINT, out / LOG
+        resuming = resume and self.checkpoint.is_file()
+        self.start = load_checkpoint(self.checkpoint, module, self.optimizer, self.scheduler, cfg) if resuming else 0
+        self.end = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
+        self.bar = None
+
+    def steps(self):
+        """The steps left to run, behind a progress bar; log rows past the checkpoint are dropped first."""
+        if self.ctx.is_main:
+            truncate_log(self.log, self.start)
+        self.bar = tqdm(range(self.start, self.end), initial=self.start, total=self.cfg.steps, desc=self.desc,
+                        disable=not self.ctx.is_main)
+        return self.bar
+
+    def optimizer_step(self) -> dict:
+        """Clip the gradients and step; the log row's grad_norm and the lr the step used."""
+        grad_norm = nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        return {"grad_norm": float(grad_norm), "lr": lr}
+
+    def record(self, row: dict, postfix: dict) -> None:
+        """Log the row of the step just done (row["step"]: steps done), show `postfix`, checkpoint when due."""
+        done = row["step"]
+        if self.ctx.is_main:
+            with open(self.log, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            self.bar.set_postfix(**postfix)
+        if done % self.cfg.checkpoint_every == 0 or done == self.end:
+            if self.ctx.is_main:
+                save_checkpoint(self.checkpoint, self.module, self.optimizer, self.scheduler, done, self.cfg)
+            self.ctx.barrier()
+
+    def finish(self) -> int:
+        """Plot the losses and freeze the module again; returns the steps done."""
+        self.bar.close()
+        if self.ctx.is_main and self.log.is_file() and self.log.stat().st_size:
+            plot_losses(self.log, self.out / "loss.png", self.desc)
+        self.module.eval().requires_grad_(False)
+        return self.end
+
+
+def train_step(wrapped, model, run: TrainingRun, objective: Objective, batch_fn: BatchFn,
                index: torch.Tensor, cfg: TrainConfig, ctx: DistContext) -> dict:
     """One optimizer step: this process's micro-batches of the global batch `index`."""
     mine = index.split(cfg.micro_batch_size)[ctx.rank :: ctx.world_size]
-    optimizer.zero_grad(set_to_none=True)
+    run.optimizer.zero_grad(set_to_none=True)
     totals: dict[str, float] = {}
     seq_len = 0
     for j, micro in enumerate(mine):
@@ -167,12 +222,7 @@ def train_step(wrapped, model, optimizer, scheduler, objective: Objective, batch
             (loss / len(mine)).backward()
         for key, value in {"loss": loss.item(), **metrics}.items():
             totals[key] = totals.get(key, 0.0) + value / len(mine)
-    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
-    scheduler.step()
-    return {**{k: ctx.all_mean(v) for k, v in totals.items()}, "grad_norm": float(grad_norm), "lr": lr,
-            "seq_tokens": len(index) * seq_len}
+    return {**{k: ctx.all_mean(v) for k, v in totals.items()}, **run.optimizer_step(), "seq_tokens": len(index) * seq_len}
 
 
 def train(model: Transformer, objective: Objective, batch_fn: BatchFn, num_sequences: int, cfg: TrainConfig,
@@ -183,39 +233,17 @@ def train(model: Transformer, objective: Objective, batch_fn: BatchFn, num_seque
     cfg.micro_batches(ctx.world_size)  # validate the batch split before any work
     model.requires_grad_(True).train()
     wrapped = ctx.wrap(SequenceLM(model))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, cfg.steps // 10)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup, cfg.steps, cfg.min_lr_ratio))
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt, log_path = out / CHECKPOINT, out / LOG
-    start = 0
-    if resume and ckpt.is_file():
-        start = load_checkpoint(ckpt, model, optimizer, scheduler, cfg)
-    elif not resume:
-        ckpt.unlink(missing_ok=True)
-    if start == 0:
+    run = TrainingRun(model, cfg, out, ctx, resume, stop_after, desc)
+    if not resume:
+        run.checkpoint.unlink(missing_ok=True)
+    if run.start == 0:
         torch.manual_seed(cfg.seed)  # a resumed run has the checkpoint's RNG state instead
-    if ctx.is_main:
-        truncate_log(log_path, start)
-    end = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
-    bar = tqdm(range(start, end), initial=start, total=cfg.steps, desc=desc, disable=not ctx.is_main)
-    for step in bar:
+    for step in run.steps():
         t0 = time.perf_counter()
         index = step_indices(step, cfg, num_sequences)
-        row = train_step(wrapped, model, optimizer, scheduler, objective, batch_fn, index, cfg, ctx)
+        row = train_step(wrapped, model, run, objective, batch_fn, index, cfg, ctx)
         seconds = time.perf_counter() - t0
         speed = round(row.pop("seq_tokens") / seconds, 1)
         row = {"step": step + 1, **row, "seconds": round(seconds, 4), "tokens_per_s": speed}
-        if ctx.is_main:
-            with open(log_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-            bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
-            if ctx.is_main:
-                save_checkpoint(ckpt, model, optimizer, scheduler, step + 1, cfg)
-            ctx.barrier()
-    bar.close()
-    if ctx.is_main and log_path.is_file() and log_path.stat().st_size:
-        plot_losses(log_path, out / "loss.png", desc)
-    model.eval().requires_grad_(False)
-    return end
+        run.record(row, {"loss": f"{row['loss']:.4f}", "tok_s": f"{row['tokens_per_s']:.0f}"})
+    return run.finish()

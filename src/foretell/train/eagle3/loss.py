@@ -29,7 +29,7 @@ from foretell.models.eagle3 import Eagle3Head
 from foretell.train.common.data import TokenData
 from foretell.train.common.depths import valid_depths
 from foretell.train.common.features import FeatureCache
-from foretell.train.common.topk import TAIL_EPS, log1mexp
+from foretell.train.common.topk import coarsened_kl
 
 MASKED = -1e4  # log q of dropped top-k slots: finite, so gradients stay finite, and exp() of it is 0
 
@@ -79,14 +79,7 @@ def draft_vocab_kl(logits: torch.Tensor, logp: torch.Tensor, columns: torch.Tens
     logp_kept = torch.where(keep, logp - z.log()[..., None], torch.zeros_like(logp))
     log_q = F.log_softmax(logits.float(), dim=-1)
     log_q_top = torch.where(keep, log_q.gather(-1, columns.clamp(min=0)), torch.full_like(logp, MASKED))
-    head = (p_kept * (logp_kept - log_q_top)).sum(-1)
-    p_tail = (1.0 - p_kept.sum(-1)).clamp(min=0.0)
-    has_tail = p_tail > TAIL_EPS
-    q_top_mass = torch.logsumexp(log_q_top, dim=-1).clamp(max=-1e-7)
-    log_q_tail = log1mexp(torch.where(has_tail, q_top_mass, torch.full_like(q_top_mass, -1.0)))
-    safe_p_tail = torch.where(has_tail, p_tail, torch.ones_like(p_tail))
-    tail = torch.where(has_tail, p_tail * (safe_p_tail.log() - log_q_tail), torch.zeros_like(p_tail))
-    return head + tail
+    return coarsened_kl(p_kept, logp_kept, log_q_top)
 
 
 def valid_pairs(cache: FeatureCache, data: TokenData, sequence: int, anchors: torch.Tensor, steps: int,

@@ -22,11 +22,12 @@ from foretell.models.eagle3 import (
     DEFAULT_DRAFT_VOCAB, Eagle3Config, load_eagle3_head, new_eagle3_head, read_eagle3_config, save_eagle3_head,
 )
 from foretell.models.loading import load_tokenizer
-from foretell.train.common.data import DataConfig, TokenData
+from foretell.train.common.data import TokenData
 from foretell.train.common.depths import format_depth_table
 from foretell.train.common.distributed import DistContext
-from foretell.train.common.feature_run import check_same_shape, prepare_features, run_inputs, train_or_load
-from foretell.train.common.features import FeatureConfig
+from foretell.train.common.feature_run import (
+    FeatureRunConfig, check_same_shape, job_settings, prepare_features, run_inputs, train_or_load,
+)
 from foretell.train.common.trainer import TrainConfig
 from foretell.train.eagle3.eval import eagle3_depth_eval
 from foretell.train.eagle3.loss import Eagle3LossConfig, draft_vocabulary
@@ -45,19 +46,11 @@ class Eagle3Shape:
 
 
 @dataclass(frozen=True)
-class Eagle3TrainConfig:
-    target: str
-    out: Path
-    data: DataConfig = field(default_factory=DataConfig)  # source may also be "both"
-    eval_data: str | None = None  # None: the test split of data.source
-    eval_sequences: int = 64  # 0 = no evaluation
+class Eagle3TrainConfig(FeatureRunConfig):
     eval_depth: int = 5  # depths evaluated (the drafter's default tree depth)
     shape: Eagle3Shape = field(default_factory=Eagle3Shape)
     loss: Eagle3LossConfig = field(default_factory=Eagle3LossConfig)
-    features: FeatureConfig = field(default_factory=FeatureConfig)
     train: TrainConfig = field(default_factory=default_eagle3_train)
-    resume: bool = True
-    stop_after: int | None = None  # stop training early (tests of resuming)
     init_head: Path | None = None  # warm start: continue from a trained head of the same shape
 
 
@@ -86,8 +79,7 @@ def run_eagle3(cfg: Eagle3TrainConfig, ctx: DistContext | None = None) -> Path:
     ctx = ctx or DistContext()
     target_dir, data, held_out, target = run_inputs(cfg, ctx)
     config = head_config(cfg, target)
-    settings = {"target": str(target_dir), "data": asdict(cfg.data), "head": asdict(config), "loss": asdict(cfg.loss),
-                "features": asdict(cfg.features), "train": asdict(cfg.train)}
+    settings = job_settings(cfg, target_dir, head=asdict(config))
     if cfg.init_head is not None:
         settings["init_head"] = str(cfg.init_head)
 
@@ -101,8 +93,6 @@ def run_eagle3(cfg: Eagle3TrainConfig, ctx: DistContext | None = None) -> Path:
             head = new_eagle3_head(target, config, seed=cfg.train.seed, draft_vocab=vocab)
         return head, train_eagle3(head, cache, data, cfg.train, cfg.loss, job_dir, cfg.resume, cfg.stop_after, ctx)
 
-    head, head_dir = train_or_load(cfg, settings, "head", lambda folder: load_eagle3_head(folder, target),
-                                   train_new, save_eagle3_head, ctx)
-    if head is not None and held_out is not None:
-        evaluate(cfg, target, head, held_out)
-    return head_dir
+    evaluation = None if held_out is None else lambda head: evaluate(cfg, target, head, held_out)
+    return train_or_load(cfg, settings, "head", lambda folder: load_eagle3_head(folder, target), train_new,
+                         save_eagle3_head, evaluation, ctx)

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from foretell.models.eagle3 import Eagle3Head
+from foretell.train.common.anchored_kl import batch_anchors, loss_and_top1, per_column_row, weighted_kl_backward
 from foretell.train.common.data import TokenData
-from foretell.train.common.depths import anchor_seed, sample_anchors
 from foretell.train.common.distributed import DistContext
 from foretell.train.common.feature_loop import run_steps
 from foretell.train.common.features import FeatureCache
@@ -24,37 +24,18 @@ from foretell.train.eagle3.loss import Eagle3LossConfig, column_map, sequence_te
 
 def eagle3_step(head: Eagle3Head, cache: FeatureCache, data: TokenData, index: torch.Tensor, mine: list[int],
                 step: int, train: TrainConfig, cfg: Eagle3LossConfig, columns: torch.Tensor) -> dict:
-    """The backward of this process's share `mine` (positions in the global batch `index`), each term divided
-    by the whole batch's weight; returns additive statistics."""
+    """The backward of this process's share `mine` (positions in the global batch `index`): the unrolled steps
+    are the columns, step j weighted step_decay ** j; returns additive statistics."""
     K = cfg.ttt_steps
-    weights = cfg.step_weights()
-    anchors = [sample_anchors(data.loss_mask[i], cfg.anchors, anchor_seed(train.seed, step, int(i))) for i in index]
-    total = sum(float((valid_pairs(cache, data, int(i), a, K, columns) * weights).sum())
-                for i, a in zip(index, anchors) if len(a))
-    kl_sum, agree_sum, count = torch.zeros(K), torch.zeros(K), torch.zeros(K)
-    loss_value = 0.0
-    for pos in mine:
-        i, a = int(index[pos]), anchors[pos]
-        if len(a) == 0:
-            continue
-        with torch.autocast(head.device.type, torch.bfloat16, enabled=train.bf16):
-            kl, valid, agree = sequence_terms(head, cache, data, i, a, K, columns)
-            loss = (kl * valid.to(kl.device) * weights.to(kl.device)).sum() / max(total, 1e-9)
-        loss.backward()
-        loss_value += loss.item()
-        kl_sum += (kl.detach().float().cpu() * valid).sum(0)
-        agree_sum += (agree & valid).sum(0)
-        count += valid.sum(0)
-    return {"loss": loss_value, "kl": kl_sum, "agree": agree_sum, "count": count}
+    anchors = batch_anchors(data, cfg.anchors, train.seed, step, index)
+    return weighted_kl_backward(head, index, mine, anchors, cfg.step_weights(),
+                                lambda i, a: valid_pairs(cache, data, i, a, K, columns),
+                                lambda i, a: sequence_terms(head, cache, data, i, a, K, columns), train.bf16)
 
 
 def eagle3_row(sums: dict, step: int) -> dict:
     """The log row's fields from the step's statistics summed over the processes."""
-    per = sums["count"].clamp(min=1)
-    K = len(per)
-    return {"loss": sums["loss"], **{f"kl{j + 1}": round(float(sums["kl"][j] / per[j]), 5) for j in range(K)},
-            **{f"top1_{j + 1}": round(float(sums["agree"][j] / per[j]), 4) for j in range(K)},
-            "pairs": int(sums["count"].sum())}
+    return {**per_column_row(sums), "pairs": int(sums["count"].sum())}
 
 
 def train_eagle3(head: Eagle3Head, cache: FeatureCache, data: TokenData, train: TrainConfig, cfg: Eagle3LossConfig,
@@ -66,4 +47,4 @@ def train_eagle3(head: Eagle3Head, cache: FeatureCache, data: TokenData, train: 
         return eagle3_step(head, cache, data, index, mine, step, train, cfg, columns)
 
     return run_steps(head, local_step, eagle3_row, train, len(data), out, resume, stop_after, "eagle3 head",
-                     lambda row: {"loss": f"{row['loss']:.4f}", "top1": f"{row['top1_1']:.2f}"}, ctx)
+                     loss_and_top1, ctx)

@@ -105,7 +105,7 @@ def unroll(draft: HiddenDraft, hidden: torch.Tensor, steps: int) -> torch.Tensor
     keys, x, predicted = _BlockKeys(), hidden.to(draft.dtype), []
     for j in range(steps):
         rows = slice(j * T, (j + 1) * T)
-        cos, sin = draft._rope(positions[rows])
+        cos, sin = draft.rope(positions[rows])
         x = draft.norm(draft.layer(x, cos, sin, keys, 0, mask[rows, : (j + 1) * T][None, None]))
         predicted.append(x)
     return torch.stack(predicted, dim=2)

@@ -25,10 +25,11 @@ from foretell.models.hidden_draft import (
     read_hidden_draft_config,
     save_hidden_draft,
 )
-from foretell.train.common.data import DataConfig, TokenData
+from foretell.train.common.data import TokenData
 from foretell.train.common.distributed import DistContext
-from foretell.train.common.feature_run import check_same_shape, prepare_features, run_inputs, train_or_load
-from foretell.train.common.features import FeatureConfig
+from foretell.train.common.feature_run import (
+    FeatureRunConfig, check_same_shape, job_settings, prepare_features, run_inputs, train_or_load,
+)
 from foretell.train.common.trainer import TrainConfig
 from foretell.train.hidden_state.eval import format_coverage, format_hidden_table, hidden_depth_eval, hot_vocab_coverage
 from foretell.train.hidden_state.loss import HiddenLossConfig
@@ -63,20 +64,12 @@ class HiddenShape:
 
 
 @dataclass(frozen=True)
-class HiddenStateTrainConfig:
-    target: str
-    out: Path
-    data: DataConfig = field(default_factory=DataConfig)  # source may also be "both"
-    eval_data: str | None = None  # None: the test split of data.source
-    eval_sequences: int = 64  # 0 = no evaluation
+class HiddenStateTrainConfig(FeatureRunConfig):
     shape: HiddenShape = field(default_factory=HiddenShape)
     loss: HiddenLossConfig = field(default_factory=HiddenLossConfig)
-    features: FeatureConfig = field(default_factory=FeatureConfig)
     train: TrainConfig = field(default_factory=default_hidden_train)
     hot_vocab_sizes: tuple[int, ...] = (4096, 8192, 16384, 32768)  # coverage reported for each
     width: int = 3  # children per node in the drafter's tree: the eval's top-`width` column
-    resume: bool = True
-    stop_after: int | None = None  # stop training early (tests of resuming)
     init_draft: Path | None = None  # warm start: continue from a trained draft of the same shape
 
 
@@ -105,9 +98,7 @@ def run_hidden_state(cfg: HiddenStateTrainConfig, ctx: DistContext | None = None
     if init_layer is not None and not 0 <= init_layer < target.config.num_hidden_layers:
         raise ForetellError(f"--init-layer must be a target layer in 0..{target.config.num_hidden_layers - 1}, "
                             f"got {init_layer}")
-    settings = {"target": str(target_dir), "data": asdict(cfg.data), "draft": asdict(config), "init_layer": init_layer,
-                "shape": asdict(cfg.shape), "loss": asdict(cfg.loss), "features": asdict(cfg.features),
-                "train": asdict(cfg.train)}
+    settings = job_settings(cfg, target_dir, draft=asdict(config), init_layer=init_layer, shape=asdict(cfg.shape))
     if cfg.init_draft is not None:  # only when set, so runs made before the option still resume
         check_init_draft(cfg.init_draft, config)
         settings["init_draft"] = str(cfg.init_draft)
@@ -118,8 +109,6 @@ def run_hidden_state(cfg: HiddenStateTrainConfig, ctx: DistContext | None = None
         return draft, train_hidden(draft, cache, data, cfg.train, cfg.loss, cfg.shape.depth, job_dir, cfg.resume,
                                    cfg.stop_after, ctx)
 
-    draft, draft_dir = train_or_load(cfg, settings, "draft", lambda folder: load_hidden_draft(folder, target),
-                                     train_new, save_hidden_draft, ctx)
-    if draft is not None and held_out is not None:
-        evaluate(cfg, target, draft, data, held_out)
-    return draft_dir
+    evaluation = None if held_out is None else lambda draft: evaluate(cfg, target, draft, data, held_out)
+    return train_or_load(cfg, settings, "draft", lambda folder: load_hidden_draft(folder, target), train_new,
+                         save_hidden_draft, evaluation, ctx)

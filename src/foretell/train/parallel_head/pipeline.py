@@ -18,11 +18,12 @@ from pathlib import Path
 from foretell.models.parallel_head import (
     ParallelHeadConfig, load_parallel_head, new_parallel_head, read_head_config, save_parallel_head,
 )
-from foretell.train.common.data import BOTH, DataConfig, TokenData
+from foretell.train.common.data import BOTH, TokenData
 from foretell.train.common.depths import format_depth_table
 from foretell.train.common.distributed import DistContext
-from foretell.train.common.feature_run import check_same_shape, prepare_features, run_inputs, train_or_load
-from foretell.train.common.features import FeatureConfig
+from foretell.train.common.feature_run import (
+    FeatureRunConfig, check_same_shape, job_settings, prepare_features, run_inputs, train_or_load,
+)
 from foretell.train.common.trainer import TrainConfig
 from foretell.train.parallel_head.eval import depth_acceptance
 from foretell.train.parallel_head.train import HeadLossConfig, train_head
@@ -41,18 +42,10 @@ class HeadShape:
 
 
 @dataclass(frozen=True)
-class ParallelHeadTrainConfig:
-    target: str
-    out: Path
-    data: DataConfig = field(default_factory=DataConfig)  # source may also be "both"
-    eval_data: str | None = None  # None: the test split of data.source (a .jsonl file has no split: give one)
-    eval_sequences: int = 64  # 0 = no evaluation
+class ParallelHeadTrainConfig(FeatureRunConfig):
     shape: HeadShape = field(default_factory=HeadShape)
     loss: HeadLossConfig = field(default_factory=HeadLossConfig)
-    features: FeatureConfig = field(default_factory=FeatureConfig)
     train: TrainConfig = field(default_factory=default_train)
-    resume: bool = True
-    stop_after: int | None = None  # stop training early (tests of resuming)
     init_head: Path | None = None  # warm start: continue from a trained head of the same shape
 
 
@@ -87,8 +80,7 @@ def run_parallel_head(cfg: ParallelHeadTrainConfig, ctx: DistContext | None = No
     config = head_config(cfg, target)
     if ctx.is_main and cfg.eval_sequences and cfg.eval_data is None and cfg.data.source not in ("gsm8k", "sharegpt", BOTH):
         print("foretell train: warning: evaluating on the training file (give --eval-data for held-out data)")
-    settings = {"target": str(target_dir), "data": asdict(cfg.data), "head": asdict(config), "loss": asdict(cfg.loss),
-                "features": asdict(cfg.features), "train": asdict(cfg.train)}
+    settings = job_settings(cfg, target_dir, head=asdict(config))
     if cfg.init_head is not None:  # only when set, so runs made before the option still resume
         settings["init_head"] = str(cfg.init_head)
     def train_new(job_dir: Path):
@@ -97,8 +89,6 @@ def run_parallel_head(cfg: ParallelHeadTrainConfig, ctx: DistContext | None = No
                 else new_parallel_head(target, config, seed=cfg.train.seed))
         return head, train_head(head, cache, data, cfg.train, cfg.loss, job_dir, cfg.resume, cfg.stop_after, ctx)
 
-    head, head_dir = train_or_load(cfg, settings, "head", lambda folder: load_parallel_head(folder, target),
-                                   train_new, save_parallel_head, ctx)
-    if head is not None and held_out is not None:
-        evaluate(cfg, target, head, held_out)
-    return head_dir
+    evaluation = None if held_out is None else lambda head: evaluate(cfg, target, head, held_out)
+    return train_or_load(cfg, settings, "head", lambda folder: load_parallel_head(folder, target), train_new,
+                         save_parallel_head, evaluation, ctx)

@@ -21,8 +21,9 @@ import torch
 
 from foretell.errors import ForetellError
 from foretell.models.parallel_head import ParallelHead
+from foretell.train.common.anchored_kl import batch_anchors, loss_and_top1, per_column_row, weighted_kl_backward
 from foretell.train.common.data import TokenData
-from foretell.train.common.depths import anchor_seed, sample_anchors, valid_depths
+from foretell.train.common.depths import valid_depths
 from foretell.train.common.feature_loop import run_steps
 from foretell.train.common.features import FeatureCache
 from foretell.train.common.topk import topk_kl
@@ -62,36 +63,18 @@ def sequence_terms(head: ParallelHead, cache: FeatureCache, data: TokenData, seq
 
 def head_step(head: ParallelHead, cache: FeatureCache, data: TokenData, index: torch.Tensor, mine: list[int],
               step: int, train: TrainConfig, loss_cfg: HeadLossConfig) -> dict:
-    """The backward of this process's share `mine` (positions in the global batch `index`), one sequence at a
-    time (bounded memory), each term divided by the whole batch's weight; returns additive statistics."""
+    """The backward of this process's share `mine` (positions in the global batch `index`): the depths are the
+    columns; returns additive statistics."""
     D = head.config.depth
-    weights = loss_cfg.depth_weights(D)
-    anchors = [sample_anchors(data.loss_mask[i], loss_cfg.anchors, anchor_seed(train.seed, step, int(i))) for i in index]
-    total = sum(float((valid_depths(data.loss_mask[i], a, D) * weights).sum()) for i, a in zip(index, anchors))
-    kl_sum, agree_sum, count = torch.zeros(D), torch.zeros(D), torch.zeros(D)
-    loss_value = 0.0
-    for pos in mine:
-        i, a = int(index[pos]), anchors[pos]
-        if len(a) == 0:
-            continue
-        with torch.autocast(head.device.type, torch.bfloat16, enabled=train.bf16):
-            kl, valid, agree = sequence_terms(head, cache, data, i, a)
-            loss = (kl * valid.to(kl.device) * weights.to(kl.device)).sum() / max(total, 1e-9)  # the step's weighted mean
-        loss.backward()
-        loss_value += loss.item()
-        kl_sum += (kl.detach().float().cpu() * valid).sum(0)
-        agree_sum += (agree & valid).sum(0)
-        count += valid.sum(0)
-    return {"loss": loss_value, "kl": kl_sum, "agree": agree_sum, "count": count}
+    anchors = batch_anchors(data, loss_cfg.anchors, train.seed, step, index)
+    return weighted_kl_backward(head, index, mine, anchors, loss_cfg.depth_weights(D),
+                                lambda i, a: valid_depths(data.loss_mask[i], a, D),
+                                lambda i, a: sequence_terms(head, cache, data, i, a), train.bf16)
 
 
 def head_row(sums: dict, step: int) -> dict:
     """The log row's fields from the step's statistics summed over the processes."""
-    per = sums["count"].clamp(min=1)
-    D = len(per)
-    return {"loss": sums["loss"], **{f"kl{d + 1}": round(float(sums["kl"][d] / per[d]), 5) for d in range(D)},
-            **{f"top1_{d + 1}": round(float(sums["agree"][d] / per[d]), 4) for d in range(D)},
-            "anchors": int(sums["count"][0])}
+    return {**per_column_row(sums), "anchors": int(sums["count"][0])}
 
 
 def train_head(head: ParallelHead, cache: FeatureCache, data: TokenData, train: TrainConfig, loss_cfg: HeadLossConfig,
@@ -102,4 +85,4 @@ def train_head(head: ParallelHead, cache: FeatureCache, data: TokenData, train: 
         return head_step(head, cache, data, index, mine, step, train, loss_cfg)
 
     return run_steps(head, local_step, head_row, train, len(data), out, resume, stop_after, "parallel head",
-                     lambda row: {"loss": f"{row['loss']:.4f}", "top1": f"{row['top1_1']:.2f}"}, ctx)
+                     loss_and_top1, ctx)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The runtime's speed against its peers, as the runtime issue measures it (SmolLM2-135M, greedy, GSM8K +
+# Spec-Bench, PER prompts a category, 128 new tokens, methods interleaved prompt by prompt in each run):
+#   OUT/bf16   foretell plain (bf16) against transformers' plain generate
+#   OUT/quant  on the GGUF file's own Q4_1 weights (--quant QUANT, default gguf): foretell plain, prompt lookup and
+#              DRAFTER (a --spec-config file, default: the shipped default drafter's, if one ships) against
+#              llama.cpp's plain decoding of the same file
+#   OUT/split.md  where a plain token's time goes (benchmarks/token_split.py): forward vs the loop around it
+# Resumable (rerun the same command). Environment: OUT (runs/runtime_speed), PER (4), THREADS (2), QUANT (gguf),
+# SPEC (a speculative configuration JSON for the quantized run), MODEL (smollm2-135m).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+F=.venv/bin/foretell
+OUT=${OUT:-runs/runtime_speed}
+PER=${PER:-4}
+T=${THREADS:-2}
+QUANT=${QUANT:-gguf}
+MODEL=${MODEL:-smollm2-135m}
+COMMON=(--model "$MODEL" --dtype bfloat16 --datasets gsm8k,spec-bench --per-category "$PER" --max-new-tokens 128
+        --threads "$T" --resume)
+
+$F bench "${COMMON[@]}" --methods plain,hf-plain --out "$OUT/bf16"
+
+EXTRA=()
+if [ -n "${SPEC:-}" ]; then
+  EXTRA=(--spec-config "drafter=$SPEC")
+fi
+$F bench "${COMMON[@]}" --quant "$QUANT" --methods plain,prompt-lookup,llama-cpp "${EXTRA[@]}" --out "$OUT/quant"
+
+.venv/bin/python benchmarks/token_split.py --model "$MODEL" --per 2 --threads "$T" > "$OUT/split.md"
+echo "reports: $OUT/bf16/report.md $OUT/quant/report.md $OUT/split.md"
