@@ -120,12 +120,12 @@ def truncate(proposal: Proposal, keep: int) -> Proposal:
 class BudgetStats:
     """What the policy did over a run (reported by the serving benchmark)."""
 
+    by_batch: dict[int, list[int]] = field(default_factory=dict)  # batch size -> [passes, kept nodes]
     passes: int = 0
     requests: int = 0
     proposed: int = 0
     kept: int = 0
     off_passes: int = 0  # passes where no request kept a draft token
-    by_batch: dict[int, list[int]] = field(default_factory=dict)  # batch size -> [passes, kept nodes]
 
     def record(self, proposed: list[int], caps: list[int]) -> None:
         self.passes += 1
