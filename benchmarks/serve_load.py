@@ -246,7 +246,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--leave-share", type=float, default=0.1, help="share of requests that disconnect mid-stream")
     p.add_argument("--per-category", type=int, default=5, help="Spec-Bench prompts per category, each served once "
-                   "as a warm-up before the memory baseline (default: %(default)s)")
+                   "at each concurrency level as a warm-up before the memory baseline (default: %(default)s)")
     p.add_argument("--rss-bound-mib", type=float, default=32.0,
                    help="largest RSS growth after the warm-up that passes (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
@@ -270,11 +270,14 @@ def main() -> None:
     rss_before = {}
     started = time.perf_counter()
     # The runtime keeps compute kernels and buffers per tensor shape, so memory grows with each new prompt
-    # length until shapes repeat. The warm-up serves every prompt once (greedy: the run repeats its shapes),
-    # so growth after the baseline would be memory kept per request.
+    # length until shapes repeat, and the batch's KV caches and packed passes peak at the highest concurrency
+    # (the allocator keeps freed memory for reuse). The warm-up serves every prompt once at each level (greedy:
+    # the run repeats its shapes), so growth after the baseline would be memory kept per request.
     for name, server in servers.items():
-        asyncio.run(run_level(server.url, "m", prompts, len(prompts), 1, args.max_tokens, 0.0, random.Random(0)))
-        sent[name] += len(prompts)
+        for clients in levels:
+            asyncio.run(run_level(server.url, "m", prompts, len(prompts), clients, args.max_tokens, 0.0,
+                                  random.Random(0)))
+            sent[name] += len(prompts)
         rss_before[name] = server.rss_mib()
     for clients, count in zip(levels, counts):
         for name, server in servers.items():  # the servers alternate, so both see the same machine conditions
