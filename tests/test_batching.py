@@ -157,6 +157,13 @@ def test_batch_aware_budget_keeps_drafts_while_they_pay():
     assert caps[0] >= 1 and caps[1] <= caps[0] and sum(caps) < 5  # the best nodes first, the weak ones dropped
 
 
+def test_batch_aware_budget_looks_past_a_step_in_the_cost_curve():
+    # One more token moves the pass onto a dearer step (1.0 -> 1.6 s) and does not pay alone; four do.
+    stepped = BatchAwareBudget(cost=lambda n: 1.0 if n <= 1 else 1.6)
+    assert stepped.caps([[0.5, 0.5, 0.5, 0.5]]) == [4]
+    assert stepped.caps([[0.5, 0.05]]) == [0]  # 1.55 tokens in 1.6 s is worse than 1 in 1 s
+
+
 def test_fixed_by_batch_size():
     rule = FixedByBatchSize(limits=(1, 4), lengths=(6, 2))
     assert rule.caps([[0.5] * 8]) == [6]

@@ -69,22 +69,26 @@ class BatchAwareBudget:
         """values[i]: request i's node values in proposal order (parents first). Returns how many of its nodes
         each request keeps; node order is kept, so a prefix is always a valid tree."""
         b = len(values)
-        caps = [0] * b
         gain, tokens = float(b), b  # every request produces one token per pass without drafts
-        best = gain / (self.cost(tokens) + self.per_request * b)
-        # Candidates: the next node of each request, by value (values never grow along a path, so a node comes
-        # after its ancestors; ties keep proposal order).
-        heap = [(-v[0], i) for i, v in enumerate(values) if v]
+        best, best_taken = gain / (self.cost(tokens) + self.per_request * b), 0
+        # Nodes best first across requests (values never grow along a path, so a node comes after its ancestors;
+        # ties keep proposal order). The whole order is scored and its best prefix kept, not stopped at the first
+        # node that does not pay: a cost curve with steps can make one more token a loss and three a gain.
+        heap = [(-v[0], i, 0) for i, v in enumerate(values) if v]
         heapq.heapify(heap)
+        order: list[int] = []
         while heap:
-            neg, i = heapq.heappop(heap)
-            rate = (gain - neg) / (self.cost(tokens + 1) + self.per_request * b)
-            if rate <= best:
-                break
-            gain, tokens, best = gain - neg, tokens + 1, rate
+            neg, i, j = heapq.heappop(heap)
+            order.append(i)
+            gain, tokens = gain - neg, tokens + 1
+            rate = gain / (self.cost(tokens) + self.per_request * b)
+            if rate > best:
+                best, best_taken = rate, len(order)
+            if j + 1 < len(values[i]):
+                heapq.heappush(heap, (-values[i][j + 1], i, j + 1))
+        caps = [0] * b
+        for i in order[:best_taken]:
             caps[i] += 1
-            if caps[i] < len(values[i]):
-                heapq.heappush(heap, (-values[i][caps[i]], i))
         return caps
 
 
