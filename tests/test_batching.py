@@ -177,3 +177,13 @@ def test_truncate_keeps_a_valid_tree():
     cut = truncate(tree, 2)
     assert cut.tokens.tolist() == [1, 2] and cut.parents.tolist() == [-1, 0] and cut.draft_prob.numel() == 2
     assert truncate(tree, 9) is tree
+
+
+def test_packed_rows_bucket_the_batch_shapes():
+    """The packed pass pads to few row counts (the runtime keeps kernels per shape) and never by more than 1/8."""
+    from foretell.models.transformer import packed_rows
+
+    buckets = {packed_rows(n) for n in range(1, 4097)}
+    assert all(packed_rows(n) >= n and packed_rows(n) - n <= max(7, n // 8) for n in range(1, 4097))
+    assert len(buckets) <= 8 * 12
+    assert packed_rows(packed_rows(300)) == packed_rows(300)

@@ -171,6 +171,9 @@ class DecoderLayer(nn.Module):
         q, k, v = self.project_qkv(x, cos, sin)
         parts = [self.attend(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], cache, layer, mask, kv_start)
                  for cache, mask, kv_start, a, b in segments]
+        padding = x.shape[1] - segments[-1][4]  # rows past the last segment belong to no request
+        if padding:
+            parts.append(q.new_zeros(q.shape[0], q.shape[1], padding, q.shape[3]))
         return self.finish(x, torch.cat(parts, dim=2))
 
     def project_qkv(self, x, cos, sin):
@@ -219,6 +222,13 @@ class DecoderLayer(nn.Module):
         if self.mlp_output_norm is not None:
             out = self.mlp_output_norm(out)
         return x + out
+
+
+def packed_rows(rows: int) -> int:
+    """rows rounded up to a multiple of 8 and of an eighth of the largest power of two <= rows: at most 12.5%
+    more rows, eight shapes per doubling."""
+    step = max(8, 1 << max(0, rows.bit_length() - 4))
+    return -(-rows // step) * step
 
 
 class RotaryTables:
@@ -359,7 +369,11 @@ class Transformer(nn.Module):
             return [self(p.input_ids, p.positions, p.cache, p.tree_mask, p.hidden_layers, p.logits_rows)]
         sizes = [p.input_ids.shape[0] for p in passes]
         bounds = [(sum(sizes[:i]), sum(sizes[: i + 1])) for i in range(len(sizes))]
-        positions = torch.cat([p.positions for p in passes])
+        # Padded to a bucketed row count: the runtime keeps kernels and buffers per matrix shape, and the sums of
+        # a changing batch's pass sizes are too many shapes to keep (memory grows with each new one).
+        padding = packed_rows(sum(sizes)) - sum(sizes)
+        input_ids = torch.cat([p.input_ids for p in passes] + [passes[-1].input_ids.new_zeros(padding)])
+        positions = torch.cat([p.positions for p in passes] + [passes[-1].positions.new_zeros(padding)])
         lasts = [int(p.positions.max()) for p in passes]
         cos, sin = self.rope(positions, max(lasts), self.dtype)
         full_segments, local_segments = [], []
@@ -375,7 +389,7 @@ class Transformer(nn.Module):
             lcos, lsin = self.local_rope(positions, max(lasts), self.dtype)
             local = (lcos[None, None], lsin[None, None], local_segments)
         wanted = set().union(*(p.hidden_layers for p in passes))
-        x = self.embed_tokens(torch.cat([p.input_ids for p in passes]))[None]
+        x = self.embed_tokens(input_ids)[None]
         hidden = {0: x[0]} if 0 in wanted else {}
         for i, layer in enumerate(self.layers):
             layer_cos, layer_sin, segments = local if i in self.sliding else full

@@ -67,6 +67,9 @@ def run_serve(args: argparse.Namespace) -> None:
     except ImportError as e:
         raise ForetellError(f"foretell serve needs the serve extra ({e.name} is missing): "
                             "pip install 'foretell[serve]'") from None
+    # oneDNN keeps a compiled kernel per matrix shape, 1024 by default; a server sees many shapes (every mix of
+    # requests), and a small cache measured as fast here with far less memory (docs/serving.md).
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
     import torch
 
     from foretell.api import load
