@@ -187,3 +187,21 @@ def test_packed_rows_bucket_the_batch_shapes():
     assert all(packed_rows(n) >= n and packed_rows(n) - n <= max(7, n // 8) for n in range(1, 4097))
     assert len(buckets) <= 8 * 12
     assert packed_rows(packed_rows(300)) == packed_rows(300)
+
+
+def test_a_rejected_first_draft_does_not_end_a_requests_drafting():
+    """Acceptance by depth is the request's own counts smoothed towards its drafter's pooled counts: one rejection
+    lowers a request's estimate without zeroing it, and a drafter that keeps failing everywhere is valued low."""
+    from foretell.batch_budget import DepthAcceptance
+
+    good = DepthAcceptance()
+    good.add([60, 30], [100, 60])
+    after_one_rejection = good.rates([0], [1])
+    assert 0.3 < after_one_rejection[0] < 0.6 and after_one_rejection[1] == pytest.approx((4 * 30.5 / 61) / 4)
+    assert good.rates([0] * 1, [40])[0] < 0.1  # its own long record of failure outweighs the pool
+    bad = DepthAcceptance()
+    bad.add([1], [100])
+    assert bad.rates([], [])[0] < 0.05
+    assert DepthAcceptance().rates([], []) == []
+    merged = DepthAcceptance().merged([([1, 0], [2, 1]), ([3], [4])])
+    assert merged.accepted == [4, 0] and merged.proposed == [6, 1]

@@ -41,6 +41,42 @@ def node_values(proposal: Proposal, acceptance: list[float], calibration: float)
 
 
 @dataclass
+class DepthAcceptance:
+    """Accepted and verified draft tokens by depth, pooled over the requests one drafter served: the estimate a
+    request's own counts are smoothed towards. Without it a request whose first draft was rejected would value
+    every later draft at zero, have none verified again, and never learn otherwise."""
+
+    accepted: list[int] = field(default_factory=list)
+    proposed: list[int] = field(default_factory=list)
+    weight: float = 4.0  # how many of a request's own verified drafts at a depth count as much as the pool
+
+    def add(self, accepted: list[int], proposed: list[int]) -> None:
+        for i, (a, p) in enumerate(zip(accepted, proposed)):
+            if i == len(self.proposed):
+                self.accepted.append(0)
+                self.proposed.append(0)
+            self.accepted[i] += a
+            self.proposed[i] += p
+
+    def merged(self, others: list[tuple[list[int], list[int]]]) -> DepthAcceptance:
+        pool = DepthAcceptance(list(self.accepted), list(self.proposed), self.weight)
+        for accepted, proposed in others:
+            pool.add(accepted, proposed)
+        return pool
+
+    def rates(self, accepted: list[int], proposed: list[int]) -> list[float]:
+        """A request's acceptance by depth: its own counts with `weight` pseudo-counts at the pooled rate (itself
+        a rate with one pseudo-count at 0.5)."""
+        depth = max(len(self.proposed), len(proposed))
+        own = lambda counts, d: counts[d] if d < len(counts) else 0  # noqa: E731
+        rates = []
+        for d in range(depth):
+            pooled = (own(self.accepted, d) + 0.5) / (own(self.proposed, d) + 1)
+            rates.append((own(accepted, d) + self.weight * pooled) / (own(proposed, d) + self.weight))
+        return rates
+
+
+@dataclass
 class Calibration:
     """Per request: accepted tokens over the values of the nodes it had verified (how optimistic its drafter's
     probabilities are), with a prior of one pass's worth at 0.5."""

@@ -21,7 +21,8 @@ from typing import Callable
 
 import torch
 
-from foretell.batch_budget import BatchAwareBudget, BudgetStats, Calibration, FixedByBatchSize, node_values
+from foretell.batch_budget import (BatchAwareBudget, BudgetStats, Calibration, DepthAcceptance, FixedByBatchSize,
+                                   node_values)
 from foretell.decoding import Decoding
 from foretell.engine import Chunk, Engine
 from foretell.errors import ForetellError
@@ -52,6 +53,11 @@ class Request:
         self.cancelled = True
 
 
+def drafter_name(request: Request) -> str:
+    drafter = request.state.engine.drafter if request.state is not None else None
+    return drafter.name if drafter is not None else "none"
+
+
 class BatchEngine:
     def __init__(self, target, new_engine: Callable[[], Engine],
                  budget: BatchAwareBudget | FixedByBatchSize | None = None, max_batch: int = 16,
@@ -66,6 +72,7 @@ class BatchEngine:
         self.waiting: deque[Request] = deque()
         self.active: list[Request] = []
         self.budget_stats = BudgetStats()
+        self.served_acceptance: dict[str, DepthAcceptance] = {}  # by drafter name, over requests that left
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, on_chunk: Callable[[Chunk], None],
                on_error: Callable[[Exception], None], engine: Engine | None = None) -> Request:
@@ -94,12 +101,31 @@ class BatchEngine:
                 request.state.prefilled_pass(step, out)
             for (request, _), out in zip(decodes, outputs[len(prefills):]):
                 self._settle(request, out)
-            self.active = [r for r in self.active if not r.finished and not r.cancelled]
+            self._leave([r for r in self.active if r.finished or r.cancelled])
+
+    def _leave(self, gone: list[Request]) -> None:
+        """Requests out of the batch; what their drafts did joins their drafter's pooled acceptance."""
+        for r in gone:
+            if r.state is not None:
+                stats = r.state.stats
+                self.served_acceptance.setdefault(drafter_name(r), DepthAcceptance()).add(
+                    stats.accepted_per_position, stats.proposed_per_position)
+        self.active = [r for r in self.active if r not in gone]
+
+    def _acceptance(self, ready: list[Request]) -> list[list[float]]:
+        """Each request's acceptance by depth, smoothed towards what its drafter did for every request so far."""
+        pools: dict[str, DepthAcceptance] = {}
+        for name in {drafter_name(r) for r in ready}:
+            pools[name] = self.served_acceptance.get(name, DepthAcceptance()).merged(
+                [(r.state.stats.accepted_per_position, r.state.stats.proposed_per_position)
+                 for r in self.active if r.state is not None and drafter_name(r) == name])
+        return [pools[drafter_name(r)].rates(r.state.stats.accepted_per_position, r.state.stats.proposed_per_position)
+                for r in ready]
 
     def sweep(self) -> None:
         """Drop cancelled requests now (their KV caches go with them), not at the next pass."""
         self.waiting = deque(r for r in self.waiting if not r.cancelled)
-        self.active = [r for r in self.active if not r.cancelled]
+        self._leave([r for r in self.active if r.cancelled])
 
     def run(self) -> None:
         """Step until every submitted request has finished (tests, benchmarks)."""
@@ -107,7 +133,7 @@ class BatchEngine:
             self.step()
 
     def _admit(self) -> None:
-        self.active = [r for r in self.active if not r.cancelled]
+        self._leave([r for r in self.active if r.cancelled])
         while self.waiting and len(self.active) < self.max_batch:
             request = self.waiting.popleft()
             if request.cancelled:
@@ -133,8 +159,8 @@ class BatchEngine:
         ready = [r for r in self.active if not r.state.prefilling]
         proposals = [r.state.draft() for r in ready]
         if self.budget is not None and len(self.active) > 1 and any(p.size for p in proposals):
-            values = [node_values(p, r.state.stats.acceptance_per_position, r.calibration.factor)
-                      for p, r in zip(proposals, ready)]
+            values = [node_values(p, acceptance, r.calibration.factor)
+                      for p, r, acceptance in zip(proposals, ready, self._acceptance(ready))]
             caps = self.budget.caps(values)
             self.budget_stats.record([p.size for p in proposals], caps)
             for r, cap, v in zip(ready, caps, values):
