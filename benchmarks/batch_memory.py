@@ -1,7 +1,7 @@
 """RSS of the batching engine under server-like load, in-process (no HTTP): MAXB requests active, a new one
 admitted as each leaves, a LEAVE share cancelled after 1-8 chunks; RSS (and after malloc_trim) every 40 requests,
 then the live torch tensors. Environment: N, MAXB (16), LEAVE (0.1), DRAFTER (prompt-lookup), MMAP (fixed glibc
-mmap threshold in bytes). A diagnostic for the memory growth in docs/serving.md, not a test.
+mmap threshold in bytes), NOSDPA=1 (explicit-matmul attention everywhere). A diagnostic for the memory growth in docs/serving.md, not a test.
 
     OMP_NUM_THREADS=1 N=120 .venv/bin/python benchmarks/batch_memory.py
 """
@@ -9,6 +9,8 @@ import ctypes, os, random, re, time
 import torch
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
 from foretell.api import load
+import foretell.models.transformer as _tr
+if os.environ.get("NOSDPA"): _tr.SMALL_STEP = 10**9
 from foretell.bench.datasets import load_prompts
 from foretell.types import SamplingParams
 
