@@ -128,10 +128,12 @@ def call_with_context(ctx: DistContext, fn: Callable, *args) -> None:
 def _worker(rank: int, world: int, port: int, threads: int, fn: Callable, args: tuple) -> None:
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        fn(DistContext(rank, world), *args)
-    finally:
-        dist.destroy_process_group()
+    fn(DistContext(rank, world), *args)
+    # Both ranks must be done with gloo before either tears its group down: a rank destroying its group
+    # while the other still has a connection open aborts that one ("terminate called without an active
+    # exception", seen in CI). On an exception spawn ends the other process anyway.
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def launch(fn: Callable, args: tuple, processes: int, threads: int | None = None) -> None:
