@@ -17,6 +17,14 @@ from foretell.types import SamplingParams
 libc = ctypes.CDLL("libc.so.6")
 if os.environ.get("MMAP"):
     print("mallopt", libc.mallopt(-3, int(os.environ["MMAP"])))  # M_MMAP_THRESHOLD fixed: no dynamic growth
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = MallInfo2
+def heap():
+    """glibc's view: bytes in use from the heap, in mmapped chunks, and free in the heap (MiB)."""
+    m = libc.mallinfo2()
+    return f"in use {m.uordblks / 2**20:.0f} + mmapped {m.hblkhd / 2**20:.0f}, free {m.fordblks / 2**20:.0f}"
 def rss():
     return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) / 1024
 torch.set_num_threads(1)
@@ -44,8 +52,10 @@ while done < total:
         submit(); sent += 1
     batch.step()
     if done >= mark:
-        a = rss(); libc.malloc_trim(0)
-        import sys, gc; print(f"{done}: rss {a:.0f}, trimmed {rss():.0f}, {time.time()-t:.0f}s blocks {sys.getallocatedblocks()} objs {len(gc.get_objects())}", flush=True); mark += 40
+        a = rss()
+        if os.environ.get("GC"): import gc; gc.collect()  # reference cycles holding KV caches?
+        libc.malloc_trim(0)
+        import sys, gc; print(f"{done}: rss {a:.0f}, trimmed {rss():.0f}, {time.time()-t:.0f}s ({heap()}) blocks {sys.getallocatedblocks()} objs {len(gc.get_objects())}", flush=True); mark += 40
 import gc, collections
 gc.collect()
 ts = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]

@@ -98,6 +98,36 @@ def test_requests_leave_without_disturbing_the_others(pipes):
     assert batch.idle
 
 
+def test_a_request_that_left_frees_its_caches_even_inside_a_reference_cycle(pipes):
+    """A server keeps each request where its own callback reaches it (to cancel it): a cycle. Leaving the batch
+    must still free the KV caches then, not at Python's next full collection."""
+    import gc
+    import weakref
+
+    class Holder:  # holds the request; the request's callbacks hold it
+        pass
+
+    pipe = pipes["parallel-head"]
+    batch = pipe.batch_engine(max_batch=2)
+    holders = [Holder(), Holder()]
+    for holder, params in zip(holders, [GREEDY, SamplingParams(max_new_tokens=60, ignore_eos=True)]):
+        collector = Collector()
+        holder.collector = collector
+        holder.request = batch.submit(PROMPTS[0], params, lambda c, h=holder: h.collector.chunk(c),
+                                      lambda e, h=holder: h.collector.fail(e))
+    gc.disable()
+    try:
+        batch.step()
+        caches = [weakref.ref(h.request.state.cache) for h in holders]
+        holders[1].request.cancel()  # one leaves cancelled, the other finished
+        batch.run()
+        assert [c() for c in caches] == [None, None], "a request out of the batch still holds its KV cache"
+    finally:
+        gc.enable()
+    assert holders[0].request.finished and holders[0].collector.result is not None
+    assert not holders[1].request.finished and holders[1].collector.result is None
+
+
 def test_a_long_prompt_is_read_in_chunks_while_others_decode(pipes):
     pipe = pipes["none"]
     batch = pipe.batch_engine(max_batch=2, prefill_chunk=4)

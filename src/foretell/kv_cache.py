@@ -14,6 +14,15 @@ from __future__ import annotations
 
 import torch
 
+# Slots are allocated in blocks of this many, so that one-token attention can read a whole number of blocks
+# (kv_cache.KVCache.block_views): the runtime keeps kernels per matrix shape, and one per key length grew a
+# server's memory by hundreds of MiB (docs/serving.md).
+SLOT_BLOCK = 64
+
+
+def whole_blocks(slots: int) -> int:
+    return -(-slots // SLOT_BLOCK) * SLOT_BLOCK
+
 
 class KVCache:
     def __init__(
@@ -26,7 +35,7 @@ class KVCache:
         device: torch.device | str = "cpu",
         batch: int = 1,  # rows decoded side by side (batched generation); the engine uses 1
     ):
-        shape = (num_layers, batch, num_kv_heads, capacity, head_dim)  # [L, B, H_kv, S, D]
+        shape = (num_layers, batch, num_kv_heads, whole_blocks(capacity), head_dim)  # [L, B, H_kv, S, D]
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
@@ -43,6 +52,12 @@ class KVCache:
         end = self.length + k.shape[2]
         self.k[layer, :, :, self.length : end] = k
         self.v[layer, :, :, self.length : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def block_views(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of slots [0, end) rounded up to whole blocks; slots past `end` hold zeros or stale
+        finite values, so a caller must give them zero weight."""
+        end = whole_blocks(end)
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
     def commit_prefix(self, num_new: int) -> None:

@@ -59,21 +59,25 @@ ACTIVATION_FUNCTIONS = {
 
 def small_step_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-    scale: float | None = None, cap: float | None = None,
+    scale: float | None = None, cap: float | None = None, keys: int | None = None,
 ) -> torch.Tensor:
-    """Attention as explicit matmuls. q: [B, Hq, T, D]; k, v: [B, Hkv, S, D]; mask: [B or 1, 1, T, S] bool or
+    """Attention as explicit matmuls. q: [B, Hq, T, D]; k, v: [B, Hkv, S', D] of which the first S = keys
+    (None: all) are attended, the rest given zero weight (KVCache.block_views); mask: [B or 1, 1, T, S] bool or
     None (all visible). Query heads share kv heads in groups (GQA). scale: None = D ** -0.5; cap: soft-cap the
     scores (Gemma 2; SDPA cannot, so such layers come here at every size)."""
     B, Hq, T, D = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
+    Hkv, padded = k.shape[1], k.shape[2]
+    S = padded if keys is None else keys
     group = Hq // Hkv
     qg = q.reshape(B, Hkv, group * T, D)  # head h reads kv head h // group
-    scores = (qg @ k.transpose(-1, -2)).float() * (D**-0.5 if scale is None else scale)
+    scores = (qg @ k.transpose(-1, -2))[..., :S].float() * (D**-0.5 if scale is None else scale)
     if cap is not None:
         scores = softcap(scores, cap)
     if mask is not None:
         scores = scores.view(B, Hkv, group, T, S).masked_fill(~mask[:, :, None], float("-inf"))
     probs = scores.view(B, Hkv, group * T, S).softmax(dim=-1).to(v.dtype)
+    if padded > S:
+        probs = F.pad(probs, (0, padded - S))
     return (probs @ v).view(B, Hq, T, D)
 
 
@@ -200,7 +204,12 @@ class DecoderLayer(nn.Module):
             if kv_start:
                 k, v = k[:, :, kv_start:], v[:, :, kv_start:]
         if cache is not None and T <= SMALL_STEP:
-            return small_step_attention(q, k, v, mask, self.scale, self.attn_softcap)
+            if kv_start:
+                return small_step_attention(q, k, v, mask, self.scale, self.attn_softcap)
+            # Whole blocks of keys: one matrix shape per block rather than per key length.
+            keys = k.shape[2]
+            k, v = cache.block_views(layer, keys)
+            return small_step_attention(q, k, v, mask, self.scale, self.attn_softcap, keys=keys)
         if self.attn_softcap is not None:
             if mask is None and cache is None:
                 mask = causal_mask(T, q.device)
