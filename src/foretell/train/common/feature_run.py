@@ -125,7 +125,10 @@ def train_or_load(cfg, settings: dict, what: str, load, train_new, save, evaluat
     from foretell.train.common.run_folder import DONE, SettingsJob, open_job_folder
 
     job = SettingsJob(cfg.out / "train", cfg.resume, json.loads(json.dumps(settings, default=str)))
-    open_job_folder(job)
+    if ctx is None:
+        open_job_folder(job)
+    else:  # one process checks (or clears) and writes the folder, the others wait: they raced on job.json
+        ctx.main_only(open_job_folder, job)
     folder = cfg.out / what
     if (job.out / DONE).is_file() and folder.is_dir():
         print(f"foretell train: the {what} in {folder} is already trained, skipping")

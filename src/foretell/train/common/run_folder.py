@@ -46,5 +46,7 @@ def open_job_folder(job) -> None:
             changed = sorted(k for k in saved if saved[k] != job.fingerprint().get(k))
             raise ForetellError(f"{job.out} holds a stage made with other settings ({', '.join(changed)}); "
                                 "use another --out or --no-resume")
-    else:
-        path.write_text(json.dumps(job.fingerprint(), indent=2))
+    else:  # written whole or not at all: an interrupted write must not leave a "corrupt" folder
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(job.fingerprint(), indent=2))
+        partial.replace(path)
