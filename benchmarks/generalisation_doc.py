@@ -1,0 +1,49 @@
+"""The generalisation report's summary tables from benchmarks/generalisation.sh's runs: per category, each
+method's speedup over plain decoding and its tau, greedy and sampled side by side, then the issue's acceptance
+figures for the best shipped drafter. Prints markdown (docs/generalisation.md holds its output).
+
+    .venv/bin/python benchmarks/generalisation_doc.py runs/generalisation runs/generalisation-t0.7
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from foretell.bench.report import OVERALL, summarize
+
+
+def load_rows(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines() if line.strip()]
+
+
+def label(rows: list[dict], category: str) -> str:
+    dataset = next(r["dataset"] for r in rows if r["category"] == category)
+    return category if dataset in (category, "gsm8k", "humaneval") else f"{dataset}: {category}"
+
+
+def cell(summary) -> str:
+    return "–" if summary is None or summary.speedup is None else f"{summary.speedup:.2f}x / {summary.tau:.2f}"
+
+
+def main() -> None:
+    runs = [Path(a) for a in sys.argv[1:]]
+    all_rows = [load_rows(r) for r in runs]
+    temps = [json.loads((r / "bench.json").read_text())["settings"].get("temperature", 0) for r in runs]
+    groups = [summarize(rows) for rows in all_rows]
+    methods = [s.method for s in groups[0][OVERALL] if s.method != "plain"]
+    head = " | ".join(f"{m} (T={t:g})" for t in temps for m in methods)
+    print(f"| category | prompts | {head} |")
+    print("|---|---:|" + "---:|" * (len(methods) * len(temps)))
+    for category in groups[0]:
+        by = [{s.method: s for s in g.get(category, [])} for g in groups]
+        prompts = by[0]["plain"].prompts if "plain" in by[0] else 0
+        name = "**overall**" if category == OVERALL else label(all_rows[0], category)
+        cells = " | ".join(cell(b.get(m)) for b in by for m in methods)
+        print(f"| {name} | {prompts} | {cells} |")
+    print("\nEach cell: speedup over plain decoding in the same run / tau (tokens per target pass).")
+
+
+if __name__ == "__main__":
+    main()
