@@ -12,6 +12,8 @@ from foretell.api import load
 from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize, node_values, truncate
 from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
+from foretell.models.eagle3 import new_eagle3_head, save_eagle3_head
+from foretell.models.hidden_draft import new_hidden_draft, save_hidden_draft
 from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
 from foretell.types import Proposal, SamplingParams
 
@@ -42,14 +44,19 @@ def pipes(tiny_pair, tmp_path_factory):
     """The same tiny target under several configurations (weights shared)."""
     plain = load(tiny_pair[0], "none", warm_up=False)
     target = plain.target.model
+    folder = tmp_path_factory.mktemp("batch")
     head = save_parallel_head(new_parallel_head(target, ParallelHeadConfig.for_target(target.config), seed=3),
-                              tmp_path_factory.mktemp("batch") / "head")
+                              folder / "head")
+    hidden = save_hidden_draft(new_hidden_draft(target, seed=3), folder / "hidden")
+    eagle = save_eagle3_head(new_eagle3_head(target, seed=3), folder / "eagle3")
     specs = {
         "none": SpeculativeConfig(method="none"),
         "prompt-lookup": SpeculativeConfig(gamma=3),
         "draft-model": SpeculativeConfig(method="draft-model", model=str(tiny_pair[1]), gamma=3, draft_quant="none"),
         "draft-tree": SpeculativeConfig(method="draft-tree", model=str(tiny_pair[1]), draft_quant="none"),
         "parallel-head": SpeculativeConfig(method="parallel-head", model=str(head), result_cache="prompt"),
+        "hidden-state": SpeculativeConfig(method="hidden-state", model=str(hidden)),
+        "eagle3": SpeculativeConfig(method="eagle3", model=str(eagle)),
     }
     return {name: plain.with_speculative(spec) for name, spec in specs.items()}
 
