@@ -125,7 +125,8 @@ class BatchEngine:
                 self.served_acceptance.setdefault(drafter_name(r), DepthAcceptance()).add(
                     stats.accepted_per_position, stats.proposed_per_position)
             r.release()
-        self.active = [r for r in self.active if r not in gone]
+        left = {id(r) for r in gone}  # by identity: Request is a dataclass, == would compare every field
+        self.active = [r for r in self.active if id(r) not in left]
 
     def _acceptance(self, ready: list[Request]) -> list[list[float]]:
         """Each request's acceptance by depth, smoothed towards what its drafter did for every request so far."""
