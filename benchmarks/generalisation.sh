@@ -4,6 +4,7 @@
 # HumanEval, PER prompts per category (default 4). No evaluation prompt is in the shipped drafters' training data
 # (their training runs drop any conversation sharing text with one: manifest "data" -> heldout_dropped).
 # Extra heads to compare (e.g. one trained on the old, narrower data): COMPARE="name=folder name2=folder2".
+# Other configurations to compare: SPECS_EXTRA="name=spec.json name2=spec2.json" (SpeculativeConfig files).
 # TEMP (default 0 = greedy) and SEED run the same comparison sampled. Writes OUT/report.md (default
 # runs/generalisation, or runs/generalisation-tT when sampled); rerunning resumes.
 set -euo pipefail
@@ -28,6 +29,9 @@ for pair in ${COMPARE:-}; do  # name=head folder: the same configuration as the 
   name=${pair%%=*}; folder=${pair#*=}
   echo "{\"method\": \"parallel-head\", \"model\": \"$folder\", \"budget\": \"auto\", \"result_cache\": \"prompt\"}" > "$OUT/specs/$name.json"
   SPECS+=(--spec-config "$name=$OUT/specs/$name.json")
+done
+for pair in ${SPECS_EXTRA:-}; do
+  SPECS+=(--spec-config "$pair")
 done
 .venv/bin/foretell bench --model smollm2-135m --dtype bfloat16 --datasets spec-bench,gsm8k,mt-bench,humaneval \
   --per-category "${PER:-4}" --max-new-tokens 128 --threads 2 --temperature "$TEMP" ${SEED:+--seed "$SEED"} \

@@ -21,11 +21,23 @@ COMMON=(--model "$MODEL" --dtype bfloat16 --datasets gsm8k,spec-bench --per-cate
 
 $F bench "${COMMON[@]}" --methods plain,hf-plain --out "$OUT/bf16"
 
+# The quantized run's drafter: SPEC, else the target's default shipped drafter with its manifest's configuration.
+if [ -z "${SPEC:-}" ]; then
+  mkdir -p "$OUT"
+  if .venv/bin/python -c "
+import json, sys
+from foretell.models.shipped import default_shipped
+m = default_shipped(sys.argv[1])
+sys.exit(1) if m is None else json.dump({**m.speculative, 'model': m.name}, open(sys.argv[2], 'w'))" "$MODEL" "$OUT/default-drafter.json"
+  then SPEC=$OUT/default-drafter.json; fi
+fi
 EXTRA=()
 if [ -n "${SPEC:-}" ]; then
   EXTRA=(--spec-config "drafter=$SPEC")
 fi
 $F bench "${COMMON[@]}" --quant "$QUANT" --methods plain,prompt-lookup,llama-cpp "${EXTRA[@]}" --out "$OUT/quant"
 
-.venv/bin/python benchmarks/token_split.py --model "$MODEL" --per 2 --threads "$T" > "$OUT/split.md"
-echo "reports: $OUT/bf16/report.md $OUT/quant/report.md $OUT/split.md"
+.venv/bin/python benchmarks/token_split.py --model "$MODEL" --per 2 --threads "$T" "${EXTRA[@]}" > "$OUT/split.md"
+.venv/bin/python benchmarks/token_split.py --model "$MODEL" --quant "$QUANT" --per 2 --threads "$T" "${EXTRA[@]}" \
+  > "$OUT/split-$QUANT.md"
+echo "reports: $OUT/bf16/report.md $OUT/quant/report.md $OUT/split.md $OUT/split-$QUANT.md"

@@ -55,6 +55,17 @@ def test_greedy_equals_plain_near_the_token_limit_and_with_the_scheduler(plain):
     assert spec.engine.drafter.scheduler.history, "the scheduler chose the budgets"
 
 
+def test_int8_head_is_exact_and_quantizes_its_layer_and_output(plain):
+    from foretell.models.quant import Int8Linear
+
+    head = make_head(plain.target.model, seed=4).quantize("int8")
+    assert isinstance(head.lm_head, Int8Linear) and isinstance(head.midlayer.qkv_proj, Int8Linear)
+    assert not isinstance(head.fc, Int8Linear)  # run once a pass; it also places the module
+    assert head.quantize("int8").lm_head is head.lm_head  # quantizing twice changes nothing
+    assert_greedy_equals_plain(plain, plain.with_drafter(Eagle3Drafter(head)))
+    assert not isinstance(make_head(plain.target.model).quantize("none").lm_head, Int8Linear)
+
+
 @pytest.fixture(scope="module")
 def micro_pipe(micro):
     hf_target, root = micro
@@ -195,8 +206,11 @@ def test_bench_methods(tmp_path):
 
     assert "eagle3" in METHODS and "eagle3-auto" in METHODS
     spec = variant_spec("eagle3-lookup@8").spec(Models("t", eagle="h"), MethodOptions())
-    assert spec == SpeculativeConfig(method="eagle3", model="h", result_cache="prompt",
+    assert spec == SpeculativeConfig(method="eagle3", model="h", result_cache="prompt", draft_quant="none",
                                      eagle_tree=EagleTreeShape(max_nodes=8))
+    int8 = variant_spec("eagle3").spec(Models("t", eagle="h", draft_quant="int8"), MethodOptions())
+    assert int8.draft_quant == "int8"
+    assert variant_spec("eagle3-fp").spec(Models("t", eagle="h", draft_quant="int8"), MethodOptions()).draft_quant == "none"
     with pytest.raises(ForetellError, match="need --eagle"):
         build_methods(["eagle3"], Models("t"), MethodOptions())
 

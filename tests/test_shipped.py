@@ -81,6 +81,27 @@ def test_a_damaged_or_misused_shipped_drafter_is_refused(shipped, tiny_pair):
         engine_for(target, root)
 
 
+def test_an_eagle3_head_ships_and_loads_by_name(tiny_pair, tmp_path, plain):
+    from foretell.models.eagle3 import Eagle3Config, new_eagle3_head, save_eagle3_head
+
+    target = load_model(tiny_pair[0])
+    ids = torch.arange(0, 40)
+    head = new_eagle3_head(target.model, Eagle3Config.for_target(target.config, draft_vocab_size=40), seed=2,
+                           draft_vocab=ids)
+    saved = save_eagle3_head(head, tmp_path / "run" / "head")
+    root = tmp_path / "shipped"
+    ship_drafter(saved, "tiny-eagle", "eagle3", str(tiny_pair[0]), target.model, {"method": "eagle3"},
+                 {"command": "a test", "heldout": {}}, root=root)
+    assert set(Manifest.read(root / "tiny-eagle").files) == {"eagle3.json", "model.safetensors"}
+    engine = build_engine(SpeculativeConfig(method="eagle3", model="tiny-eagle"),
+                          DrafterWeights(target, "tiny", shipped_root=root))
+    for prompt in PROMPTS:
+        assert engine.generate(prompt, greedy_params()).tokens == plain.engine.generate(prompt, greedy_params()).tokens
+    with pytest.raises(ForetellError, match="is a eagle3 drafter, not parallel-head"):
+        build_engine(SpeculativeConfig(method="parallel-head", model="tiny-eagle"),
+                     DrafterWeights(target, "tiny", shipped_root=root))
+
+
 # --- the drafters that ship with foretell ---------------------------------------------------------
 
 SIZE_BUDGET = 40 * 2**20
@@ -116,3 +137,24 @@ def test_run_sh_default_is_the_shipped_drafter_and_exact_in_fp32(capsys):
     spec, err = run()
     assert spec["speculative"]["model"] == defaults[0].name and f"shipped drafter {defaults[0].name}" in err
     assert spec["tokens"] == run("--drafter", "none")[0]["tokens"]
+
+
+def test_every_shipped_smollm2_drafter_is_exact_in_fp32(capsys):
+    """Each drafter shipped for SmolLM2 (not only the default), with its manifest's configuration: fp32 greedy
+    text equals plain decoding's."""
+    from foretell.cli import main
+
+    names = [m.name for m in shipped_manifests() if m.target.name == "smollm2-135m"]
+    if not names:
+        pytest.skip("no drafter shipped for smollm2-135m yet")
+    args = ["generate", "A train leaves at 3 pm and travels 60 km per hour. How far has it gone by 5 pm?",
+            "--dtype", "float32", "--max-new-tokens", "40", "--json"]
+
+    def tokens(*extra):
+        assert main([*args, *extra]) == 0
+        return json.loads(capsys.readouterr().out)["tokens"]
+
+    plain_tokens = tokens("--drafter", "none")
+    flags = {"parallel-head": "--head", "eagle3": "--eagle", "hidden-state": "--hidden-draft"}
+    for name in names:
+        assert tokens(flags[Manifest.read(SHIPPED_DIR / name).kind], name) == plain_tokens, name

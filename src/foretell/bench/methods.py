@@ -68,7 +68,7 @@ class Models:
     target: str
     draft: str | None = None
     dtype: str = "bfloat16"
-    draft_quant: str = "none"  # the named draft-model and hidden-state methods (M-fp: none)
+    draft_quant: str = "none"  # the named draft-model, hidden-state and eagle3 methods (M-fp: none)
     head: str | None = None  # a saved parallel head folder, for the parallel-head* methods
     hidden_draft: str | None = None  # a saved hidden-state draft folder, for the hidden-state* methods
     eagle: str | None = None  # an EAGLE-3 head (foretell's folder or an engine checkpoint), for the eagle3* methods
@@ -275,7 +275,7 @@ def _head(**options) -> Build:
 
 
 def _eagle(**options) -> Build:
-    return lambda m, o: SpeculativeConfig(method="eagle3", model=m.eagle, **options)
+    return lambda m, o: SpeculativeConfig(method="eagle3", model=m.eagle, draft_quant=m.draft_quant, **options)
 
 
 def _hidden(hot_vocab: int = HIDDEN_HOT_VOCAB, **options) -> Build:

@@ -103,12 +103,14 @@ class DrafterWeights:
         return self._once(("hidden", folder, hot_vocab, quant), lambda: load_hidden_draft(
             folder, self.target.model, self.hot_vocab(hot_vocab)).quantize(quant))
 
-    def eagle3_head(self, model: str):
-        """An EAGLE-3 head: foretell's folder, an EAGLE-3 checkpoint in the engines' layout, or a shipped name."""
+    def eagle3_head(self, model: str, quant: str = "none"):
+        """An EAGLE-3 head: foretell's folder, an EAGLE-3 checkpoint in the engines' layout, or a shipped name;
+        int8 per `quant` (Eagle3Head.quantize)."""
         from foretell.models.eagle3 import load_eagle3_head
 
         folder = self.folder(model, "eagle3")
-        return self._once(("eagle3", folder), lambda: load_eagle3_head(folder, self.target.model))
+        return self._once(("eagle3", folder, quant),
+                          lambda: load_eagle3_head(folder, self.target.model).quantize(quant))
 
     def target_cost(self) -> CostCurve:
         """The target's forward cost by verified tokens on this machine (measured once, then cached on disk)."""
@@ -155,7 +157,7 @@ def build_drafter(spec: SpeculativeConfig, weights: DrafterWeights) -> tuple[Dra
     if spec.method == "eagle3":
         from foretell.drafters.eagle_tree import Eagle3Drafter
 
-        return Eagle3Drafter(weights.eagle3_head(spec.model), spec.eagle_tree, scheduler), policy
+        return Eagle3Drafter(weights.eagle3_head(spec.model, spec.draft_quant), spec.eagle_tree, scheduler), policy
     from foretell.drafters.hidden_tree import HiddenStateDrafter
 
     draft = weights.hidden_draft(spec.model, spec.hot_vocab, spec.draft_quant)
