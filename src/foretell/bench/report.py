@@ -140,7 +140,8 @@ def plot_speedup(groups: dict[str, list[MethodSummary]], path: Path) -> None:
 
     cats = list(groups)
     methods = [m for m in dict.fromkeys(s.method for ss in groups.values() for s in ss) if m != "plain"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) * max(1, len(methods)) / 2), 4))
+    # Wide enough for every bar, but capped: many categories x methods made an unreadable strip.
+    fig, ax = plt.subplots(figsize=(min(18, max(6, 0.3 * len(cats) * max(1, len(methods)) + 2)), 5))
     width = 0.8 / max(1, len(methods))
     for i, m in enumerate(methods):
         values = [next((s.speedup or 0.0 for s in groups[c] if s.method == m), 0.0) for c in cats]
