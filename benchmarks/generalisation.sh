@@ -19,10 +19,9 @@ SPECS=()
 # Each shipped drafter with the configuration its manifest names, under its own name.
 for name in $(.venv/bin/python -c "from foretell.models.shipped import shipped_manifests as m; print(' '.join(x.name for x in m() if x.target.name == 'smollm2-135m'))"); do
   .venv/bin/python -c "
-import json, sys
+import sys
 from foretell.models.shipped import Manifest, SHIPPED_DIR
-m = Manifest.read(SHIPPED_DIR / '$name')
-json.dump({**m.speculative, 'model': m.name}, sys.stdout)" > "$OUT/specs/$name.json"
+Manifest.read(SHIPPED_DIR / sys.argv[1]).speculative_config().save(sys.argv[2])" "$name" "$OUT/specs/$name.json"
   SPECS+=(--spec-config "$name=$OUT/specs/$name.json")
 done
 for pair in ${COMPARE:-}; do  # name=head folder: the same configuration as the shipped head

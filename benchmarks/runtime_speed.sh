@@ -25,10 +25,10 @@ $F bench "${COMMON[@]}" --methods plain,hf-plain --out "$OUT/bf16"
 if [ -z "${SPEC:-}" ]; then
   mkdir -p "$OUT"
   if .venv/bin/python -c "
-import json, sys
+import sys
 from foretell.models.shipped import default_shipped
 m = default_shipped(sys.argv[1])
-sys.exit(1) if m is None else json.dump({**m.speculative, 'model': m.name}, open(sys.argv[2], 'w'))" "$MODEL" "$OUT/default-drafter.json"
+sys.exit(1) if m is None else m.speculative_config().save(sys.argv[2])" "$MODEL" "$OUT/default-drafter.json"
   then SPEC=$OUT/default-drafter.json; fi
 fi
 EXTRA=()

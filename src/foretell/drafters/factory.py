@@ -194,6 +194,6 @@ def default_speculative(target: str | Path, cache_dir: Path | None = None,
                                   result_cache="prompt"), f"the installed hidden-state draft {folder}")
     shipped = default_shipped(str(target), shipped_root or SHIPPED_DIR)
     if shipped is not None:
-        spec = SpeculativeConfig.from_dict({**shipped.speculative, "model": shipped.name}, f"{shipped.name}'s manifest")
-        return spec, f"the shipped drafter {shipped.name}, the fastest in foretell's benchmark for this target"
+        why = f"the shipped drafter {shipped.name}, the fastest in foretell's benchmark for this target"
+        return shipped.speculative_config(), why
     return SpeculativeConfig(method="prompt-lookup"), "no trained drafter shipped or installed for this target"

@@ -67,6 +67,12 @@ class Manifest:
         except (json.JSONDecodeError, TypeError, KeyError) as e:
             raise ForetellError(f"{path} is damaged ({e}); restore it with `git checkout -- {folder}`") from None
 
+    def speculative_config(self):
+        """The configuration it ships with, on its own weights (by name): a SpeculativeConfig."""
+        from foretell.config import SpeculativeConfig
+
+        return SpeculativeConfig.from_dict({**self.speculative, "model": self.name}, f"{self.name}'s manifest")
+
 
 def shipped_names(root: Path = SHIPPED_DIR) -> list[str]:
     return sorted(p.name for p in root.iterdir() if (p / MANIFEST).is_file()) if root.is_dir() else []
