@@ -198,9 +198,9 @@ class Eagle3Head(DrafterModule):
 
     def quantize(self, mode: str) -> Eagle3Head:
         """Store the decoder layer's projections and the draft output layer as int8 per `mode` (models/quant.py;
-        "auto" = int8 on CPU). Lossless for decoding (drafts only propose); inference only. On this CPU a one-row
-        head step with its logits went from ~5.7 to ~1.1 ms (2 threads); fc, run once a pass, stays as it is
-        (it also places the module: `placed_by`)."""
+        "auto" = int8 on CPU). Lossless for decoding (drafts only propose); inference only. The head steps once per
+        tree level, so its step time counts several times a pass; fc, run once a pass, stays as it is (it also
+        places the module: `placed_by`)."""
         from foretell.models.quant import Int8Linear, quantize_int8, resolve_quant
 
         if resolve_quant(mode, self.device) == "int8" and not isinstance(self.lm_head, Int8Linear):
