@@ -20,7 +20,9 @@ from foretell.train.common.data import TokenData
 from foretell.train.common.features import FeatureCache
 from foretell.train.common.trainer import WarmupCosine
 from foretell.train.hidden_state.eval import hidden_depth_eval, hot_vocab_coverage
-from foretell.train.hidden_state.loss import HiddenLossConfig, noise_rows, unroll, unroll_steps, with_noise
+from foretell.train.hidden_state.loss import (
+    HiddenLossConfig, noise_rows, sequence_terms, unroll, unroll_at, unroll_steps, with_noise,
+)
 from foretell.train.hidden_state.pipeline import HiddenShape, HiddenStateTrainConfig, run_hidden_state
 from foretell.train.hidden_state.train import hidden_step
 from foretell.types import SamplingParams
@@ -74,7 +76,8 @@ def test_noise_replaces_the_chosen_share_of_rows_by_other_rows():
 def test_bad_settings_are_refused():
     for kwargs, message in [({"mse_weight": -1}, "--mse-weight"), ({"mse_weight": 0, "kl_weight": 0}, "not both 0"),
                             ({"noise": 1.0}, "--noise must be in"), ({"logit_clamp": 0}, "--logit-clamp"),
-                            ({"curriculum": 2}, "--curriculum"), ({"anchors": 0}, "--anchors")]:
+                            ({"curriculum": 2}, "--curriculum"), ({"anchors": 0}, "--anchors"),
+                            ({"deep_rows": "some"}, "--deep-rows takes all or anchors")]:
         with pytest.raises(ForetellError, match=message):
             HiddenLossConfig(**kwargs)
     with pytest.raises(ForetellError, match="--init-layer takes middle"):
@@ -237,6 +240,42 @@ def test_unroll_equals_forward_training(setup):
         torch.testing.assert_close(unroll(draft, hidden, steps), draft.forward_training(hidden, steps))
     one = hidden[:1, :12]  # short blocks take the layer's small-step attention path
     torch.testing.assert_close(unroll(draft, one, 4), draft.forward_training(one, 4), atol=1e-4, rtol=1e-3)
+
+
+def test_anchored_unroll_equals_the_full_unroll_at_its_anchors(setup):
+    """--deep-rows anchors: each anchor's chain needs only the target rows and its own predictions, so unrolling
+    from the anchors alone gives the very predictions of the full unroll there (and step 0 at every row)."""
+    target = build_model(setup[1], torch.float32)
+    draft = new_hidden_draft(target, HiddenDraftConfig.for_target(target.config, token_info_rank=4), init_from_layer=1)
+    hidden = target.forward_sequences(torch.randint(3, VOCAB, (1, 24)), hidden_layers=(3,)).hidden[3]
+    rows = torch.tensor([0, 5, 6, 17, 22])
+    for steps in (1, 2, 4):
+        full = unroll(draft, hidden, steps)[0]
+        first, deep = unroll_at(draft, hidden, steps, rows)
+        torch.testing.assert_close(first, full[:, 0])
+        torch.testing.assert_close(deep, full[rows, 1:])
+
+
+def test_anchored_loss_terms_are_the_full_terms_on_their_pairs(setup):
+    """The KL terms are identical, and the MSE is the full MSE on step 0 and at the anchors (elsewhere not trained)."""
+    target = build_model(setup[1], torch.float32)
+    draft = new_hidden_draft(target, HiddenDraftConfig.for_target(target.config, token_info_rank=4), init_from_layer=1)
+    tokens = torch.randint(3, VOCAB, (24,))
+    hidden = target.forward_sequences(tokens[None], hidden_layers=(3,)).hidden[3][0]
+    logp, ids = torch.log_softmax(torch.randn(24, 6), -1), torch.randint(0, VOCAB, (24, 6))
+    mask = torch.ones(24, dtype=torch.bool)
+    mask[:3] = False
+    anchors = torch.tensor([4, 9, 10, 19])
+    full, anchored = (sequence_terms(draft, hidden, logp, ids, tokens, mask, 3, anchors,
+                                     HiddenLossConfig(deep_rows=rows, noise=0.2), torch.Generator().manual_seed(1))
+                      for rows in ("all", "anchors"))
+    torch.testing.assert_close(anchored.kl, full.kl)
+    assert torch.equal(anchored.kl_valid, full.kl_valid) and torch.equal(anchored.agree, full.agree)
+    assert torch.equal(anchored.mse_valid[:, 0], full.mse_valid[:, 0])
+    assert torch.equal(anchored.mse_valid[:, 1:].nonzero()[:, 0].unique(), anchors[anchors < 21])
+    assert torch.equal(anchored.mse_valid, full.mse_valid & anchored.mse_valid)
+    pairs = anchored.mse_valid
+    torch.testing.assert_close(anchored.mse[pairs], full.mse[pairs])
 
 
 def test_two_processes_match_one_with_the_same_global_batch(setup, tmp_path):

@@ -23,6 +23,7 @@ from foretell.models.loading import LoadedModel, load_model
 from foretell.models.gguf_quant import keep_gguf_quantization
 from foretell.models.presets import gguf_file
 from foretell.models.quant import TARGET_QUANT_MODES, quantize_target
+from foretell.models.wide_linear import widen_linears
 from foretell.text import encode_prompt
 from foretell.types import SamplingParams
 
@@ -82,6 +83,7 @@ def load(
     device: str = "cpu",
     quant: str = "none",
     compile: bool = False,
+    wide_fp32: bool = True,
     warm_up: bool = True,
     cache_dir: Path | None = None,
 ) -> Pipeline:
@@ -95,6 +97,8 @@ def load(
     speculation then reproduces exactly (its cost against bf16: docs/speed.md).
     compile: torch.compile the target's per-layer blocks (opt-in; compiled during warm-up; see
     benchmarks/compile_ab.py for whether it pays on your machine).
+    wide_fp32: a bf16 target on a CPU without native bf16 matmul runs its passes of many rows (prompts, draft
+    trees) in fp32 on an exact fp32 copy of its weights where that is faster here (models/wide_linear.py).
     warm_up: a few throw-away forwards so the first generation is not the slow one.
     """
     spec = default_speculative(target, cache_dir)[0] if speculative is None else as_speculative(speculative)
@@ -109,6 +113,8 @@ def load(
         keep_gguf_quantization(loaded.model, gguf)
     else:
         quantize_target(loaded.model, quant)
+    if wide_fp32:
+        widen_linears(loaded.model)
     if compile:
         loaded.model.compile_steps()
     weights = DrafterWeights(loaded, str(target), dtype, device, cache_dir)

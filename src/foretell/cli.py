@@ -170,12 +170,14 @@ def cmd_cost(args) -> None:
 
     from foretell.budget import cost_curve, plot_cost_curve
     from foretell.models.loading import load_model
+    from foretell.models.wide_linear import widen_linears
 
     if args.threads:
         torch.set_num_threads(args.threads)
     curves = {}
     for name in args.models:
         loaded = load_model(name, args.dtype, args.device)
+        widen_linears(loaded.model)  # as `load` runs it
         curves[f"{name} ({args.dtype})"] = curve = cost_curve(loaded.model, name)
         del loaded
         cells = " ".join(f"{n}:{s * 1000:.1f}" for n, s in zip(curve.sizes, curve.seconds))

@@ -60,10 +60,12 @@ class DrafterWeights:
     def draft_model(self, spec: str, quant: str) -> LoadedModel:
         def make():
             from foretell.models.quant import apply_quant
+            from foretell.models.wide_linear import widen_linears
 
             draft = load_model(spec, self.dtype, self.device, self.cache_dir)
             check_same_tokenizer(self.target.tokenizer, draft.tokenizer, self.target_name, spec)
             apply_quant(draft.model, quant)
+            widen_linears(draft.model)  # bf16 on a CPU without native bf16 matmul: wide passes in fp32
             return draft
 
         return self._once(("draft-model", spec, quant), make)

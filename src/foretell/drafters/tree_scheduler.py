@@ -2,7 +2,7 @@
 from what this machine costs now and what the drafter has recently been getting accepted.
 
 Per step the drafter grows the best-first tree up to the scheduler's caps; the scheduler then
-keeps the prefix of n nodes maximising expected tokens per second,
+keeps the prefix of n nodes (n = 0: a plain pass) maximising expected tokens per second,
 
     rate(n) = (1 + sum of the n best node values) / (draft seconds + verify seconds(n + 1)),
 
@@ -104,7 +104,10 @@ class AdaptiveTreeScheduler:
         if not scores:
             return 0
         depth_of = node_depths(parents)
-        best_n, best_rate, expected, best_expected = 1, -1.0, 1.0, 1.0
+        # n = 0 is a plain pass: where wide passes cost much more than one token (a CPU without a fast
+        # many-row matmul), no tree at all can be the fastest choice, the drafting time being spent either way.
+        expected = best_expected = 1.0
+        best_n, best_rate = 0, 1.0 / (draft_seconds + self.verify_seconds(1))
         values: list[float] = []
         for n, (score, depth, parent) in enumerate(zip(scores, depth_of, parents), start=1):
             # A node is reached only through its parent, so it is never worth more.
@@ -117,7 +120,7 @@ class AdaptiveTreeScheduler:
         probe = bool(self.limits.probe_every) and self._steps % self.limits.probe_every == 0
         if probe:  # alternate a half and a double budget, so both neighbours' timings stay current
             up = (self._steps // self.limits.probe_every) % 2 == 0
-            best_n = min(len(scores), best_n * 2) if up else max(1, best_n // 2)
+            best_n = min(len(scores), max(1, best_n * 2)) if up else max(1, best_n // 2)
         depth, width = tree_shape(parents[:best_n])
         self.history.append(Choice(best_n, depth, width, best_expected, probe))
         return best_n

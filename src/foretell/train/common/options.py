@@ -117,7 +117,28 @@ def run_feature_kind(fn, cfg, args) -> bool:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    warn_emulated_bf16(args)
     return run_distributed(fn, cfg, args)
+
+
+def warn_emulated_bf16(args) -> None:
+    """--bf16 / --feature-dtype bfloat16 on a CPU whose bf16 matmul is emulated (no AVX512-BF16 / AMX) make
+    training and the feature pass tens of times slower than fp32 (models/wide_linear.py): say so at the start."""
+    import sys
+
+    import torch
+
+    wants = [flag for flag, on in (("--bf16", getattr(args, "bf16", False)),
+                                   ("--feature-dtype bfloat16", getattr(args, "feature_dtype", "") == "bfloat16")) if on]
+    if not wants or getattr(args, "device", "cpu") != "cpu":
+        return
+    from foretell.models.wide_linear import fp32_wide_rows
+
+    rows = fp32_wide_rows(torch.get_num_threads())
+    if rows is not None:
+        print(f"foretell train: warning: this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native bf16 "
+              f"matrix multiply: products of {rows} rows or more run faster in fp32 here, and {' and '.join(wants)} "
+              "can make this run tens of times slower; drop them to train in fp32", file=sys.stderr)
 
 
 def run_distributed(fn, cfg, args) -> bool:

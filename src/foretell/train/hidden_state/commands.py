@@ -37,7 +37,10 @@ def add_arguments(p) -> None:
         ("--curriculum", float, loss.curriculum,
          "unrolled steps grow from 1 to --depth over this share of the steps; 0 = full depth throughout"),
         ("--logit-clamp", float, loss.logit_clamp, "draft logits are clamped to [-C, C] before the KL"),
-        ("--anchors", int, loss.anchors, "anchors per sequence and step for the KL; the MSE uses all"),
+        ("--anchors", int, loss.anchors, "anchors per sequence and step for the KL (and, with --deep-rows "
+         "anchors, for the deeper unrolled steps)"),
+        ("--deep-rows", None, loss.deep_rows, "rows unrolled past the first step: all (the seed's recipe) or anchors "
+         "(only the KL anchors: ~3x cheaper a step at depth 5, fewer deep MSE pairs)"),
     ])
     g.add_argument("--init-draft", help="start from this trained draft (a saved OUT/draft of the same shape) instead of "
                    "--init-layer: continues training on a new schedule (pair with --curriculum 0)")
@@ -64,7 +67,8 @@ def hidden_state_config(args):
     from foretell.train.hidden_state.pipeline import HiddenShape, HiddenStateTrainConfig, default_hidden_train
 
     shape = HiddenShape(args.depth, args.token_info_rank, args.init_layer)
-    loss = HiddenLossConfig(args.mse_weight, args.kl_weight, args.noise, args.logit_clamp, args.anchors, args.curriculum)
+    loss = HiddenLossConfig(args.mse_weight, args.kl_weight, args.noise, args.logit_clamp, args.anchors, args.curriculum,
+                            args.deep_rows)
     return HiddenStateTrainConfig(
         **run_settings(args, default_hidden_train()), shape=shape, loss=loss,
         hot_vocab_sizes=parse_sizes(args.hot_vocab_sizes), init_draft=Path(args.init_draft) if args.init_draft else None,

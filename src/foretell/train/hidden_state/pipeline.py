@@ -99,6 +99,8 @@ def run_hidden_state(cfg: HiddenStateTrainConfig, ctx: DistContext | None = None
         raise ForetellError(f"--init-layer must be a target layer in 0..{target.config.num_hidden_layers - 1}, "
                             f"got {init_layer}")
     settings = job_settings(cfg, target_dir, draft=asdict(config), init_layer=init_layer, shape=asdict(cfg.shape))
+    if cfg.loss.deep_rows == "all":  # the default, left out so runs made before the option still resume
+        del settings["loss"]["deep_rows"]
     if cfg.init_draft is not None:  # only when set, so runs made before the option still resume
         check_init_draft(cfg.init_draft, config)
         settings["init_draft"] = str(cfg.init_draft)

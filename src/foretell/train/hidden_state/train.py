@@ -20,7 +20,7 @@ from foretell.train.common.feature_loop import run_steps
 from foretell.train.common.features import FeatureCache
 from foretell.train.common.distributed import DistContext
 from foretell.train.common.trainer import TrainConfig
-from foretell.train.hidden_state.loss import HiddenLossConfig, kl_anchors, sequence_terms, unroll_steps
+from foretell.train.hidden_state.loss import HiddenLossConfig, kl_anchors, mse_pairs, sequence_terms, unroll_steps
 
 NOISE_STREAM = 0x5EED  # the noise generator's seed differs from the anchors' for the same (seed, step, sequence)
 
@@ -30,9 +30,8 @@ def hidden_step(draft: HiddenDraft, cache: FeatureCache, data: TokenData, index:
     """The backward of this process's share `mine` (positions in the global batch `index`), one sequence at a
     time, each term divided by the whole batch's totals; returns additive statistics."""
     k = unroll_steps(step, train.steps, depth, cfg.curriculum)
-    T = data.input_ids.shape[1]
     anchors = [kl_anchors(data.loss_mask[i], cfg, train.seed, step, i) for i in index.tolist()]
-    mse_total = sum(int(valid_depths(data.loss_mask[i], torch.arange(T), k).sum()) for i in index.tolist())
+    mse_total = sum(int(mse_pairs(data.loss_mask[i], a, k, cfg).sum()) for i, a in zip(index.tolist(), anchors))
     kl_total = sum(int(valid_depths(data.loss_mask[i], a, k).sum()) for i, a in zip(index.tolist(), anchors))
     sums = {"loss": 0.0, "mse": 0.0, "kl": 0.0}
     agree, count = torch.zeros(k), torch.zeros(k)

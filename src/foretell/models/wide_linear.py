@@ -1,0 +1,100 @@
+"""bf16 weights whose wide passes run in fp32, for CPUs without a native bf16 matrix multiply.
+
+On a CPU with AVX512-BF16 or AMX, PyTorch's bf16 matmul is fast at any number of rows. On one
+without (AVX2 only: many cloud and desktop CPUs), a one-row bf16 product still has a fast path
+(half the bytes of fp32), but a product of several rows is emulated and grows linearly with the
+rows: measured on such a machine (2 cores), 30 SmolLM2-sized MLP pairs took 7 ms at one row in
+bf16 against 21 ms in fp32, but 87 ms at 16 rows against 35 ms, and 353 ms at 64 rows against
+62 ms. Verifying a draft tree is a pass of many rows, so there speculation paid less than it cost.
+
+WideLinear keeps the bf16 weight for passes of few rows and an fp32 copy of it (bf16 -> fp32 is
+exact) for passes of `wide_rows` rows or more, whose output is rounded back to bf16. Both products
+accumulate in fp32, so the two agree up to summation order, as bf16 passes of different widths
+already do. The threshold is measured once per process (`fp32_wide_rows`); None means bf16 is as
+fast as fp32 everywhere (native bf16), and nothing is replaced. The copy costs 2 bytes more per
+weight: 0.27 GB for SmolLM2-135M. fp32 and other dtypes are untouched, so fp32 exactness tests
+do not see this.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PROBE_ROWS = (2, 4, 6, 8, 12, 16, 32)
+PROBE_SHAPE = (1536, 576)  # out, in: SmolLM2-135M's MLP projection, a typical small-model matrix
+PROBE_MATRICES = 12  # 21 MB of bf16 weights, 42 MB as fp32
+
+
+class WideLinear(nn.Linear):
+    """An nn.Linear (same weight and bias objects, so ties hold) that runs passes of >= wide_rows rows in fp32."""
+
+    def __init__(self, linear: nn.Linear, wide_rows: int):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.wide_rows = wide_rows
+        self.register_buffer("weight_fp32", linear.weight.detach().float(), persistent=False)
+        self.register_buffer("bias_fp32", None if linear.bias is None else linear.bias.detach().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() // x.shape[-1] < self.wide_rows:
+            return F.linear(x, self.weight, self.bias)
+        return F.linear(x.float(), self.weight_fp32, self.bias_fp32).to(x.dtype)
+
+
+def _seconds(fn, repeats: int = 3) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@functools.cache
+def fp32_wide_rows(threads: int) -> int | None:
+    """The fewest rows from which an fp32 product of a bf16 weight clearly beats the bf16 product on this CPU, or
+    None where bf16 is native (at 32 rows the emulated bf16 product takes over twice fp32's time; a native one
+    does not). Measured in ~0.5 s over PROBE_MATRICES matrices, more than a cache holds, as a model's layers stream
+    through memory; the crossing needs two probed widths in a row, so one noisy timing does not move it."""
+    weights = [torch.randn(PROBE_SHAPE, dtype=torch.bfloat16) for _ in range(PROBE_MATRICES)]
+    weights_fp32 = [w.float() for w in weights]
+    ratio = []
+    for rows in PROBE_ROWS:
+        x = torch.randn(rows, PROBE_SHAPE[1], dtype=torch.bfloat16)
+        bf16 = _seconds(lambda: [F.linear(x, w) for w in weights])
+        fp32 = _seconds(lambda: [F.linear(x.float(), w).to(torch.bfloat16) for w in weights_fp32])
+        ratio.append(fp32 / bf16)
+    if ratio[-1] > 0.5:
+        return None
+    for i, rows in enumerate(PROBE_ROWS[:-1]):
+        if ratio[i] < 0.9 and ratio[i + 1] < 0.9:
+            return rows
+    return PROBE_ROWS[-1]
+
+
+def widen_linears(model: nn.Module, wide_rows: int | None = None) -> int | None:
+    """Make every bf16 nn.Linear of a CPU `model` a WideLinear (in place) where fp32 wide passes pay here; returns
+    the threshold used (None: nothing changed). wide_rows: force one (tests, A/B runs) instead of measuring."""
+    params = list(model.parameters())
+    if not params or params[0].device.type != "cpu" or params[0].dtype != torch.bfloat16:
+        return None
+    wide_rows = wide_rows if wide_rows is not None else fp32_wide_rows(torch.get_num_threads())
+    if wide_rows is None:
+        return None
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.weight.dtype == torch.bfloat16:
+                setattr(parent, name, WideLinear(child, wide_rows))
+    return wide_rows
+
+
+def wide_rows_of(model: nn.Module) -> int:
+    """The model's WideLinear threshold, 0 if it has none (a cost curve key: the curve differs)."""
+    return next((m.wide_rows for m in model.modules() if isinstance(m, WideLinear)), 0)

@@ -1,0 +1,73 @@
+"""bf16 wide passes in fp32 (models/wide_linear.py): same weights and ties, same greedy text in fp32 activations."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from conftest import PROMPTS, greedy_params
+from foretell.api import load
+from foretell.budget import machine_key
+from foretell.models.loading import build_model
+from foretell.models.wide_linear import WideLinear, fp32_wide_rows, wide_rows_of, widen_linears
+
+
+def test_wide_linear_runs_narrow_passes_in_bf16_and_wide_ones_in_fp32():
+    torch.manual_seed(0)
+    dense = nn.Linear(32, 48, bias=True).to(torch.bfloat16)
+    wide = WideLinear(dense, wide_rows=4)
+    assert wide.weight is dense.weight and wide.bias is dense.bias
+    narrow = torch.randn(3, 32, dtype=torch.bfloat16)
+    assert torch.equal(wide(narrow), dense(narrow))  # below the threshold: the bf16 product itself
+    many = torch.randn(2, 5, 32, dtype=torch.bfloat16)
+    out = wide(many)
+    exact = (many.double() @ dense.weight.double().T + dense.bias.double()).to(torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 5, 48)
+    # fp32 accumulation of exact bf16 products: within one bf16 rounding of the exact result
+    torch.testing.assert_close(out.float(), exact.float(), rtol=1e-2, atol=1e-2)
+    assert set(dict(wide.state_dict())) == {"weight", "bias"}  # the fp32 copy is not saved
+
+
+def test_widen_keeps_ties_and_touches_only_bf16_cpu_linears(tiny_pair):
+    model = build_model(tiny_pair[0], torch.bfloat16)
+    tied = model.lm_head.weight is model.embed_tokens.weight
+    assert widen_linears(model, wide_rows=4) == 4
+    assert isinstance(model.lm_head, WideLinear) and wide_rows_of(model) == 4
+    assert (model.lm_head.weight is model.embed_tokens.weight) == tied
+    assert all(type(m) is not nn.Linear for m in model.modules())
+    fp32 = build_model(tiny_pair[0], torch.float32)
+    assert widen_linears(fp32, wide_rows=4) is None and wide_rows_of(fp32) == 0
+    assert machine_key(model, "tiny")["wide_rows"] == 4 and machine_key(fp32, "tiny")["wide_rows"] == 0
+
+
+def test_the_measured_threshold_is_a_probed_width_or_none():
+    assert fp32_wide_rows(torch.get_num_threads()) in (None, 2, 4, 6, 8, 12, 16, 32)
+
+
+def test_bf16_target_with_wide_passes_keeps_its_plain_greedy_output_under_speculation(tiny_pair):
+    """Wide passes change only the summation order: on the tiny target, prompt lookup (verification passes of
+    several rows, in fp32 here) gives the widened bf16 target's plain greedy output (one-row passes, bf16)."""
+    plain = load(tiny_pair[0], "none", dtype="bfloat16", wide_fp32=False, warm_up=False)
+    assert widen_linears(plain.target.model, wide_rows=2) == 2  # whatever this CPU measures
+    lookup = plain.with_speculative("prompt-lookup")
+    for prompt in PROMPTS:
+        want = plain.engine.generate(prompt, greedy_params(24)).tokens
+        assert lookup.engine.generate(prompt, greedy_params(24)).tokens == want
+
+
+def test_training_in_bf16_on_an_emulated_bf16_cpu_is_warned_about(monkeypatch, capsys):
+    from argparse import Namespace
+
+    from foretell.models import wide_linear
+    from foretell.train.common.options import warn_emulated_bf16
+
+    args = Namespace(bf16=True, feature_dtype="bfloat16", device="cpu")
+    monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: 8)
+    warn_emulated_bf16(args)
+    err = capsys.readouterr().err
+    assert "no native bf16" in err and "--bf16 and --feature-dtype bfloat16" in err
+    warn_emulated_bf16(Namespace(bf16=False, feature_dtype="float32", device="cpu"))
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: None)  # native bf16: nothing to say
+    warn_emulated_bf16(args)
+    assert capsys.readouterr().err == ""
