@@ -40,7 +40,7 @@ def add_arguments(p) -> None:
         ("--anchors", int, loss.anchors, "anchors per sequence and step for the KL (and, with --deep-rows "
          "anchors, for the deeper unrolled steps)"),
         ("--deep-rows", None, loss.deep_rows, "rows unrolled past the first step: all (the seed's recipe) or anchors "
-         "(only the KL anchors: ~3x cheaper a step at depth 5, fewer deep MSE pairs)"),
+         "(only the KL anchors: a step ~2x cheaper at depth 5, fewer deep MSE pairs)"),
     ])
     g.add_argument("--init-draft", help="start from this trained draft (a saved OUT/draft of the same shape) instead of "
                    "--init-layer: continues training on a new schedule (pair with --curriculum 0)")
