@@ -269,3 +269,49 @@ def test_bench_warm_up_leaves_nothing_for_the_timed_run(plain, tmp_path):
     warm_up([(prompt, method)], lambda _: ids, RunConfig(Path("unused"), warmup_tokens=24, max_new_tokens=24))
     assert method.run(ids, 24)[1] == fresh  # without the reset the second run hits the first one's output
     assert method.run(ids, 24)[1]["cache_useful"] > fresh["cache_useful"]
+
+
+# --- the branch sizer: how much of the branch a scheduled pass verifies ----------------------------
+
+
+def test_branch_sizer_keeps_the_branch_where_rows_are_cheap_and_trims_it_where_they_are_not():
+    from foretell.result_cache import BranchSizer
+
+    sizer = BranchSizer()
+    flat = lambda tokens: 0.010 + 1e-6 * tokens  # noqa: E731 - a pass costs about the same at any width
+    steep = lambda tokens: 0.010 * tokens  # noqa: E731 - each row costs a whole one-token pass
+    assert sizer.size(8, 4, 2.0, flat, 0.002) == 8
+    assert sizer.size(8, 4, 3.0, steep, 0.002) == 0  # a row now yields less than the tree's rows did
+    for _ in range(30):  # the branch has been accepted whole, pass after pass
+        sizer.record(8, 8)
+    assert sizer.acceptance > 0.95
+    middling = lambda tokens: 0.010 + 0.002 * tokens  # noqa: E731
+    trusted = sizer.size(8, 4, 2.0, middling, 0.002)
+    doubted = BranchSizer()
+    for _ in range(30):  # rejected at its first token every time
+        doubted.record(8, 0)
+    assert doubted.acceptance < 0.1
+    assert doubted.size(8, 4, 2.0, middling, 0.002) < trusted
+
+
+def test_a_trimmed_branch_keeps_scheduled_decoding_exact(plain):
+    """A steep cost curve trims the branch (and the tree) of a scheduled head: still plain greedy's tokens."""
+    from conftest import PROMPTS, greedy_params
+    from foretell.budget import CostCurve
+    from foretell.drafters.parallel_tree import ParallelHeadDrafter
+    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler, ScheduleLimits
+    from dataclasses import replace
+
+    from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head
+    from foretell.result_cache import ResultCache
+
+    target = plain.target.model
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    steep = CostCurve(sizes, [0.01 * n for n in sizes], context=256)
+    head = new_parallel_head(target, ParallelHeadConfig.for_target(target.config, depth=3))
+    scheduler = AdaptiveTreeScheduler(steep, ScheduleLimits(max_nodes=12, probe_every=4))
+    cache = ResultCache(include_prompt=True)
+    engine = replace(plain.with_drafter(ParallelHeadDrafter(head, scheduler=scheduler)).engine, result_cache=cache)
+    for prompt in PROMPTS:
+        assert engine.generate(prompt, greedy_params()).tokens == plain.engine.generate(prompt, greedy_params()).tokens
+    assert cache.sizer._accepted + cache.sizer._stopped > 0  # branches were verified and measured

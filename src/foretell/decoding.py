@@ -143,6 +143,8 @@ class Decoding:
         branch, matched = self._cache_branch(n)
         drafted = n > 0 and (engine.draft_gate is None or engine.draft_gate.should_draft(matched))
         proposal = engine.drafter.propose(self.ids, n) if drafted else empty_proposal()
+        if drafted and branch:
+            branch = self._sized_branch(branch, proposal, t1)
         proposal, cache_nodes = self._extend_proposal(proposal, branch)
         self._planned = _Planned(proposal, drafted, n, branch, matched, cache_nodes, t1, time.perf_counter())
         return proposal
@@ -205,6 +207,7 @@ class Decoding:
                 from_cache = len(set(planned.cache_nodes) & set(verdict.path or ()))
                 stats.cache_useful += int(from_cache > 0)
                 stats.cache_accepted_tokens += from_cache
+                engine.result_cache.sizer.record(len(planned.cache_nodes), from_cache)
         return self._extend(accepted_tokens + [verdict.next_token])
 
     def _extend(self, new: list[int]) -> Chunk:
@@ -242,6 +245,16 @@ class Decoding:
         branch, matched = self.engine.result_cache.match(self.ids, n)
         self.stats.cache_hits += bool(branch)
         return branch, matched
+
+    def _sized_branch(self, branch: list[int], proposal: Proposal, started: float) -> list[int]:
+        """The branch trimmed to what pays by the adaptive scheduler's cost curve (result_cache.BranchSizer);
+        whole without a scheduler, and on the scheduler's probes."""
+        scheduler = getattr(self.engine.drafter, "scheduler", None)
+        if scheduler is None or not scheduler.history or scheduler.history[-1].probe:
+            return branch
+        keep = self.engine.result_cache.sizer.size(len(branch), proposal.size, scheduler.history[-1].expected_tokens,
+                                                   scheduler.verify_seconds, time.perf_counter() - started)
+        return branch[:keep]
 
     def _extend_proposal(self, proposal: Proposal, branch: list[int]) -> tuple[Proposal, list[int]]:
         """The opt-in extras around the drafter's proposal: lossy mode needs its draft probabilities;

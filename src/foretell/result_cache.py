@@ -26,6 +26,45 @@ from foretell.types import Proposal
 
 
 @dataclass
+class BranchSizer:
+    """How much of the branch a pass sized by the adaptive scheduler verifies (hardware-aware, lossless).
+
+    The scheduler sizes the drafter's tree before the branch is merged in, so on a CPU where each extra row of a
+    pass costs much (a steep cost curve) a full branch of max_branch tokens can cost more than it brings. The
+    branch is taken as a chain whose every token is accepted with probability q, estimated from the branch
+    tokens verified so far (decayed; a prior of one accepted and one rejected); of its prefixes, the one with
+    the most expected tokens per second, by the scheduler's own cost curve and tree value, is kept. A scheduler
+    probe keeps the whole branch, so q stays measured when the branch has been trimmed away."""
+
+    decay: float = 0.9
+    _accepted: float = 0.0  # decayed branch tokens accepted
+    _stopped: float = 0.0  # decayed passes whose branch was cut short by a rejection
+
+    @property
+    def acceptance(self) -> float:
+        return (self._accepted + 1.0) / (self._accepted + self._stopped + 2.0)
+
+    def size(self, branch: int, tree_nodes: int, tree_tokens: float, verify_seconds, draft_seconds: float) -> int:
+        """Branch tokens to keep: branch (its length), tree_nodes / tree_tokens (the tree's size and expected
+        tokens), verify_seconds(tokens) (the scheduler's corrected cost curve), draft_seconds (already spent)."""
+        q = self.acceptance
+        best, best_rate = 0, tree_tokens / (draft_seconds + verify_seconds(tree_nodes + 1))
+        gain, reach = 0.0, 1.0
+        for k in range(1, branch + 1):
+            reach *= q
+            gain += reach
+            rate = (tree_tokens + gain) / (draft_seconds + verify_seconds(tree_nodes + 1 + k))
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
+
+    def record(self, offered: int, accepted: int) -> None:
+        """One pass's branch: `offered` nodes only the branch proposed, `accepted` of them on the accepted path."""
+        self._accepted = self.decay * self._accepted + accepted
+        self._stopped = self.decay * self._stopped + (accepted < offered)
+
+
+@dataclass
 class ResultCache:
     max_ngram: int = 4
     min_ngram: int = 2  # a single token is too weak a key: hits would mostly be rejected
@@ -38,6 +77,7 @@ class ResultCache:
     _indexed: list[int] = field(default_factory=list)  # per sequence: continuation starts indexed so far
     _index: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)  # n-gram -> (seq no, start)
     _first: int = 0  # sequence number of _sequences[0] (numbers stay valid as old ones are dropped)
+    sizer: BranchSizer = field(default_factory=BranchSizer)  # trims the branch where the scheduler sizes passes
 
     def __post_init__(self):
         if not 1 <= self.min_ngram <= self.max_ngram or self.max_branch < 1:
