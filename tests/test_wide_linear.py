@@ -71,3 +71,18 @@ def test_training_in_bf16_on_an_emulated_bf16_cpu_is_warned_about(monkeypatch, c
     monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: None)  # native bf16: nothing to say
     warn_emulated_bf16(args)
     assert capsys.readouterr().err == ""
+
+
+def test_int8_prefill_runs_in_fp32_where_bf16_is_emulated(monkeypatch):
+    from foretell.models import wide_linear
+    from foretell.models.quant import FUSED_MAX_ROWS, Int8Linear
+
+    torch.manual_seed(0)
+    layer = Int8Linear.from_weight(torch.randn(24, 16).to(torch.bfloat16))
+    x = torch.randn(FUSED_MAX_ROWS + 8, 16, dtype=torch.bfloat16)  # past the fused kernel: the dense path
+    reference = (x.double() @ (layer.weight_int8.double() * layer.scale.double()[:, None]).T)
+    for rows in (None, 8):  # native bf16, then emulated (fp32 product)
+        monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads, rows=rows: rows)
+        out = layer(x)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.double(), reference, rtol=2e-2, atol=2e-2)

@@ -26,6 +26,17 @@ INT4_GROUP = 32
 FUSED_MAX_ROWS = 32
 
 
+def dense_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype of a dense many-row product for activations x: fp32 for bf16 on a CPU whose bf16 matmul is
+    emulated (models/wide_linear.py), else x's own."""
+    if x.dtype == torch.bfloat16 and x.device.type == "cpu":
+        from foretell.models.wide_linear import fp32_wide_rows
+
+        if fp32_wide_rows(torch.get_num_threads()) is not None:
+            return torch.float32
+    return x.dtype
+
+
 class Int8Linear(nn.Module):
     """y = x @ (int8 weight * per-row scale).T + bias, computed in the activations' dtype."""
 
@@ -59,7 +70,8 @@ class Int8Linear(nn.Module):
         if flat.device.type == "cpu" and flat.shape[0] <= FUSED_MAX_ROWS:
             y = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), self.weight_int8, self.scale.to(x.dtype))
         else:  # many rows (a prefill) or no fused kernel: dequantize on the fly, then a dense matmul
-            y = F.linear(flat, self.weight_int8.to(x.dtype)) * self.scale.to(x.dtype)
+            dtype = dense_dtype(x)
+            y = (F.linear(flat.to(dtype), self.weight_int8.to(dtype)) * self.scale.to(dtype)).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.view(*x.shape[:-1], self.out_features)
