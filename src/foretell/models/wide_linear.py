@@ -11,8 +11,8 @@ WideLinear keeps the bf16 weight for passes of few rows and an fp32 copy of it (
 exact) for passes of `wide_rows` rows or more, whose output is rounded back to bf16. Both products
 accumulate in fp32, so the two agree up to summation order, as bf16 passes of different widths
 already do. The threshold is measured once per process (`fp32_wide_rows`); None means bf16 is as
-fast as fp32 everywhere (native bf16), and nothing is replaced. The copy costs 2 bytes more per
-weight: 0.27 GB for SmolLM2-135M. fp32 and other dtypes are untouched, so fp32 exactness tests
+fast as fp32 everywhere (native bf16), and nothing is replaced. The copy costs 4 bytes more per
+weight: ~0.5 GB for SmolLM2-135M. fp32 and other dtypes are untouched, so fp32 exactness tests
 do not see this.
 """
 

@@ -147,7 +147,7 @@ def anchored_layout(num_context: int, rows: torch.Tensor, num_blocks: int, devic
 
 def unroll_at(draft: HiddenDraft, hidden: torch.Tensor, steps: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """unroll with steps j >= 1 only from `rows`: (step 0 at every row [T, H], steps 1.. at rows [A, steps - 1, H]).
-    hidden: [1, T, H]. Each anchor's predictions equal unroll's at that row (test_hidden_state_training.py)."""
+    hidden: [1, T, H]. Each anchor's predictions equal unroll's at that row (tests/test_train_hidden_state.py)."""
     T = hidden.shape[1]
     positions, mask = anchored_layout(T, rows, steps, draft.device)
     keys, deep = _BlockKeys(), []
