@@ -4,7 +4,8 @@
 # solutions and 3000 packed ShareGPT rows, 320 tokens, STEPS (3000) x 16 sequences x 32 anchors, lr 1e-3, bf16.
 # It reads the parallel head's aux layers (2, 15, 28), so when that run's folder exists (HEAD_RUN) its data and
 # feature cache are linked, not rebuilt: both heads learn from the very same features. HIDDEN=1 also trains a
-# hidden-state draft on the same data and steps (its own feature pass: it reads the final-norm layer; ~1 h).
+# hidden-state draft on the same data and steps (benchmarks/train_hidden_shipped.sh: its own feature pass, as it reads
+# the final-norm layer).
 # Time: not yet measured at this size. A 4-step smoke run (4 sequences x 160 tokens, 1 thread, on a loaded machine)
 # took 0.8 s a step, against 2.3 s for the parallel head's step at the same size (its full-vocabulary output layer
 # at every depth); scaled up, expect roughly 1.5-3 h for 3000 steps on 2 cores (the feature pass, when not linked:
@@ -36,7 +37,7 @@ $F train eagle3 "${COMMON[@]}" --aux-layers 2,15,28 --draft-vocab 8192 --ttt-ste
   --out "$OUT"
 
 if [ "${HIDDEN:-0}" = 1 ]; then
-  $F train hidden-state "${COMMON[@]}" --depth 5 --lr 5e-4 --out "${HIDDEN_OUT:-runs/hidden_state/smollm2-shipped-data}"
+  OUT="${HIDDEN_OUT:-runs/hidden_state/smollm2-shipped-data}" bash benchmarks/train_hidden_shipped.sh
 fi
 
 # The head in use: lossless, so the text equals plain greedy decoding; the statistics line shows tau.

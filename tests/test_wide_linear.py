@@ -65,8 +65,8 @@ def test_training_in_bf16_on_an_emulated_bf16_cpu_is_warned_about(monkeypatch, c
     monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: 8)
     warn_emulated_bf16(args)
     err = capsys.readouterr().err
-    assert "no native bf16" in err and "--bf16 and --feature-dtype bfloat16" in err
-    warn_emulated_bf16(Namespace(bf16=False, feature_dtype="float32", device="cpu"))
+    assert "no native bf16" in err and "--bf16" in err
+    warn_emulated_bf16(Namespace(bf16=False, feature_dtype="bfloat16", device="cpu"))  # extraction is widened
     assert capsys.readouterr().err == ""
     monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: None)  # native bf16: nothing to say
     warn_emulated_bf16(args)
@@ -86,3 +86,28 @@ def test_int8_prefill_runs_in_fp32_where_bf16_is_emulated(monkeypatch):
         out = layer(x)
         assert out.dtype == torch.bfloat16
         torch.testing.assert_close(out.double(), reference, rtol=2e-2, atol=2e-2)
+
+
+def test_a_bf16_feature_pass_runs_its_wide_products_in_fp32(tiny_pair, monkeypatch, tmp_path):
+    """--feature-dtype bfloat16 on a CPU without native bf16: the feature pass's extractor is widened (its 320-row
+    passes were ~7x slower emulated), and its features are the bf16 target's up to summation order."""
+    from types import SimpleNamespace
+
+    from foretell.models import wide_linear
+    from foretell.train.common import feature_run
+    from foretell.train.common.data import DataConfig
+    from foretell.train.common.features import FeatureConfig, extract_batch
+
+    monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: 4)
+    used = {}
+    monkeypatch.setattr(feature_run, "build_feature_cache", lambda extractor, *args: used.setdefault("model", extractor))
+    target = build_model(tiny_pair[0], torch.float32)
+    cfg = SimpleNamespace(out=tmp_path, data=DataConfig("unused", seq_len=16),
+                          features=FeatureConfig(top_k=4, dtype="bfloat16"))
+    ids = torch.randint(0, target.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    feature_run.prepare_features(cfg, tiny_pair[0], target, SimpleNamespace(input_ids=ids), (1,))
+    assert used["model"].dtype == torch.bfloat16 and wide_rows_of(used["model"]) == 4
+    wide, emulated = extract_batch(used["model"], ids, (1,), 4), extract_batch(
+        build_model(tiny_pair[0], torch.bfloat16), ids, (1,), 4)
+    torch.testing.assert_close(wide[0].float(), emulated[0].float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(wide[1], emulated[1], rtol=2e-2, atol=2e-2)

@@ -122,23 +122,22 @@ def run_feature_kind(fn, cfg, args) -> bool:
 
 
 def warn_emulated_bf16(args) -> None:
-    """--bf16 / --feature-dtype bfloat16 on a CPU whose bf16 matmul is emulated (no AVX512-BF16 / AMX) make
-    training and the feature pass tens of times slower than fp32 (models/wide_linear.py): say so at the start."""
+    """--bf16 on a CPU whose bf16 matmul is emulated (no AVX512-BF16 / AMX) makes every training step many times
+    slower than fp32 (models/wide_linear.py): say so at the start. --feature-dtype bfloat16 is fine there: the
+    feature pass runs its wide products in fp32 (feature_run.prepare_features) and only stores bf16."""
     import sys
 
     import torch
 
-    wants = [flag for flag, on in (("--bf16", getattr(args, "bf16", False)),
-                                   ("--feature-dtype bfloat16", getattr(args, "feature_dtype", "") == "bfloat16")) if on]
-    if not wants or getattr(args, "device", "cpu") != "cpu":
+    if not getattr(args, "bf16", False) or getattr(args, "device", "cpu") != "cpu":
         return
     from foretell.models.wide_linear import fp32_wide_rows
 
     rows = fp32_wide_rows(torch.get_num_threads())
     if rows is not None:
         print(f"foretell train: warning: this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native bf16 "
-              f"matrix multiply: products of {rows} rows or more run faster in fp32 here, and {' and '.join(wants)} "
-              "can make this run tens of times slower; drop them to train in fp32", file=sys.stderr)
+              f"matrix multiply: products of {rows} rows or more run faster in fp32 here, and --bf16 can make every "
+              "training step several times slower; drop it to train in fp32", file=sys.stderr)
 
 
 def run_distributed(fn, cfg, args) -> bool:
