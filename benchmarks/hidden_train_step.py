@@ -1,9 +1,10 @@
 """Seconds of one hidden-state draft training sequence (forward + backward of sequence_terms) for SmolLM2-135M,
 320 tokens, 32 KL anchors, by unrolled depth, with every row unrolled (the seed's recipe) and with only the
-anchors unrolled past step 1 (--deep-rows anchors); fp32 and, with --bf16, under bf16 autocast as --bf16 trains.
+anchors unrolled past step 1 (--deep-rows anchors); fp32 and, with --bf16, under bf16 autocast as --bf16 trains;
+with --draft-vocab N, a draft that scores only its own N tokens (train hidden-state --draft-vocab N).
 A training step is --batch-size (16) such sequences.
 
-    .venv/bin/python benchmarks/hidden_train_step.py [--threads 2] [--bf16]
+    .venv/bin/python benchmarks/hidden_train_step.py [--threads 2] [--bf16] [--draft-vocab 8192]
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bf16", action="store_true", help="under bf16 autocast (the recipes' --bf16)")
+    ap.add_argument("--draft-vocab", type=int, default=0, help="the draft's own vocabulary size (0: the target's)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = load_model("smollm2-135m", "float32").model
-    draft = new_hidden_draft(target, HiddenDraftConfig.for_target(target.config), init_from_layer=15)
+    config = HiddenDraftConfig.for_target(target.config, draft_vocab_size=args.draft_vocab)
+    draft = new_hidden_draft(target, config, init_from_layer=15)
     draft.requires_grad_(True)
     target.requires_grad_(False)  # the shared output layer and embedding stay frozen, as in training
     g = torch.Generator().manual_seed(0)
@@ -38,7 +41,8 @@ def main() -> None:
     mask = torch.ones(T, dtype=torch.bool)
     anchors = torch.randperm(T - 6, generator=g)[:ANCHORS].sort().values
     print(f"| depth | every row (s / sequence) | anchors only (s / sequence) | ratio |  ({'bf16 autocast' if args.bf16 else 'fp32'}, "
-          f"{args.threads} threads, CPU {torch.backends.cpu.get_cpu_capability()})")
+          f"{args.threads} threads, CPU {torch.backends.cpu.get_cpu_capability()}, "
+          f"{'draft vocabulary ' + str(args.draft_vocab) if args.draft_vocab else 'whole vocabulary'})")
     print("|---:|---:|---:|---:|")
     for depth in (1, 3, 5):
         best = {}

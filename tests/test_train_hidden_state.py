@@ -225,6 +225,7 @@ def test_cli_errors_are_one_line(setup, tmp_path, capsys):
         (["--data", str(data), "--init-layer", "7", "--eval-sequences", "0"], "--init-layer must be a target layer in 0..2"),
         (["--data", str(data), "--hot-vocab-sizes", "8,x"], "--hot-vocab-sizes takes"),
         (["--data", str(data), "--kl-weight", "-1"], "--kl-weight"),
+        (["--data", str(data), "--draft-vocab", "-1"], "--draft-vocab must be >= 0"),
     ]
     for extra, message in cases:
         assert main(base + extra) == 2
@@ -284,3 +285,70 @@ def test_two_processes_match_one_with_the_same_global_batch(setup, tmp_path):
     assert_two_processes_train_like_one(run_hidden_state, lambda out: config(setup, out, steps=3), tmp_path, "draft")
     log, first = read_log(tmp_path / "two"), read_log(tmp_path / "one")
     assert [(r["unroll"], round(r["loss"], 4)) for r in log] == [(r["unroll"], round(r["loss"], 4)) for r in first]
+
+
+# --- a draft vocabulary (--draft-vocab) --------------------------------------------------------
+
+
+def test_a_whole_vocabulary_draft_vocab_gives_the_full_drafts_terms_and_a_smaller_one_masks_pairs(setup):
+    """KL to the target restricted to the draft's vocabulary: with every id in it, the very terms of a
+    full-vocabulary draft with the same weights; with fewer, logits over its ids only, and the pairs whose target
+    top-1 it cannot draft left out."""
+    target = build_model(setup[1], torch.float32)
+    tokens = torch.randint(3, VOCAB, (24,), generator=torch.Generator().manual_seed(2))
+    hidden = target.forward_sequences(tokens[None], hidden_layers=(3,)).hidden[3][0]
+    logp, ids = torch.log_softmax(torch.randn(24, 6), -1), torch.randint(0, VOCAB, (24, 6))
+    mask, anchors = torch.ones(24, dtype=torch.bool), torch.tensor([2, 7, 11, 16])
+    cfg = HiddenLossConfig(noise=0.0)
+
+    def terms(draft):
+        return sequence_terms(draft, hidden, logp, ids, tokens, mask, 3, anchors, cfg, torch.Generator().manual_seed(1))
+
+    full = new_hidden_draft(target, HiddenDraftConfig.for_target(target.config, 4), seed=3, init_from_layer=1)
+    whole = new_hidden_draft(target, HiddenDraftConfig.for_target(target.config, 4, draft_vocab_size=VOCAB), seed=3,
+                             init_from_layer=1)
+    a, b = terms(full), terms(whole)
+    torch.testing.assert_close(b.kl, a.kl)
+    assert torch.equal(b.kl_valid, a.kl_valid) and torch.equal(b.agree, a.agree)
+    vocab = torch.arange(0, VOCAB, 2)  # the even ids
+    half = new_hidden_draft(target, HiddenDraftConfig.for_target(target.config, 4, draft_vocab_size=len(vocab)),
+                            init_from_layer=1, draft_vocab=vocab)
+    assert half.token_info.up.weight.shape == (len(vocab), 4) and torch.equal(half.output_ids, vocab)
+    c = terms(half)
+    at = anchors[:, None] + torch.arange(1, 4)
+    assert torch.equal(c.kl_valid, a.kl_valid & (ids[at, 0] % 2 == 0))
+    assert bool(torch.isfinite(c.kl).all())
+
+
+def test_a_draft_vocabulary_run_saves_its_ids_and_decodes_exactly(setup, tmp_path):
+    from foretell.hot_vocab import HotVocab
+    from foretell.train.common.data import TokenData as Data
+    from foretell.train.eagle3.loss import draft_vocabulary
+
+    cfg = config(setup, tmp_path / "vocab", steps=4, warmup_steps=0)
+    cfg = replace(cfg, shape=replace(cfg.shape, draft_vocab=20), eval_sequences=4)
+    draft_dir = run_hidden_state(cfg)
+    target = build_model(Path(cfg.target), torch.float32)
+    draft = load_hidden_draft(draft_dir, target, hot=HotVocab(torch.arange(10), VOCAB))  # its own vocabulary wins
+    data = Data.load(cfg.out / "data" / "train.safetensors")
+    assert torch.equal(draft.output_ids.cpu(), draft_vocabulary(data, 20, VOCAB, [0, 1, 2]))
+    assert draft.config.draft_vocab_size == 20 and load_file(str(draft_dir / "model.safetensors"))[
+        "token_info.up.weight"].shape == (20, 8)
+    assert json.loads((cfg.out / "eval.json").read_text())["top1"][0] >= 0.0
+    spec = load(cfg.target, SpeculativeConfig(method="hidden-state", model=str(draft_dir), draft_quant="none"),
+                warm_up=False)
+    plain = load(cfg.target, "none", warm_up=False)
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    for prompt in ([1, 5, 9, 12, 5, 9, 30], [1, 20, 21, 22, 23]):
+        assert spec.engine.generate(prompt, params).tokens == plain.engine.generate(prompt, params).tokens
+
+
+def test_a_bad_draft_vocabulary_is_refused(setup):
+    target = build_model(setup[1], torch.float32)
+    with pytest.raises(ForetellError, match="draft_vocab_size must be in 0..48"):
+        HiddenDraftConfig.for_target(target.config, draft_vocab_size=VOCAB + 1)
+    with pytest.raises(ForetellError, match="4 distinct ascending target ids"):
+        new_hidden_draft(target, HiddenDraftConfig.for_target(target.config, draft_vocab_size=4),
+                         draft_vocab=torch.tensor([3, 2, 5, 9]))
+    with pytest.raises(ForetellError, match="--draft-vocab must be >= 0"):
+        HiddenShape(draft_vocab=-1)

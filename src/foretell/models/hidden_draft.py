@@ -19,7 +19,7 @@ The target's embedding (for E) and output layer are shared (frozen, not copied, 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -46,13 +46,24 @@ class HiddenDraftConfig(TargetSizes):  # the draft reads and predicts the target
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     attention_bias: bool = False
+    # 0: the draft scores the whole vocabulary (or a hot vocabulary chosen at load). N: it was trained on its own
+    # N-token draft vocabulary (the buffer vocab_ids), scores only those (W_2 [r, N]) and always drafts among them.
+    draft_vocab_size: int = 0
 
     def __post_init__(self):
         if self.token_info_rank < 0:
             raise ForetellError(f"token_info_rank must be >= 0 (0 = no token-info), got {self.token_info_rank}")
+        if not 0 <= self.draft_vocab_size <= self.vocab_size:
+            raise ForetellError(f"draft_vocab_size must be in 0..{self.vocab_size} (0 = the whole vocabulary), "
+                                f"got {self.draft_vocab_size}")
+
+    @property
+    def output_size(self) -> int:
+        """Columns of the draft's logits before any load-time hot vocabulary: its own vocabulary, or the target's."""
+        return self.draft_vocab_size or self.vocab_size
 
     @classmethod
-    def for_target(cls, target: ModelConfig, token_info_rank: int = 256) -> "HiddenDraftConfig":
+    def for_target(cls, target: ModelConfig, token_info_rank: int = 256, draft_vocab_size: int = 0) -> "HiddenDraftConfig":
         """Sizes taken from the target (hidden size, heads, MLP width, RoPE)."""
         return cls(
             hidden_size=target.hidden_size,
@@ -66,6 +77,7 @@ class HiddenDraftConfig(TargetSizes):  # the draft reads and predicts the target
             rms_norm_eps=target.rms_norm_eps,
             rope_theta=target.rope_theta,
             attention_bias=target.attention_bias,
+            draft_vocab_size=draft_vocab_size,
         )
 
     def layer_config(self, target: ModelConfig) -> ModelConfig:
@@ -103,7 +115,10 @@ class HiddenDraft(DrafterModule):
         self.layer = DecoderLayer(layer_config)
         self.norm = make_norm(layer_config, config.hidden_size)  # the kind of the target's final norm it starts as
         r = config.token_info_rank
-        self.token_info = TokenInfo(config.hidden_size, r, config.vocab_size) if r > 0 else None
+        self.token_info = TokenInfo(config.hidden_size, r, config.output_size) if r > 0 else None
+        if config.draft_vocab_size:  # its own vocabulary: a load-time hot vocabulary does not apply
+            self.register_buffer("vocab_ids", torch.arange(config.draft_vocab_size))
+            hot = HotVocab(self.vocab_ids, config.vocab_size)
         # Cutting the hot rows builds an nn.Linear, whose init draws from the RNG; keep the
         # stream untouched so a seed gives the same weights with or without a hot vocabulary.
         with torch.random.fork_rng(devices=[]):
@@ -111,6 +126,21 @@ class HiddenDraft(DrafterModule):
         self.shared = SharedParts(target.embed_tokens, lm_head, hot, target.config.final_softcap)
         self.rotary = RotaryTables(config.head_dim, config.rope_theta, None, 0)
         self.to(dtype=target.dtype, device=target.device)
+
+    def set_draft_vocab(self, ids: torch.Tensor, target: Transformer) -> None:
+        """Make `ids` (ascending, distinct target ids) the draft's own vocabulary: its output layer becomes those
+        rows of the target's (frozen, not saved) and E's columns follow W_2's rows in that order."""
+        n = self.config.draft_vocab_size
+        ids = ids.to(torch.long).cpu()
+        if not n or len(ids) != n or len(ids.unique()) != n or not bool((ids[1:] > ids[:-1]).all()) \
+                or not 0 <= int(ids.min()) <= int(ids.max()) < self.config.vocab_size:
+            raise ForetellError(f"a hidden-state draft's vocabulary needs {n} distinct ascending target ids "
+                                f"(draft_vocab_size {n}), got {len(ids)}")
+        with torch.no_grad():
+            self.vocab_ids.copy_(ids)
+        hot = HotVocab(ids, self.config.vocab_size)
+        with torch.random.fork_rng(devices=[]):
+            self.shared = replace(self.shared, lm_head=hot.head(target.lm_head), hot=hot)
 
     @property
     def target_layer(self) -> int:
@@ -157,7 +187,7 @@ class HiddenDraft(DrafterModule):
             width = self.shared.hot.size if self.shared.hot is not None else self.config.vocab_size
             return torch.zeros(n, width, device=self.device)
         embedded = self.shared.embed_tokens(tokens.to(self.device)).detach()  # W_E is frozen
-        if self.shared.hot is not None:
+        if self.shared.hot is not None and not self.config.draft_vocab_size:  # W_2 over the vocabulary: its hot rows
             return self.token_info.hot_forward(embedded, self.shared.hot.ids)
         return self.token_info(embedded)
 
@@ -222,8 +252,12 @@ def new_hidden_draft(
     seed: int = 0,
     hot: HotVocab | None = None,
     init_from_layer: int | None = None,
+    draft_vocab: torch.Tensor | None = None,
 ) -> HiddenDraft:
     """An untrained draft for `target` (tests, and training's start).
+
+    draft_vocab: with config.draft_vocab_size, the draft's own vocabulary (ascending target ids; default the first
+    draft_vocab_size ids).
 
     init_from_layer: copy that target decoder layer's weights (0-based; the seed suggests a
     middle one, e.g. num_layers // 2) instead of a random initialisation. The output norm
@@ -233,6 +267,8 @@ def new_hidden_draft(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         draft = HiddenDraft(config, target, hot)
+        if config.draft_vocab_size:
+            draft.set_draft_vocab(draft_vocab if draft_vocab is not None else torch.arange(config.draft_vocab_size), target)
         if draft.token_info is not None:  # small W_1 so that E starts near 0 once W_2 moves
             nn.init.normal_(draft.token_info.down.weight, 0.0, config.hidden_size**-0.5)
     with torch.no_grad():
@@ -256,12 +292,15 @@ def read_hidden_draft_config(folder: Path) -> HiddenDraftConfig:
 
 
 def load_hidden_draft(folder: str | Path, target: Transformer, hot: HotVocab | None = None) -> HiddenDraft:
-    """Load a draft saved by save_hidden_draft onto `target` (its dtype and device)."""
+    """Load a draft saved by save_hidden_draft onto `target` (its dtype and device). `hot` (a load-time hot
+    vocabulary) is ignored by a draft trained on its own vocabulary: it drafts among that one."""
     folder = Path(folder)
     config = read_hidden_draft_config(folder)
     config.check_target(target.config)
-    draft = HiddenDraft(config, target, hot)
+    draft = HiddenDraft(config, target, None if config.draft_vocab_size else hot)
     load_weights(draft, folder, FOLDER_FORMAT)
+    if config.draft_vocab_size:
+        draft.set_draft_vocab(draft.vocab_ids.clone(), target)
     return draft.to(dtype=target.dtype, device=target.device)
 
 

@@ -31,6 +31,8 @@ def add_arguments(p) -> None:
         ("--depth", int, shape.depth, "draft steps unrolled once the curriculum is through = the tree depth evaluated"),
         ("--token-info-rank", int, shape.token_info_rank, "rank r of the token-info factors W_1, W_2; 0 = none"),
         ("--init-layer", None, shape.init_layer, f"the draft layer's start: {INIT_CHOICES}"),
+        ("--draft-vocab", int, shape.draft_vocab, "train on (and always draft among) the N target tokens drafted "
+         "most often in the training data; 0 = the whole vocabulary (a hot vocabulary can still be chosen at load)"),
         ("--mse-weight", float, loss.mse_weight, "weight of the hidden MSE"),
         ("--kl-weight", float, loss.kl_weight, "weight of the KL to the target"),
         ("--noise", float, loss.noise, "share of input rows replaced by another position's hidden state, in [0, 1)"),
@@ -66,7 +68,7 @@ def hidden_state_config(args):
     from foretell.train.hidden_state.loss import HiddenLossConfig
     from foretell.train.hidden_state.pipeline import HiddenShape, HiddenStateTrainConfig, default_hidden_train
 
-    shape = HiddenShape(args.depth, args.token_info_rank, args.init_layer)
+    shape = HiddenShape(args.depth, args.token_info_rank, args.init_layer, args.draft_vocab)
     loss = HiddenLossConfig(args.mse_weight, args.kl_weight, args.noise, args.logit_clamp, args.anchors, args.curriculum,
                             args.deep_rows)
     return HiddenStateTrainConfig(

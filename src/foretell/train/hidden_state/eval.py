@@ -43,6 +43,8 @@ def hidden_depth_eval(target: Transformer, draft: HiddenDraft, data: TokenData, 
             at = (chunk[:, None] + torch.arange(1, depth + 1)).clamp(max=T - 1)
             valid = valid_depths(mask, chunk, depth)
             q_logits = draft_logits(draft, predicted[chunk], ids[at].to(draft.device)).cpu()
+            if draft.shared.hot is not None:  # columns are the draft's vocabulary: q = 0 outside it
+                q_logits = draft.shared.hot.expand(q_logits)
             p = torch.softmax(p_logits[at], -1)
             greedy = p.argmax(-1)
             match = q_logits.argmax(-1) == greedy

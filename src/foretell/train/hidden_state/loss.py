@@ -12,7 +12,10 @@ position p = t + j + 1. Two terms, weighted w_mse and w_kl (the seed's 0.7 and 0
   (drafters/hidden_tree.py: L_{d+1} + E(node token), at every depth including the root's). So
   token-info W_1, W_2 are trained through this term, consistently with their use.
 
-A pair (t, j) is trained where token p + 1 is an assistant token (common/depths.py).
+A pair (t, j) is trained where token p + 1 is an assistant token (common/depths.py). A draft with its own
+vocabulary (HiddenDraftConfig.draft_vocab_size) scores only those tokens: its KL is to the target's distribution
+restricted to them (train/eagle3/loss.py draft_vocab_kl, as EAGLE-3 trains), at pairs whose target top-1 it holds,
+and its output layer costs draft_vocab_size / V of the full one (most of a step's time at depth 5).
 Noise tokens: a `noise` fraction of the input rows is replaced by the state of another, random
 position of the sequence, as if a wrong token had been read there; the targets stay clean. So the
 draft learns not to lean on one input row, and to carry on from its own imperfect predictions.
@@ -38,6 +41,7 @@ from foretell.errors import ForetellError
 from foretell.models.hidden_draft import HiddenDraft, unrolled_layout
 from foretell.train.common.depths import anchor_seed, sample_anchors, valid_depths
 from foretell.train.common.topk import topk_kl
+from foretell.train.eagle3.loss import draft_vocab_kl
 
 
 DEEP_ROWS = ("all", "anchors")
@@ -177,6 +181,26 @@ def mse_pairs(loss_mask: torch.Tensor, anchors: torch.Tensor, steps: int, cfg: H
     return valid
 
 
+def vocab_columns(draft: HiddenDraft) -> torch.Tensor | None:
+    """[V] long: each target id's column in a draft with its own vocabulary, -1 outside it; None without one."""
+    if not draft.config.draft_vocab_size:
+        return None
+    columns = torch.full((draft.config.vocab_size,), -1, dtype=torch.long)
+    columns[draft.output_ids.cpu()] = torch.arange(draft.config.draft_vocab_size)
+    return columns
+
+
+def kl_pairs(loss_mask: torch.Tensor, anchors: torch.Tensor, steps: int, top1: torch.Tensor,
+             columns: torch.Tensor | None) -> torch.Tensor:
+    """[A, steps] bool: the (anchor, step) pairs whose KL is trained; with a draft vocabulary (`columns`) only
+    those whose target top-1 (top1 [T], the target's greedy token after each position) it can draft."""
+    valid = valid_depths(loss_mask, anchors, steps)
+    if columns is None:
+        return valid
+    at = (anchors[:, None] + torch.arange(1, steps + 1)).clamp(max=len(top1) - 1)
+    return valid & (columns[top1[at]] >= 0)
+
+
 def draft_logits(draft: HiddenDraft, predicted: torch.Tensor, node_tokens: torch.Tensor) -> torch.Tensor:
     """[..., H] predicted states and [...] node tokens -> [..., V] lm_head + E(node token), as the drafter samples."""
     info = draft.info(node_tokens.flatten()).view(*node_tokens.shape, -1)
@@ -221,7 +245,13 @@ def sequence_terms(draft: HiddenDraft, hidden: torch.Tensor, logp: torch.Tensor,
             mse = mse.index_put((anchors.to(device)[:, None], torch.arange(1, steps, device=device)[None]), deep_mse)
     logits = draft_logits(draft, at_anchors, tokens[at_a].to(device))
     logits = logits.clamp(-cfg.logit_clamp, cfg.logit_clamp)
-    kl = topk_kl(logits, logp[at_a].to(device), ids[at_a].to(device))
-    agree = logits.detach().argmax(-1).cpu() == ids[at_a][..., 0]
+    columns = vocab_columns(draft)
+    if columns is None:
+        kl = topk_kl(logits, logp[at_a].to(device), ids[at_a].to(device))
+        drafted = logits.detach().argmax(-1).cpu()
+    else:
+        kl = draft_vocab_kl(logits, logp[at_a].to(device), columns[ids[at_a]].to(device))
+        drafted = draft.output_ids.cpu()[logits.detach().argmax(-1).cpu()]
+    agree = drafted == ids[at_a][..., 0]
     return SequenceTerms(mse, mse_pairs(loss_mask, anchors, steps, cfg), kl,
-                         valid_depths(loss_mask, anchors, steps), agree)
+                         kl_pairs(loss_mask, anchors, steps, ids[:, 0].long(), columns), agree)

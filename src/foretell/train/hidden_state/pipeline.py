@@ -25,12 +25,14 @@ from foretell.models.hidden_draft import (
     read_hidden_draft_config,
     save_hidden_draft,
 )
+from foretell.models.loading import load_tokenizer
 from foretell.train.common.data import TokenData
 from foretell.train.common.distributed import DistContext
 from foretell.train.common.feature_run import (
     FeatureRunConfig, check_same_shape, job_settings, prepare_features, run_inputs, train_or_load,
 )
 from foretell.train.common.trainer import TrainConfig
+from foretell.train.eagle3.loss import draft_vocabulary
 from foretell.train.hidden_state.eval import format_coverage, format_hidden_table, hidden_depth_eval, hot_vocab_coverage
 from foretell.train.hidden_state.loss import HiddenLossConfig
 from foretell.train.hidden_state.train import train_hidden
@@ -48,10 +50,13 @@ class HiddenShape:
     depth: int = 5  # unrolled steps once the curriculum is through = the drafter's tree depth (seed: 5)
     token_info_rank: int = 256  # r of W_1 [H, r] and W_2 [r, V]; 0 = no token-info
     init_layer: str = "middle"  # see INIT_CHOICES
+    draft_vocab: int = 0  # the draft's own vocabulary (HiddenDraftConfig.draft_vocab_size); 0 = the target's
 
     def __post_init__(self):
         if self.depth < 1:
             raise ForetellError(f"--depth must be >= 1, got {self.depth}")
+        if self.draft_vocab < 0:
+            raise ForetellError(f"--draft-vocab must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab}")
         if self.token_info_rank < 0:
             raise ForetellError(f"--token-info-rank must be >= 0, got {self.token_info_rank}")
         if self.init_layer not in ("middle", "random") and not self.init_layer.lstrip("-").isdigit():
@@ -86,14 +91,15 @@ def evaluate(cfg: HiddenStateTrainConfig, target, draft, train_data: TokenData, 
 
 def check_init_draft(folder: Path, config: HiddenDraftConfig) -> None:
     """--init-draft must name a saved draft of exactly the shape this run trains (same target)."""
-    check_same_shape("--init-draft", folder, read_hidden_draft_config(folder), config, "--token-info-rank")
+    check_same_shape("--init-draft", folder, read_hidden_draft_config(folder), config, "--token-info-rank and --draft-vocab")
 
 
 def run_hidden_state(cfg: HiddenStateTrainConfig, ctx: DistContext | None = None) -> Path:
     """Train (or finish training) the draft, data-parallel over the processes of `ctx`; returns OUT/draft."""
     ctx = ctx or DistContext()
     target_dir, data, held_out, target = run_inputs(cfg, ctx)
-    config = HiddenDraftConfig.for_target(target.config, token_info_rank=cfg.shape.token_info_rank)
+    config = HiddenDraftConfig.for_target(target.config, token_info_rank=cfg.shape.token_info_rank,
+                                          draft_vocab_size=min(cfg.shape.draft_vocab, target.config.vocab_size))
     init_layer = cfg.shape.init_from(target.config.num_hidden_layers)
     if init_layer is not None and not 0 <= init_layer < target.config.num_hidden_layers:
         raise ForetellError(f"--init-layer must be a target layer in 0..{target.config.num_hidden_layers - 1}, "
@@ -101,13 +107,21 @@ def run_hidden_state(cfg: HiddenStateTrainConfig, ctx: DistContext | None = None
     settings = job_settings(cfg, target_dir, draft=asdict(config), init_layer=init_layer, shape=asdict(cfg.shape))
     if cfg.loss.deep_rows == "all":  # the default, left out so runs made before the option still resume
         del settings["loss"]["deep_rows"]
+    if not config.draft_vocab_size:  # likewise
+        del settings["draft"]["draft_vocab_size"], settings["shape"]["draft_vocab"]
     if cfg.init_draft is not None:  # only when set, so runs made before the option still resume
         check_init_draft(cfg.init_draft, config)
         settings["init_draft"] = str(cfg.init_draft)
     def train_new(job_dir: Path):
         cache = prepare_features(cfg, target_dir, target, data, (config.target_num_layers,), ctx)
-        draft = (load_hidden_draft(cfg.init_draft, target) if cfg.init_draft is not None
-                 else new_hidden_draft(target, config, seed=cfg.train.seed, init_from_layer=init_layer))
+        if cfg.init_draft is not None:
+            draft = load_hidden_draft(cfg.init_draft, target)
+        else:
+            vocab = None
+            if config.draft_vocab_size:
+                specials = getattr(load_tokenizer(target_dir), "all_special_ids", [])
+                vocab = draft_vocabulary(data, config.draft_vocab_size, config.vocab_size, specials)
+            draft = new_hidden_draft(target, config, seed=cfg.train.seed, init_from_layer=init_layer, draft_vocab=vocab)
         return draft, train_hidden(draft, cache, data, cfg.train, cfg.loss, cfg.shape.depth, job_dir, cfg.resume,
                                    cfg.stop_after, ctx)
 

@@ -11,18 +11,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from foretell.models.hidden_draft import HiddenDraft
 from foretell.train.common.data import TokenData
-from foretell.train.common.depths import anchor_seed, valid_depths
+from foretell.train.common.depths import anchor_seed
 from foretell.train.common.feature_loop import run_steps
 from foretell.train.common.features import FeatureCache
 from foretell.train.common.distributed import DistContext
 from foretell.train.common.trainer import TrainConfig
-from foretell.train.hidden_state.loss import HiddenLossConfig, kl_anchors, mse_pairs, sequence_terms, unroll_steps
+from foretell.train.hidden_state.loss import (
+    HiddenLossConfig, kl_anchors, kl_pairs, mse_pairs, sequence_terms, unroll_steps, vocab_columns,
+)
 
 NOISE_STREAM = 0x5EED  # the noise generator's seed differs from the anchors' for the same (seed, step, sequence)
+
+
+def top1_of(cache: FeatureCache, sequence: int) -> torch.Tensor:
+    """[T] long: the target's greedy token after each position of a cached sequence."""
+    return torch.from_numpy(np.asarray(cache.ids[sequence][:, 0]).astype(np.int64))
 
 
 def hidden_step(draft: HiddenDraft, cache: FeatureCache, data: TokenData, index: torch.Tensor, mine: list[int],
@@ -32,7 +40,9 @@ def hidden_step(draft: HiddenDraft, cache: FeatureCache, data: TokenData, index:
     k = unroll_steps(step, train.steps, depth, cfg.curriculum)
     anchors = [kl_anchors(data.loss_mask[i], cfg, train.seed, step, i) for i in index.tolist()]
     mse_total = sum(int(mse_pairs(data.loss_mask[i], a, k, cfg).sum()) for i, a in zip(index.tolist(), anchors))
-    kl_total = sum(int(valid_depths(data.loss_mask[i], a, k).sum()) for i, a in zip(index.tolist(), anchors))
+    columns = vocab_columns(draft)
+    kl_total = sum(int(kl_pairs(data.loss_mask[i], a, k, top1_of(cache, i), columns).sum())
+                   for i, a in zip(index.tolist(), anchors))
     sums = {"loss": 0.0, "mse": 0.0, "kl": 0.0}
     agree, count = torch.zeros(k), torch.zeros(k)
     for pos in mine:
