@@ -35,8 +35,10 @@ def test_widen_keeps_ties_and_touches_only_bf16_cpu_linears(tiny_pair):
     assert isinstance(model.lm_head, WideLinear) and wide_rows_of(model) == 4
     assert (model.lm_head.weight is model.embed_tokens.weight) == tied
     assert all(type(m) is not nn.Linear for m in model.modules())
+    assert all(layer.attention_fp32 for layer in model.layers)  # its attention over the cache too
     fp32 = build_model(tiny_pair[0], torch.float32)
     assert widen_linears(fp32, wide_rows=4) is None and wide_rows_of(fp32) == 0
+    assert not any(layer.attention_fp32 for layer in fp32.layers)
     assert machine_key(model, "tiny")["wide_rows"] == 4 and machine_key(fp32, "tiny")["wide_rows"] == 0
 
 
@@ -111,3 +113,63 @@ def test_a_bf16_feature_pass_runs_its_wide_products_in_fp32(tiny_pair, monkeypat
         build_model(tiny_pair[0], torch.bfloat16), ids, (1,), 4)
     torch.testing.assert_close(wide[0].float(), emulated[0].float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(wide[1], emulated[1], rtol=2e-2, atol=2e-2)
+
+
+def _kernel_or_skip():
+    import pytest
+
+    from foretell.kernels import bf16_small_gemm
+
+    gemm = bf16_small_gemm()
+    if gemm is None:
+        pytest.skip("foretell's bf16 kernel is not available here (not x86 with AVX2, or no C++ compiler / ninja)")
+    return gemm
+
+
+def test_the_bf16_kernel_is_an_fp32_product_of_the_bf16_weight():
+    """Odd shapes too: a K not a multiple of 8 (the scalar tail), an odd N (the last single column), 1-33 rows."""
+    gemm = _kernel_or_skip()
+    g = torch.Generator().manual_seed(0)
+    for rows, k, n in [(1, 16, 3), (2, 13, 5), (5, 64, 7), (7, 576, 96), (33, 100, 9), (3, 7, 1)]:
+        x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g).to(torch.bfloat16)
+        exact = x.double() @ w.double().T
+        torch.testing.assert_close(gemm(x, w).double(), exact, rtol=1e-4, atol=1e-4)  # fp32 sums of <= 576 terms
+
+
+def test_wide_linear_runs_its_middle_widths_in_the_kernel(monkeypatch):
+    from foretell.models import wide_linear
+
+    gemm = _kernel_or_skip()
+    calls = []
+    monkeypatch.setattr(wide_linear, "bf16_small_gemm", lambda: lambda x, w: calls.append(len(x)) or gemm(x, w))
+    torch.manual_seed(0)
+    dense = nn.Linear(40, 24, bias=True).to(torch.bfloat16)
+    wide = WideLinear(dense, wide_rows=12, kernel_rows=8)
+    with torch.no_grad():
+        for shape in [(1, 40), (2, 3, 40), (8, 40), (9, 40), (12, 40)]:
+            x = torch.randn(shape, dtype=torch.bfloat16)
+            exact = (x.double() @ dense.weight.double().T + dense.bias.double()).to(torch.bfloat16)
+            out = wide(x)
+            assert out.shape == (*shape[:-1], 24) and out.dtype == torch.bfloat16
+            torch.testing.assert_close(out.float(), exact.float(), rtol=1e-2, atol=1e-2)
+    assert calls == [6, 8]  # 1 row: bf16; 9 rows: bf16 (below wide_rows); 12: fp32
+    wide(torch.randn(4, 40, dtype=torch.bfloat16))  # grad enabled: the kernel has no backward
+    assert calls == [6, 8]
+
+
+def test_bf16_target_with_the_kernel_keeps_its_plain_greedy_output_under_speculation(tiny_pair):
+    _kernel_or_skip()
+    plain = load(tiny_pair[0], "none", dtype="bfloat16", wide_fp32=False, warm_up=False)
+    assert widen_linears(plain.target.model, wide_rows=32, kernel=16) == 32
+    assert machine_key(plain.target.model, "tiny")["kernel_rows"] == 16
+    lookup = plain.with_speculative("prompt-lookup")
+    for prompt in PROMPTS:
+        want = plain.engine.generate(prompt, greedy_params(24)).tokens
+        assert lookup.engine.generate(prompt, greedy_params(24)).tokens == want
+
+
+def test_no_kernels_when_turned_off(monkeypatch):
+    from foretell import kernels
+
+    monkeypatch.setenv("FORETELL_NO_KERNELS", "1")
+    assert kernels.bf16_small_gemm.__wrapped__() is None

@@ -84,6 +84,7 @@ def load(
     quant: str = "none",
     compile: bool = False,
     wide_fp32: bool = True,
+    bf16_kernel: bool = True,
     warm_up: bool = True,
     cache_dir: Path | None = None,
 ) -> Pipeline:
@@ -99,6 +100,8 @@ def load(
     benchmarks/compile_ab.py for whether it pays on your machine).
     wide_fp32: a bf16 target on a CPU without native bf16 matmul runs its passes of many rows (prompts, draft
     trees) in fp32 on an exact fp32 copy of its weights where that is faster here (models/wide_linear.py).
+    bf16_kernel: with wide_fp32, passes of a few rows (draft trees) run foretell's bf16 kernel where it is built and
+    faster here (kernels/bf16_gemm.cpp); False keeps PyTorch's products (A/B runs).
     warm_up: a few throw-away forwards so the first generation is not the slow one.
     """
     spec = default_speculative(target, cache_dir)[0] if speculative is None else as_speculative(speculative)
@@ -114,7 +117,7 @@ def load(
     else:
         quantize_target(loaded.model, quant)
     if wide_fp32:
-        widen_linears(loaded.model)
+        widen_linears(loaded.model, kernel=None if bf16_kernel else 0)
     if compile:
         loaded.model.compile_steps()
     weights = DrafterWeights(loaded, str(target), dtype, device, cache_dir)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from foretell.models.transformer import RUNTIME_VERSION, Transformer
-from foretell.models.wide_linear import wide_rows_of
+from foretell.models.wide_linear import kernel_rows_of, wide_rows_of
 
 DEFAULT_SIZES = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -74,6 +74,7 @@ def machine_key(model: Transformer, model_name: str) -> dict:
         "weights": weight_format(model),
         "compiled": model.compiled,
         "wide_rows": wide_rows_of(model),  # bf16 passes of this many rows or more run in fp32 (models/wide_linear.py)
+        "kernel_rows": kernel_rows_of(model),  # and of 2..this many rows in foretell's bf16 kernel
         "runtime": RUNTIME_VERSION,  # a faster forward makes old curves stale
     }
 

@@ -45,7 +45,7 @@ def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
 
 
 # Bumped whenever the forward's cost changes, so measured cost curves (budget.py) are redone.
-RUNTIME_VERSION = 4
+RUNTIME_VERSION = 5
 
 # Passes of up to this many new tokens use plain matmul attention: at one token PyTorch's fused
 # CPU attention costs more than the matmuls themselves, but from two tokens on (verification
@@ -149,6 +149,10 @@ class DecoderLayer(nn.Module):
         self.scale = cfg.attention_scale  # None: SDPA's default, head_dim ** -0.5
         self.attn_softcap = cfg.attn_softcap
         self.act = ACTIVATION_FUNCTIONS[cfg.hidden_act]
+        # Attention over the cache in fp32: where bf16 matmuls are emulated (models/wide_linear.py sets it) the
+        # one-token step's two tiny products cost ~2x more in bf16 than converting the cached keys and values, and
+        # wider passes follow so that verification computes what plain steps do (up to summation order).
+        self.attention_fp32 = False
         self.input_layernorm = make_norm(cfg, cfg.hidden_size)
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_dim + 2 * kv_dim, bias=cfg.attention_bias)
         self.q_norm = make_norm(cfg, self.head_dim) if cfg.qk_norm else None
@@ -204,20 +208,25 @@ class DecoderLayer(nn.Module):
             if kv_start:
                 k, v = k[:, :, kv_start:], v[:, :, kv_start:]
         if cache is not None and T <= SMALL_STEP:
-            if kv_start:
-                return small_step_attention(q, k, v, mask, self.scale, self.attn_softcap)
-            # Whole blocks of keys: one matrix shape per block rather than per key length.
-            keys = k.shape[2]
-            k, v = cache.block_views(layer, keys)
-            return small_step_attention(q, k, v, mask, self.scale, self.attn_softcap, keys=keys)
+            keys = None
+            if not kv_start:  # whole blocks of keys: one matrix shape per block rather than per key length
+                keys = k.shape[2]
+                k, v = cache.block_views(layer, keys)
+            if self.attention_fp32 and q.dtype == torch.bfloat16:
+                out = small_step_attention(q.float(), k.float(), v.float(), mask, self.scale, self.attn_softcap, keys)
+                return out.to(q.dtype)
+            return small_step_attention(q, k, v, mask, self.scale, self.attn_softcap, keys)
         if self.attn_softcap is not None:
             if mask is None and cache is None:
                 mask = causal_mask(T, q.device)
             return small_step_attention(q, k, v, mask, self.scale, self.attn_softcap)
+        wanted = q.dtype
+        if self.attention_fp32 and wanted == torch.bfloat16 and cache is not None:
+            q, k, v = q.float(), k.float(), v.float()
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=cache is None and mask is None,
             enable_gqa=self.num_kv_heads != self.num_heads, scale=self.scale,
-        )
+        ).to(wanted)
 
     def finish(self, x, attn):
         """The attention output projected and added, then the MLP block."""

@@ -8,12 +8,16 @@ bf16 against 21 ms in fp32, but 87 ms at 16 rows against 35 ms, and 353 ms at 64
 62 ms. Verifying a draft tree is a pass of many rows, so there speculation paid less than it cost.
 
 WideLinear keeps the bf16 weight for passes of few rows and an fp32 copy of it (bf16 -> fp32 is
-exact) for passes of `wide_rows` rows or more, whose output is rounded back to bf16. Both products
-accumulate in fp32, so the two agree up to summation order, as bf16 passes of different widths
-already do. The threshold is measured once per process (`fp32_wide_rows`); None means bf16 is as
-fast as fp32 everywhere (native bf16), and nothing is replaced. The copy costs 4 bytes more per
-weight: ~0.5 GB for SmolLM2-135M. fp32 and other dtypes are untouched, so fp32 exactness tests
-do not see this.
+exact) for passes of `wide_rows` rows or more, whose output is rounded back to bf16. Between the
+two, passes of 2..`kernel_rows` rows run foretell's own kernel (kernels/bf16_gemm.cpp): it streams
+the bf16 weight once and widens it in registers, so a verification pass of 8-16 rows costs about
+1.5-2x a one-row pass instead of 3-5x (measured on a 2-core AVX2 machine: 36 SmolLM2-sized
+matrices, 7.4 ms at 1 row, 10.3 ms at 8 and 13.7 ms at 16, against 24 ms in fp32 and 32 / 64 ms
+emulated). All products accumulate in fp32, so they agree up to summation order, as bf16 passes
+of different widths already do. The thresholds are measured once per process (`fp32_wide_rows`,
+`kernel_rows`); None means bf16 is as fast as fp32 everywhere (native bf16), and nothing is
+replaced. The copy costs 4 bytes more per weight: ~0.5 GB for SmolLM2-135M. fp32 and other dtypes
+are untouched, so fp32 exactness tests do not see this.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from foretell.kernels import bf16_small_gemm
+
 PROBE_ROWS = (2, 4, 6, 8, 12, 16, 32)
 PROBE_SHAPE = (1536, 576)  # out, in: SmolLM2-135M's MLP projection, a typical small-model matrix
 PROBE_MATRICES = 12  # 21 MB of bf16 weights, 42 MB as fp32
@@ -33,16 +39,23 @@ PROBE_MATRICES = 12  # 21 MB of bf16 weights, 42 MB as fp32
 class WideLinear(nn.Linear):
     """An nn.Linear (same weight and bias objects, so ties hold) that runs passes of >= wide_rows rows in fp32."""
 
-    def __init__(self, linear: nn.Linear, wide_rows: int):
+    def __init__(self, linear: nn.Linear, wide_rows: int, kernel_rows: int = 0):
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.wide_rows = wide_rows
+        self.kernel_rows = kernel_rows  # passes of 2..kernel_rows rows run bf16_small_gemm (0: none)
         self.register_buffer("weight_fp32", linear.weight.detach().float(), persistent=False)
         self.register_buffer("bias_fp32", None if linear.bias is None else linear.bias.detach().float(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() // x.shape[-1] < self.wide_rows:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if 2 <= rows <= self.kernel_rows and not torch.is_grad_enabled():  # the kernel has no backward
+            y = bf16_small_gemm()(x.reshape(rows, -1).float(), self.weight)
+            if self.bias_fp32 is not None:
+                y += self.bias_fp32
+            return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        if rows < self.wide_rows:
             return F.linear(x, self.weight, self.bias)
         return F.linear(x.float(), self.weight_fp32, self.bias_fp32).to(x.dtype)
 
@@ -79,22 +92,56 @@ def fp32_wide_rows(threads: int) -> int | None:
     return PROBE_ROWS[-1]
 
 
-def widen_linears(model: nn.Module, wide_rows: int | None = None) -> int | None:
+@functools.cache
+def kernel_rows(threads: int) -> int:
+    """The most rows up to which bf16_small_gemm beats both the bf16 and the fp32 product at every probed width
+    on this CPU (0: it never does, or cannot be built here). Measured once in ~1 s, like fp32_wide_rows."""
+    gemm = bf16_small_gemm()
+    if gemm is None:
+        return 0
+    weights = [torch.randn(PROBE_SHAPE, dtype=torch.bfloat16) for _ in range(PROBE_MATRICES)]
+    weights_fp32 = [w.float() for w in weights]
+    best = 0
+    for rows in PROBE_ROWS:
+        x = torch.randn(rows, PROBE_SHAPE[1])
+        xb = x.to(torch.bfloat16)
+        kernel = _seconds(lambda: [gemm(x, w) for w in weights])
+        others = min(_seconds(lambda: [F.linear(xb, w) for w in weights]),
+                     _seconds(lambda: [F.linear(x, w) for w in weights_fp32]))
+        if kernel >= others:
+            break
+        best = rows
+    return best
+
+
+def widen_linears(model: nn.Module, wide_rows: int | None = None, kernel: int | None = None) -> int | None:
     """Make every bf16 nn.Linear of a CPU `model` a WideLinear (in place) where fp32 wide passes pay here; returns
-    the threshold used (None: nothing changed). wide_rows: force one (tests, A/B runs) instead of measuring."""
+    the fp32 threshold used (None: nothing changed). wide_rows, kernel (kernel_rows): force them (tests, A/B runs)
+    instead of measuring."""
     params = list(model.parameters())
     if not params or params[0].device.type != "cpu" or params[0].dtype != torch.bfloat16:
         return None
     wide_rows = wide_rows if wide_rows is not None else fp32_wide_rows(torch.get_num_threads())
     if wide_rows is None:
         return None
+    kernel = kernel if kernel is not None else kernel_rows(torch.get_num_threads())
+    if kernel and bf16_small_gemm() is None:
+        kernel = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.dtype == torch.bfloat16:
-                setattr(parent, name, WideLinear(child, wide_rows))
+                setattr(parent, name, WideLinear(child, wide_rows, kernel))
+    for layer in model.modules():
+        if hasattr(layer, "attention_fp32"):  # a DecoderLayer: its attention over the cache in fp32 too
+            layer.attention_fp32 = True
     return wide_rows
 
 
 def wide_rows_of(model: nn.Module) -> int:
     """The model's WideLinear threshold, 0 if it has none (a cost curve key: the curve differs)."""
     return next((m.wide_rows for m in model.modules() if isinstance(m, WideLinear)), 0)
+
+
+def kernel_rows_of(model: nn.Module) -> int:
+    """The model's bf16-kernel row limit, 0 if it has none (a cost curve key too)."""
+    return next((m.kernel_rows for m in model.modules() if isinstance(m, WideLinear)), 0)
