@@ -173,3 +173,58 @@ def test_no_kernels_when_turned_off(monkeypatch):
 
     monkeypatch.setenv("FORETELL_NO_KERNELS", "1")
     assert kernels.bf16_small_gemm.__wrapped__() is None
+
+
+def test_auto_draft_quant_keeps_bf16_drafts_where_the_kernel_runs(monkeypatch):
+    """On a CPU without native bf16 but with foretell's kernel, bf16 drafts stay bf16 ("auto" = none): the kernel
+    beat PyTorch's int8 kernel there. Elsewhere on CPU "auto" is int8, and none off the CPU."""
+    from foretell.models import wide_linear
+    from foretell.models.quant import resolve_quant
+
+    monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: 8)
+    monkeypatch.setattr(wide_linear, "kernel_rows", lambda threads: 32)
+    assert resolve_quant("auto", "cpu", torch.bfloat16) == "none"
+    assert resolve_quant("auto", "cpu", torch.float32) == "int8"
+    assert resolve_quant("int8", "cpu", torch.bfloat16) == "int8"
+    monkeypatch.setattr(wide_linear, "kernel_rows", lambda threads: 0)  # no kernel built here
+    assert resolve_quant("auto", "cpu", torch.bfloat16) == "int8"
+    monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: None)  # native bf16
+    monkeypatch.setattr(wide_linear, "kernel_rows", lambda threads: 32)
+    assert resolve_quant("auto", "cpu", torch.bfloat16) == "int8"
+    assert resolve_quant("auto", "meta", torch.bfloat16) == "none"
+
+
+def test_a_hot_cut_of_a_wide_layer_stays_wide():
+    from foretell.models.quant import select_rows
+
+    torch.manual_seed(0)
+    wide = WideLinear(nn.Linear(24, 40, bias=False).to(torch.bfloat16), wide_rows=12, kernel_rows=8)
+    rows = torch.tensor([1, 5, 39])
+    cut = select_rows(wide, rows)
+    assert isinstance(cut, WideLinear) and (cut.wide_rows, cut.kernel_rows) == (12, 8)
+    assert torch.equal(cut.weight, wide.weight[rows]) and not cut.weight.requires_grad
+    x = torch.randn(16, 24, dtype=torch.bfloat16)
+    torch.testing.assert_close(cut(x).float(), wide(x)[:, rows].float(), rtol=1e-2, atol=1e-2)
+
+
+def test_a_bf16_head_loaded_for_a_bf16_target_takes_the_wide_paths(tiny_pair, tmp_path, monkeypatch):
+    """Drafter modules loaded through the configuration are widened like the target: a tree level of a few rows
+    runs the kernel, not the emulated bf16 product; its greedy output stays the target's."""
+    from foretell.config import SpeculativeConfig
+    from foretell.drafters.eagle_tree import Eagle3Drafter
+    from foretell.models.eagle3 import Eagle3Config, new_eagle3_head, save_eagle3_head
+
+    from foretell.models import wide_linear
+
+    monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: 16)
+    monkeypatch.setattr(wide_linear, "kernel_rows", lambda threads: 0)  # no kernel: "auto" makes it int8, fc stays
+    target = build_model(tiny_pair[0], torch.float32)
+    head = new_eagle3_head(target, Eagle3Config.for_target(target.config, draft_vocab_size=40), seed=1)
+    save_eagle3_head(head, tmp_path / "head")
+    spec = SpeculativeConfig(method="eagle3", model=str(tmp_path / "head"), draft_quant="auto")
+    pipe = load(tiny_pair[0], spec, dtype="bfloat16", warm_up=False)
+    drafter = pipe.engine.drafter
+    assert isinstance(drafter, Eagle3Drafter) and wide_rows_of(drafter.head) == 16
+    plain = pipe.with_speculative("none")
+    for prompt in PROMPTS:
+        assert pipe.engine.generate(prompt, greedy_params(16)).tokens == plain.engine.generate(prompt, greedy_params(16)).tokens

@@ -203,7 +203,7 @@ class Eagle3Head(DrafterModule):
         places the module: `placed_by`)."""
         from foretell.models.quant import Int8Linear, quantize_int8, resolve_quant
 
-        if resolve_quant(mode, self.device) == "int8" and not isinstance(self.lm_head, Int8Linear):
+        if resolve_quant(mode, self.device, self.dtype) == "int8" and not isinstance(self.lm_head, Int8Linear):
             quantize_int8(self.midlayer)
             self.lm_head = Int8Linear.from_weight(self.lm_head.weight)
         return self

@@ -197,7 +197,7 @@ class HiddenDraft(DrafterModule):
         The output layer stays as it is: on CPU its hot rows over a few rows ran slower as int8
         (benchmarks/hidden_draft_step.py), and without a hot vocabulary it is the target's own.
         """
-        if resolve_quant(mode, self.device) == "int8":
+        if resolve_quant(mode, self.device, self.dtype) == "int8":
             quantize_int8(self.layer)
         return self
 

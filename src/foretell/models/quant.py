@@ -154,6 +154,14 @@ def select_rows(layer: nn.Module, rows: torch.Tensor) -> nn.Module:
     """Keep only some output rows of a linear layer, plain or quantized (a copy, contiguous for speed)."""
     if isinstance(layer, (Int8Linear, Int4Linear)):
         return layer.select_rows(rows)
+    from foretell.models.wide_linear import WideLinear
+
+    if isinstance(layer, WideLinear):  # the cut keeps the wide-pass paths (a hot output layer of a few rows)
+        return WideLinear(_cut(layer, rows), layer.wide_rows, layer.kernel_rows).requires_grad_(False)
+    return _cut(layer, rows)
+
+
+def _cut(layer: nn.Module, rows: torch.Tensor) -> nn.Linear:
     rows = rows.to(layer.weight.device)
     out = nn.Linear(layer.in_features, rows.numel(), bias=layer.bias is not None,
                     device=layer.weight.device, dtype=layer.weight.dtype)
@@ -203,18 +211,28 @@ def int4_or_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
     return Int4Linear.from_weight(weight, bias) if fits else Int8Linear.from_weight(weight, bias)
 
 
-def resolve_quant(mode: str, device: str | torch.device) -> str:
-    """"auto" -> int8 on CPU (where the fused kernel exists), none elsewhere."""
+def resolve_quant(mode: str, device: str | torch.device, dtype: torch.dtype | None = None) -> str:
+    """"auto" -> int8 on CPU (where the fused kernel exists), none elsewhere, and none for a bf16 draft on a CPU
+    without a native bf16 matmul where foretell's bf16 kernel runs: there, bf16 weights with that kernel were as
+    fast at one row and up to ~2x faster at 2-8 rows than PyTorch's int8 kernel (models/wide_linear.py)."""
     if mode not in QUANT_MODES:
         from foretell.errors import ForetellError
 
         raise ForetellError(f"unknown draft quantization {mode!r}; use one of {', '.join(QUANT_MODES)}")
     if mode == "auto":
-        return "int8" if torch.device(device).type == "cpu" else "none"
+        if torch.device(device).type != "cpu":
+            return "none"
+        if dtype == torch.bfloat16:
+            from foretell.models.wide_linear import fp32_wide_rows, kernel_rows
+
+            threads = torch.get_num_threads()
+            if fp32_wide_rows(threads) is not None and kernel_rows(threads) > 0:
+                return "none"
+        return "int8"
     return mode
 
 
 def apply_quant(model: nn.Module, mode: str) -> nn.Module:
     """Quantize `model` in place per `mode` ("none", "int8" or "auto", see resolve_quant)."""
-    device = next(model.parameters()).device
-    return quantize_int8(model) if resolve_quant(mode, device) == "int8" else model
+    first = next(model.parameters())
+    return quantize_int8(model) if resolve_quant(mode, first.device, first.dtype) == "int8" else model
