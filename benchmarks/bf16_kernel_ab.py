@@ -4,7 +4,7 @@ On a CPU without a native bf16 matmul, wide bf16 passes run in fp32 (models/wide
 passes of 2..kernel_rows rows (draft trees) instead. Prints the forward cost curve (ms per forward by tokens,
 context 256) of SmolLM2-135M in bf16 without and with the kernel, and in fp32; then generation speed (tok/s) of
 plain decoding, the shipped default drafter, EAGLE-3 auto without the result cache, and prompt lookup, on GSM8K and
-Spec-Bench prompts, without and with the kernel, interleaved prompt by prompt. First, the one-token forward
+Spec-Bench prompts, without the kernel (and with an int8 head, what draft_quant "auto" gave then) and with it, interleaved prompt by prompt. First, the one-token forward
 (context 300) with its attention in bf16 and in fp32 (DecoderLayer.attention_fp32, set with wide passes),
 interleaved, median of 40 each.
 
@@ -13,7 +13,6 @@ interleaved, median of 40 each.
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import replace
 
@@ -21,16 +20,9 @@ import torch
 
 from foretell.api import load
 from foretell.bench.datasets import load_prompts
-from foretell.budget import measure_cost_curve
 from foretell.models.loading import load_model
 from foretell.models.wide_linear import fp32_wide_rows, kernel_rows, widen_linears
-
-SIZES = (1, 2, 4, 8, 16, 32, 64)
-
-
-def curve_row(name: str, model) -> None:
-    ms = [s * 1000 for s in measure_cost_curve(model, sizes=SIZES, repeats=3).seconds]
-    print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in ms) + " |", flush=True)
+from ab_runs import SIZES, curve_row, interleaved_rates, parse_ab_args, print_rates
 
 
 def one_token_attention_ab(repeats: int = 40) -> None:
@@ -58,12 +50,7 @@ def one_token_attention_ab(repeats: int = 40) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=2, help="prompts per category (default: %(default)s)")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_ab_args(__doc__)
     wide, kernel = fp32_wide_rows(args.threads), kernel_rows(args.threads)
     print(f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}; fp32 wide passes from {wide} rows; "
           f"the bf16 kernel for 2..{kernel} rows (0: not built or not faster here)\n")
@@ -80,25 +67,16 @@ def main() -> None:
     groups = {}
     for name, flag in (("PyTorch", False), ("kernel", True)):
         default = load("smollm2-135m", None, dtype="bfloat16", bf16_kernel=flag)
+        # Without the kernel, draft_quant "auto" meant an int8 head (PyTorch's int8 kernel), as before it existed.
+        spec = default.speculative if flag else replace(default.speculative, draft_quant="int8")
         groups[f"plain, {name}"] = default.with_speculative("none")
-        groups[f"default drafter, {name}"] = default
-        no_cache = replace(default.speculative, result_cache=None)
+        groups[f"default drafter, {name}"] = default.with_speculative(spec)
+        no_cache = replace(spec, result_cache=None)
         groups[f"{no_cache.method} auto, no result cache, {name}"] = default.with_speculative(no_cache)
         groups[f"prompt lookup, {name}"] = default.with_speculative("prompt-lookup")
-    prompts = load_prompts(["gsm8k", "spec-bench"], args.prompts)
-    seconds, tokens = {}, {}
-    for i, prompt in enumerate(prompts):
-        for key, pipe in groups.items():
-            start = time.perf_counter()
-            result = pipe.generate(prompt["prompt"], max_new_tokens=args.max_new_tokens)
-            seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - start
-            tokens[key] = tokens.get(key, 0) + len(result.tokens)
-        print(f"prompt {i + 1}/{len(prompts)}", flush=True)
-    print("\n| method | tok/s | vs plain, PyTorch | vs plain, same products |\n|---|---:|---:|---:|")
-    rate = {key: tokens[key] / seconds[key] for key in seconds}
-    for key in seconds:
-        same = "plain, kernel" if key.endswith("kernel") else "plain, PyTorch"
-        print(f"| {key} | {rate[key]:.1f} | {rate[key] / rate['plain, PyTorch']:.2f}x | {rate[key] / rate[same]:.2f}x |")
+    rate = interleaved_rates(groups, load_prompts(["gsm8k", "spec-bench"], args.prompts), args.max_new_tokens)
+    print_rates(rate, "plain, PyTorch", lambda key: "plain, kernel" if key.endswith("kernel") else "plain, PyTorch",
+                ("vs plain, PyTorch", "vs plain, same products"))
 
 
 if __name__ == "__main__":

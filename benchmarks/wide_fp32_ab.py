@@ -10,34 +10,19 @@ without and with wide passes, interleaved prompt by prompt.
 
 from __future__ import annotations
 
-import argparse
-import time
 from dataclasses import replace
 
 import torch
 
 from foretell.api import load
 from foretell.bench.datasets import load_prompts
-from foretell.budget import measure_cost_curve
 from foretell.models.loading import load_model
 from foretell.models.wide_linear import fp32_wide_rows, widen_linears
-
-SIZES = (1, 2, 4, 8, 16, 32, 64)
-
-
-def curve_row(name: str, model) -> list[float]:
-    ms = [s * 1000 for s in measure_cost_curve(model, sizes=SIZES, repeats=3).seconds]
-    print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in ms) + " |", flush=True)
-    return ms
+from ab_runs import SIZES, curve_row, interleaved_rates, parse_ab_args, print_rates
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=2, help="prompts per category (default: %(default)s)")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_ab_args(__doc__)
     rows = fp32_wide_rows(args.threads)
     print(f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}; fp32 wide passes from {rows} rows "
           f"({'measured faster here' if rows else 'never faster here: bf16 is native'})\n")
@@ -58,20 +43,10 @@ def main() -> None:
         groups[f"default drafter {name}"] = default
         no_cache = replace(default.speculative, result_cache=None)
         groups[f"{no_cache.method} auto, no result cache, {name}"] = default.with_speculative(no_cache)
-    prompts = load_prompts(["gsm8k", "spec-bench"], args.prompts)
-    seconds, tokens = {}, {}
-    for i, prompt in enumerate(prompts):
-        for key, pipe in groups.items():
-            start = time.perf_counter()
-            result = pipe.generate(prompt["prompt"], max_new_tokens=args.max_new_tokens)
-            seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - start
-            tokens[key] = tokens.get(key, 0) + len(result.tokens)
-        print(f"prompt {i + 1}/{len(prompts)}", flush=True)
-    print("\n| method | tok/s | vs plain bf16 | vs plain, same passes |\n|---|---:|---:|---:|")
-    rate = {key: tokens[key] / seconds[key] for key in seconds}
-    for key in seconds:
-        same = "plain bf16 wide" if key.endswith("bf16 wide") else "plain bf16"
-        print(f"| {key} | {rate[key]:.1f} | {rate[key] / rate['plain bf16']:.2f}x | {rate[key] / rate[same]:.2f}x |")
+    rate = interleaved_rates(groups, load_prompts(["gsm8k", "spec-bench"], args.prompts), args.max_new_tokens)
+    print_rates(rate, "plain bf16", lambda key: "plain bf16 wide" if key.endswith("bf16 wide") else "plain bf16",
+                ("vs plain bf16", "vs plain, same passes"))
+
 
 if __name__ == "__main__":
     main()

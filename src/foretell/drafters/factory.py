@@ -96,14 +96,15 @@ class DrafterWeights:
 
         folder = self.folder(model, "parallel-head")
         return self._once(("head", folder, hot_vocab),
-                          lambda: widened(load_parallel_head(folder, self.target.model, self.hot_vocab(hot_vocab))))
+                          lambda: widened(load_parallel_head(folder, self.target.model, self.hot_vocab(hot_vocab)),
+                                          self.target.model))
 
     def hidden_draft(self, model: str, hot_vocab: int, quant: str):
         from foretell.models.hidden_draft import load_hidden_draft
 
         folder = self.folder(model, "hidden-state")
         return self._once(("hidden", folder, hot_vocab, quant), lambda: widened(load_hidden_draft(
-            folder, self.target.model, self.hot_vocab(hot_vocab)).quantize(quant)))
+            folder, self.target.model, self.hot_vocab(hot_vocab)).quantize(quant), self.target.model))
 
     def eagle3_head(self, model: str, quant: str = "none"):
         """An EAGLE-3 head: foretell's folder, an EAGLE-3 checkpoint in the engines' layout, or a shipped name;
@@ -112,7 +113,7 @@ class DrafterWeights:
 
         folder = self.folder(model, "eagle3")
         return self._once(("eagle3", folder, quant),
-                          lambda: widened(load_eagle3_head(folder, self.target.model).quantize(quant)))
+                          lambda: widened(load_eagle3_head(folder, self.target.model).quantize(quant), self.target.model))
 
     def target_cost(self) -> CostCurve:
         """The target's forward cost by verified tokens on this machine (measured once, then cached on disk)."""
@@ -123,12 +124,13 @@ class DrafterWeights:
         return self._once(("cost", spec, quant), lambda: cost_curve(model, spec, self.cache_dir))(1)
 
 
-def widened(module):
+def widened(module, target: torch.nn.Module):
     """A bf16 drafter module on a CPU without native bf16 matmul: its layers left in bf16 take the wide-pass paths
-    (foretell's kernel for tree levels of a few rows; models/wide_linear.py), as the target's do."""
-    from foretell.models.wide_linear import widen_linears
+    the target takes (foretell's kernel for tree levels of a few rows; models/wide_linear.py), none if it has none."""
+    from foretell.models.wide_linear import kernel_rows_of, wide_rows_of, widen_linears
 
-    widen_linears(module)
+    if wide_rows_of(target):
+        widen_linears(module, wide_rows_of(target), kernel=kernel_rows_of(target))
     return module
 
 
