@@ -228,3 +228,20 @@ def test_a_bf16_head_loaded_for_a_bf16_target_takes_the_wide_paths(tiny_pair, tm
     plain = pipe.with_speculative("none")
     for prompt in PROMPTS:
         assert pipe.engine.generate(prompt, greedy_params(16)).tokens == plain.engine.generate(prompt, greedy_params(16)).tokens
+
+
+def test_foretell_cost_says_which_products_the_wide_passes_use(tiny_pair, tmp_path, monkeypatch, capsys):
+    from foretell.cli import main
+    from foretell.models import wide_linear
+
+    monkeypatch.setenv("FORETELL_CACHE", str(tmp_path / "cache"))  # a fresh cost curve, not a cached one
+    monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: 12)
+    monkeypatch.setattr(wide_linear, "kernel_rows", lambda threads: 0)
+    assert main(["cost", str(tiny_pair[0]), "--dtype", "bfloat16", "--plot", str(tmp_path / "c.png")]) == 0
+    assert "(fp32 from 12 rows)" in capsys.readouterr().out
+    monkeypatch.setattr(wide_linear, "kernel_rows", lambda threads: 8)
+    monkeypatch.setattr(wide_linear, "bf16_small_gemm", lambda: lambda x, w: x @ w.float().T)  # the kernel's product
+    assert main(["cost", str(tiny_pair[0]), "--dtype", "bfloat16", "--plot", str(tmp_path / "c.png")]) == 0
+    assert "(bf16 kernel for 2..8 rows, fp32 from 12 rows)" in capsys.readouterr().out
+    assert main(["cost", str(tiny_pair[0]), "--dtype", "float32", "--plot", str(tmp_path / "d.png")]) == 0
+    assert "fp32 from" not in capsys.readouterr().out

@@ -170,18 +170,21 @@ def cmd_cost(args) -> None:
 
     from foretell.budget import cost_curve, plot_cost_curve
     from foretell.models.loading import load_model
-    from foretell.models.wide_linear import widen_linears
+    from foretell.models.wide_linear import kernel_rows_of, widen_linears
 
     if args.threads:
         torch.set_num_threads(args.threads)
     curves = {}
     for name in args.models:
         loaded = load_model(name, args.dtype, args.device)
-        widen_linears(loaded.model)  # as `load` runs it
+        wide = widen_linears(loaded.model)  # as `load` runs it
+        # Where bf16 is emulated, say which products the wide passes use (models/wide_linear.py).
+        kernel = kernel_rows_of(loaded.model)
+        paths = f" ({f'bf16 kernel for 2..{kernel} rows, ' if kernel else ''}fp32 from {wide} rows)" if wide else ""
         curves[f"{name} ({args.dtype})"] = curve = cost_curve(loaded.model, name)
         del loaded
         cells = " ".join(f"{n}:{s * 1000:.1f}" for n, s in zip(curve.sizes, curve.seconds))
-        print(f"{name} {args.dtype}, ms per forward by tokens (context {curve.context}): {cells}")
+        print(f"{name} {args.dtype}{paths}, ms per forward by tokens (context {curve.context}): {cells}")
     plot_cost_curve(curves, args.plot)
     print(f"plot: {args.plot}")
 
