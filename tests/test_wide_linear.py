@@ -245,3 +245,17 @@ def test_foretell_cost_says_which_products_the_wide_passes_use(tiny_pair, tmp_pa
     assert "(bf16 kernel for 2..8 rows, fp32 from 12 rows)" in capsys.readouterr().out
     assert main(["cost", str(tiny_pair[0]), "--dtype", "float32", "--plot", str(tmp_path / "d.png")]) == 0
     assert "fp32 from" not in capsys.readouterr().out
+
+
+def test_a_compiled_bf16_target_with_the_kernel_decodes_like_the_eager_one(tiny_pair):
+    """torch.compile (opt-in) traces through the wide paths (the kernel is a graph break, not an error)."""
+    _kernel_or_skip()
+    eager = load(tiny_pair[0], "none", dtype="bfloat16", wide_fp32=False, warm_up=False)
+    compiled = load(tiny_pair[0], "none", dtype="bfloat16", wide_fp32=False, compile=True, warm_up=False)
+    for pipe in (eager, compiled):
+        widen_linears(pipe.target.model, wide_rows=32, kernel=16)
+    lookup = compiled.with_speculative("prompt-lookup")
+    for prompt in PROMPTS[:2]:
+        want = eager.engine.generate(prompt, greedy_params(12)).tokens
+        assert compiled.engine.generate(prompt, greedy_params(12)).tokens == want
+        assert lookup.engine.generate(prompt, greedy_params(12)).tokens == want
