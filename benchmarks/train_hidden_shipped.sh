@@ -13,6 +13,11 @@
 set -euo pipefail
 source "$(dirname "$0")/shipped_data.sh"
 BF16=${BF16:-auto}
+OUT=${OUT:-runs/hidden_state/smollm2-shipped-data}
+if [ "$BF16" = auto ] && [ -f "$OUT/train/job.json" ]; then  # a resumed run keeps the precision it started with
+  BF16=$(.venv/bin/python -c "import json, sys; print(int(json.load(open(sys.argv[1]))['train']['bf16']))" \
+    "$OUT/train/job.json")
+fi
 if [ "$BF16" = auto ]; then
   BF16=$(.venv/bin/python -c "import torch; from foretell.models.wide_linear import fp32_wide_rows; \
 print(int(fp32_wide_rows(torch.get_num_threads()) is None))")
@@ -21,4 +26,4 @@ fi
 $F train hidden-state --target smollm2-135m --data "$SHIPPED_DATA" --eval-data $D/smollm2-mix-test.jsonl --seq-len 320 \
   --anchors 32 --deep-rows anchors --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-3000}" --warmup 100 \
   --batch-size 16 $([ "$BF16" = 1 ] && echo --bf16) --checkpoint-every 50 --eval-sequences 72 --threads "$T" \
-  --processes "${PROCS:-1}" --depth 5 --draft-vocab 8192 --lr 5e-4 --out "${OUT:-runs/hidden_state/smollm2-shipped-data}"
+  --processes "${PROCS:-1}" --depth 5 --draft-vocab 8192 --lr 5e-4 --out "$OUT"
