@@ -129,8 +129,9 @@ def widened(module, target: torch.nn.Module):
     the target takes (foretell's kernel for tree levels of a few rows; models/wide_linear.py), none if it has none."""
     from foretell.models.wide_linear import kernel_rows_of, wide_rows_of, widen_linears
 
-    if wide_rows_of(target):
-        widen_linears(module, wide_rows_of(target), kernel=kernel_rows_of(target))
+    wide = wide_rows_of(target)
+    if wide:
+        widen_linears(module, wide, kernel=kernel_rows_of(target))
     return module
 
 

@@ -60,11 +60,16 @@ def draft_vocabulary(data: TokenData, size: int, vocab_size: int, special_ids=()
     return hot_vocab_from_counts(counts, size, vocab_size).ids
 
 
+def columns_of(vocab_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[vocab_size] long: each target id's column in a draft vocabulary `vocab_ids`, -1 outside it."""
+    columns = torch.full((vocab_size,), -1, dtype=torch.long)
+    columns[vocab_ids.cpu()] = torch.arange(len(vocab_ids))
+    return columns
+
+
 def column_map(head: Eagle3Head) -> torch.Tensor:
     """[vocab_size] long: each target id's draft column, -1 outside the draft vocabulary."""
-    columns = torch.full((head.config.vocab_size,), -1, dtype=torch.long)
-    columns[head.vocab_ids.cpu()] = torch.arange(head.config.draft_vocab_size)
-    return columns
+    return columns_of(head.vocab_ids, head.config.vocab_size)
 
 
 def draft_vocab_kl(logits: torch.Tensor, logp: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:

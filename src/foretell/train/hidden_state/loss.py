@@ -41,7 +41,7 @@ from foretell.errors import ForetellError
 from foretell.models.hidden_draft import HiddenDraft, unrolled_layout
 from foretell.train.common.depths import anchor_seed, sample_anchors, valid_depths
 from foretell.train.common.topk import topk_kl
-from foretell.train.eagle3.loss import draft_vocab_kl
+from foretell.train.eagle3.loss import columns_of, draft_vocab_kl
 
 
 DEEP_ROWS = ("all", "anchors")
@@ -183,11 +183,7 @@ def mse_pairs(loss_mask: torch.Tensor, anchors: torch.Tensor, steps: int, cfg: H
 
 def vocab_columns(draft: HiddenDraft) -> torch.Tensor | None:
     """[V] long: each target id's column in a draft with its own vocabulary, -1 outside it; None without one."""
-    if not draft.config.draft_vocab_size:
-        return None
-    columns = torch.full((draft.config.vocab_size,), -1, dtype=torch.long)
-    columns[draft.output_ids.cpu()] = torch.arange(draft.config.draft_vocab_size)
-    return columns
+    return columns_of(draft.output_ids, draft.config.vocab_size) if draft.config.draft_vocab_size else None
 
 
 def kl_pairs(loss_mask: torch.Tensor, anchors: torch.Tensor, steps: int, top1: torch.Tensor,
