@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/token_split.py [--model smollm2-135m] [--quant none] [--spec-config NAME=FILE ...]
 
 Per method (plain decoding, prompt lookup, and any --spec-config), over GSM8K + Spec-Bench prompts (PER a
-category), bf16: milliseconds per generated token spent in the target's forward passes (timed by hooks on the
+category), bf16 (or --dtype): milliseconds per generated token spent in the target's forward passes (timed by hooks on the
 target module), in the drafter's propose, in verification outside the forward (acceptance rule, cache commit,
 bookkeeping), and everything else in the loop (stop checks, detokenization, the result cache). Prefill is left
 out. "outside forward" is all but the forward: the loop's own cost per token. Prints a Markdown table.
@@ -50,6 +50,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--quant", default="none", choices=("none", "int8", "int4", "gguf"))
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--per", type=int, default=2, help="prompts per category (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
@@ -60,11 +61,11 @@ def main() -> None:
     for entry in args.spec_config:
         name, _, path = entry.partition("=")
         methods[name] = SpeculativeConfig.from_file(path)
-    base = load(args.model, "none", dtype="bfloat16", quant=args.quant)
+    base = load(args.model, "none", dtype=args.dtype, quant=args.quant)
     timer = ForwardTimer(base.engine.target)
     prompts = [base.encode(r["prompt"]) for r in load_prompts(["gsm8k", "spec-bench"], args.per)]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    print(f"| method ({args.model}, {args.quant} weights, bf16) | tokens | ms / token | forward | drafting | "
+    print(f"| method ({args.model}, {args.quant} weights, {args.dtype}) | tokens | ms / token | forward | drafting | "
           "verification outside forward | other | outside forward |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, spec in methods.items():

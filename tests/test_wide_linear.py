@@ -177,14 +177,16 @@ def test_no_kernels_when_turned_off(monkeypatch):
 
 def test_auto_draft_quant_keeps_bf16_drafts_where_the_kernel_runs(monkeypatch):
     """On a CPU without native bf16 but with foretell's kernel, bf16 drafts stay bf16 ("auto" = none): the kernel
-    beat PyTorch's int8 kernel there. Elsewhere on CPU "auto" is int8, and none off the CPU."""
+    beat PyTorch's int8 kernel there. Elsewhere on CPU "auto" is int8 (fp32 drafts: where foretell's block kernel
+    runs them), and none off the CPU."""
+    from foretell.kernels import block_gemm
     from foretell.models import wide_linear
     from foretell.models.quant import resolve_quant
 
     monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: 8)
     monkeypatch.setattr(wide_linear, "kernel_rows", lambda threads: 32)
     assert resolve_quant("auto", "cpu", torch.bfloat16) == "none"
-    assert resolve_quant("auto", "cpu", torch.float32) == "int8"
+    assert resolve_quant("auto", "cpu", torch.float32) == ("none" if block_gemm() is None else "int8")
     assert resolve_quant("int8", "cpu", torch.bfloat16) == "int8"
     monkeypatch.setattr(wide_linear, "kernel_rows", lambda threads: 0)  # no kernel built here
     assert resolve_quant("auto", "cpu", torch.bfloat16) == "int8"

@@ -85,6 +85,7 @@ def load(
     compile: bool = False,
     wide_fp32: bool = True,
     bf16_kernel: bool = True,
+    lean: bool = True,
     warm_up: bool = True,
     cache_dir: Path | None = None,
 ) -> Pipeline:
@@ -102,6 +103,9 @@ def load(
     trees) in fp32 on an exact fp32 copy of its weights where that is faster here (models/wide_linear.py).
     bf16_kernel: with wide_fp32, passes of a few rows (draft trees) run foretell's bf16 kernel where it is built and
     faster here (kernels/bf16_gemm.cpp); False keeps PyTorch's products (A/B runs).
+    lean: passes of up to 32 tokens (plain decoding's steps, verification) run in one native call where the target
+    suits it: a float32 CPU target of Llama shape with dense, int4 or GGUF Q4_1 / Q8_0 weights
+    (models/lean_step.py); False keeps PyTorch's path (A/B runs).
     warm_up: a few throw-away forwards so the first generation is not the slow one.
     """
     spec = default_speculative(target, cache_dir)[0] if speculative is None else as_speculative(speculative)
@@ -120,6 +124,8 @@ def load(
         widen_linears(loaded.model, kernel=None if bf16_kernel else 0)
     if compile:
         loaded.model.compile_steps()
+    elif lean:
+        loaded.model.use_lean_step()  # where it does not apply, nothing changes
     weights = DrafterWeights(loaded, str(target), dtype, device, cache_dir)
     engine = build_engine(spec, weights)
     if warm_up:

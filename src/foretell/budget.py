@@ -75,6 +75,7 @@ def machine_key(model: Transformer, model_name: str) -> dict:
         "compiled": model.compiled,
         "wide_rows": wide_rows_of(model),  # bf16 passes of this many rows or more run in fp32 (models/wide_linear.py)
         "kernel_rows": kernel_rows_of(model),  # and of 2..this many rows in foretell's bf16 kernel
+        "lean": model.lean is not None,  # one-token steps in one native call (models/lean_step.py)
         "runtime": RUNTIME_VERSION,  # a faster forward makes old curves stale
     }
 

@@ -1,7 +1,9 @@
 """Native kernels foretell builds once on first use (torch.utils.cpp_extension), each with a PyTorch fallback.
 
 bf16_gemm.cpp: bf16 weights times a few fp32 rows on x86 CPUs with AVX2, for CPUs without a native bf16 matrix
-multiply (models/wide_linear.py decides where it pays). Building needs a C++ compiler and ninja; where either is
+multiply (models/wide_linear.py decides where it pays).
+lean_decode.cpp: a whole one-token decode step of a Llama-shaped model in one call (models/lean_step.py).
+Building needs a C++ compiler and ninja; where either is
 missing, or the CPU is not x86 with AVX2, foretell says so once and uses PyTorch's products. FORETELL_NO_KERNELS=1
 turns the kernels off (A/B runs).
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("bf16_gemm.cpp")
+FOLDER = Path(__file__).parent
 
 
 def kernels_allowed() -> bool:
@@ -26,24 +28,48 @@ def kernels_allowed() -> bool:
 @functools.cache
 def bf16_small_gemm():
     """The kernel's function (x fp32 [M, K], w bf16 [N, K]) -> fp32 [M, N], or None where it cannot be used here."""
+    module = build("bf16_gemm", "the bf16 kernel", "bf16 passes of several rows use PyTorch's products")
+    return None if module is None else module.bf16_small_gemm
+
+
+@functools.cache
+def lean_module():
+    return build("lean_decode", "the lean decode kernels", "one-token steps and fp32 int4 products run in PyTorch")
+
+
+def lean_decode():
+    """The one-token decode step (kernels/lean_decode.cpp), or None where it cannot be used here."""
+    module = lean_module()
+    return None if module is None else module.lean_decode
+
+
+def block_gemm():
+    """(x fp32 [M, K], kind, codes, scales) -> fp32 [M, N] for Q4_1 / Q8_0 blocks, or None where not built here."""
+    module = lean_module()
+    return None if module is None else module.block_gemm
+
+
+def build(name: str, what: str, fallback: str):
+    """kernels/NAME.cpp compiled for this CPU (cached by source and torch version), or None, said once, where it
+    cannot be built or used here."""
     if not kernels_allowed():
         return None
     from foretell.models.loading import default_cache_dir
 
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    folder = default_cache_dir() / "kernels" / f"bf16_gemm-{key}"
+    source = FOLDER / f"{name}.cpp"
+    key = hashlib.sha256(source.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    folder = default_cache_dir() / "kernels" / f"{name}-{key}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if not any(folder.glob("*.so")):
-            print("foretell: building the bf16 kernel for this CPU (once, about a minute)", file=sys.stderr)
+            print(f"foretell: building {what} for this CPU (once, about a minute)", file=sys.stderr)
         from torch.utils.cpp_extension import load
 
-        module = load(name=f"foretell_bf16_gemm_{key}", sources=[str(SOURCE)], build_directory=str(folder),
-                      extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                      verbose=False)  # OpenMP: at::parallel_for spreads the output rows over torch's threads
-        return module.bf16_small_gemm
+        return load(name=f"foretell_{name}_{key}", sources=[str(source)], build_directory=str(folder),
+                    extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                    verbose=False)  # OpenMP: at::parallel_for spreads the output rows over torch's threads
     except Exception as e:  # no compiler, no ninja, an unwritable cache: PyTorch's products still work
         reason = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
-        print(f"foretell: the bf16 kernel could not be built here ({reason}); bf16 passes of several rows use "
-              "PyTorch's products (set FORETELL_NO_KERNELS=1 to skip the attempt)", file=sys.stderr)
+        print(f"foretell: {what} could not be built here ({reason}); {fallback} (set FORETELL_NO_KERNELS=1 to "
+              "skip the attempt)", file=sys.stderr)
         return None

@@ -19,6 +19,7 @@ from foretell.errors import ForetellError
 from foretell.models.quant import INT4_GROUP, Int4Linear
 
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of codes (two per byte)
+Q8_0_BLOCK_BYTES = 34  # fp16 d, 32 int8 codes
 
 
 def q4_1_codes(raw: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -29,6 +30,21 @@ def q4_1_codes(raw: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, tor
     packed = blocks[..., 4:]
     codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # block values 0..15 low nibbles, 16..31 high
     return torch.from_numpy(codes.reshape(rows, cols).astype(np.int32)), torch.from_numpy(d), torch.from_numpy(m)
+
+
+def q8_0_codes(raw: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes int8 [rows, cols] and scales d float32 [rows, cols / 32] of a Q8_0 tensor's raw bytes (w = d * code)."""
+    blocks = np.ascontiguousarray(raw).reshape(rows, cols // INT4_GROUP, Q8_0_BLOCK_BYTES)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    codes = blocks[..., 2:].copy().view(np.int8).reshape(rows, cols)
+    return torch.from_numpy(codes), torch.from_numpy(d)
+
+
+def q4_1_blocks(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes [rows, cols] 0..15 and d, m [rows, cols / 32] in the block layout models/lean_step.py reads."""
+    blocks = q.to(torch.uint8).view(q.shape[0], -1, 2, 16)
+    packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(q.shape[0], -1).contiguous()
+    return packed, torch.stack([d.float(), m.float()], dim=-1).contiguous()
 
 
 def unpermute_rows(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -77,9 +93,20 @@ def keep_gguf_quantization(model, gguf_path: str | Path) -> list[str]:
             if tuple(q.shape) != (old.out_features, old.in_features) or q.shape[0] % 16:
                 raise ForetellError(f"GGUF tensor for layer {i} {name} has shape {tuple(q.shape)}, the model "
                                     f"{(old.out_features, old.in_features)}: the file does not match its config")
-            setattr(layer, name, Int4Linear.from_codes(q.to(old.weight.device), d, m + 8 * d,
-                                                       old.bias, INT4_GROUP))
+            new = Int4Linear.from_codes(q.to(old.weight.device), d, m + 8 * d, old.bias, INT4_GROUP)
+            new.blocks = q4_1_blocks(q, d, m)  # the file's own (d, m) for fp32 activations, not re-derived ones
+            setattr(layer, name, new)
             replaced.append(f"layers.{i}.{name}")
     if not replaced:
         raise ForetellError(f"{gguf_path} has no Q4_1 projections to keep; use --quant int4 or none")
+    head = tensors.get("output.weight", tensors.get("token_embd.weight"))
+    if head is not None and head.tensor_type == GGMLQuantizationType.Q8_0 and type(model.lm_head) is torch.nn.Linear:
+        # The dense output layer already holds these blocks' values (dequantized from the file); the blocks let the
+        # lean one-token step stream a quarter of the fp32 bytes (models/lean_step.py).
+        codes, d = q8_0_codes(head.data, int(head.shape[1]), int(head.shape[0]))
+        if tuple(codes.shape) == tuple(model.lm_head.weight.shape):
+            from foretell.models.lean_step import BlockQ8Linear
+
+            model.lm_head = BlockQ8Linear(model.lm_head, codes.to(model.lm_head.weight.device), d)
+            replaced.append("lm_head")
     return replaced

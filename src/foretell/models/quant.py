@@ -37,6 +37,15 @@ def dense_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
+def fp32_block_gemm(flat: torch.Tensor):
+    """foretell's block kernel (kernels/lean_decode.cpp) for fp32 activations of a few rows on CPU, else None."""
+    if flat.dtype != torch.float32 or flat.device.type != "cpu" or flat.shape[0] > FUSED_MAX_ROWS:
+        return None
+    from foretell.kernels import block_gemm
+
+    return block_gemm()
+
+
 class Int8Linear(nn.Module):
     """y = x @ (int8 weight * per-row scale).T + bias, computed in the activations' dtype."""
 
@@ -45,6 +54,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_int8", weight_int8)  # [out, in] int8
         self.register_buffer("scale", scale)  # [out], the model dtype
         self.register_buffer("bias", bias)
+        self.block_scales: torch.Tensor | None = None  # the scale per 32-input block, for fp32_block_gemm
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
@@ -57,6 +67,10 @@ class Int8Linear(nn.Module):
     def out_features(self) -> int:
         return self.weight_int8.shape[0]
 
+    @property
+    def in_features(self) -> int:
+        return self.weight_int8.shape[1]
+
     def select_rows(self, rows: torch.Tensor) -> Int8Linear:
         """The layer restricted to some output rows (a hot vocabulary of an output layer)."""
         rows = rows.to(self.weight_int8.device)
@@ -67,7 +81,12 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        if flat.device.type == "cpu" and flat.shape[0] <= FUSED_MAX_ROWS:
+        gemm = fp32_block_gemm(flat) if self.in_features % 32 == 0 else None
+        if gemm is not None:  # PyTorch's int8 kernel has no fast fp32 path; a row's scale is every block's scale
+            if self.block_scales is None:
+                self.block_scales = self.scale.float()[:, None].expand(-1, self.in_features // 32).contiguous()
+            y = gemm(flat.contiguous(), 1, self.weight_int8, self.block_scales)
+        elif flat.device.type == "cpu" and flat.shape[0] <= FUSED_MAX_ROWS:
             y = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), self.weight_int8, self.scale.to(x.dtype))
         else:  # many rows (a prefill) or no fused kernel: dequantize on the fly, then a dense matmul
             dtype = dense_dtype(x)
@@ -89,6 +108,8 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_offsets", scales_offsets)  # [in / group, out, 2] float32
         self.register_buffer("bias", bias)
         self.out_features, self.in_features, self.group = out_features, in_features, group
+        # The same weights as Q4_1 blocks for fp32 activations on CPU (models/lean_step.py), made on first use
+        self.blocks: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def from_codes(cls, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor | None,
@@ -143,8 +164,17 @@ class Int4Linear(nn.Module):
             return dense.requires_grad_(False)
         return Int4Linear.from_codes(q, scale, offset, bias, self.group)
 
+    def pytorch_product(self, flat: torch.Tensor) -> torch.Tensor:
+        return self._mm(flat, flat.dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._mm(x.reshape(-1, x.shape[-1]), x.dtype)
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.dtype == torch.float32 and flat.device.type == "cpu":
+            from foretell.models.lean_step import q4_product
+
+            y = q4_product(self, flat)
+        else:
+            y = self._mm(flat, x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.view(*x.shape[:-1], self.out_features)
@@ -212,9 +242,11 @@ def int4_or_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
 
 
 def resolve_quant(mode: str, device: str | torch.device, dtype: torch.dtype | None = None) -> str:
-    """"auto" -> int8 on CPU (where the fused kernel exists), none elsewhere, and none for a bf16 draft on a CPU
-    without a native bf16 matmul where foretell's bf16 kernel runs: there, bf16 weights with that kernel were as
-    fast at one row and up to ~2x faster at 2-8 rows than PyTorch's int8 kernel (models/wide_linear.py)."""
+    """"auto" -> int8 on CPU (where a fused kernel exists), none elsewhere. For float32 drafts int8 runs in
+    foretell's block kernel (PyTorch's int8 kernel has no fast fp32 path: 1.45 ms against 0.35 ms for the dense
+    product of a 3072 x 576 layer at one row here), so "auto" is none where that kernel is not built. For a bf16
+    draft on a CPU without a native bf16 matmul where foretell's bf16 kernel runs, "auto" is none: bf16 weights with
+    that kernel were as fast at one row and up to ~2x faster at 2-8 rows (models/wide_linear.py)."""
     if mode not in QUANT_MODES:
         from foretell.errors import ForetellError
 
@@ -222,6 +254,10 @@ def resolve_quant(mode: str, device: str | torch.device, dtype: torch.dtype | No
     if mode == "auto":
         if torch.device(device).type != "cpu":
             return "none"
+        if dtype == torch.float32:
+            from foretell.kernels import block_gemm
+
+            return "none" if block_gemm() is None else "int8"
         if dtype == torch.bfloat16:
             from foretell.models.wide_linear import fp32_wide_rows, kernel_rows
 

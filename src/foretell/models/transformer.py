@@ -290,6 +290,7 @@ class Transformer(nn.Module):
         # Every layer attends alike (the Llama / Qwen2 fast path) unless some slide or rotate differently.
         self.uniform = not self.sliding and cfg.local_rope_theta is None
         self.compiled = False  # compile_steps()
+        self.lean = None  # use_lean_step(): passes of a few tokens in one native call (models/lean_step.py)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -308,6 +309,20 @@ class Transformer(nn.Module):
             layer.finish = torch.compile(layer.finish, dynamic=True)
         self.compiled = True
         return self
+
+    def use_lean_step(self, on: bool = True) -> str | None:
+        """Run passes of a few tokens (plain decoding's steps, verification) in one native call (models/lean_step.py)
+        where it applies to this model; returns why not where it does not (then nothing changes). on=False goes back
+        to PyTorch's path."""
+        from foretell.models.lean_step import LeanStep, lean_support
+
+        self.lean = None
+        if not on:
+            return None
+        reason = lean_support(self)
+        if reason is None:
+            self.lean = LeanStep(self)
+        return reason
 
     def new_cache(self, capacity: int) -> KVCache:
         c = self.config
@@ -364,6 +379,10 @@ class Transformer(nn.Module):
         """
         T = input_ids.shape[0]
         cache.check_room(T)
+        if self.lean is not None and T <= self.lean.max_rows and cache.k.shape[1] == 1:
+            logits, states = self.lean(input_ids, positions, cache, tree_mask)
+            hidden = {i: states[i] for i in hidden_layers}
+            return ForwardOutput(logits=logits if logits_rows is None else logits[logits_rows], hidden=hidden)
         last = int(positions.max())
         mask = self._attention_mask(T, cache.length, tree_mask)
         cos, sin = self.rope(positions, last, self.dtype)

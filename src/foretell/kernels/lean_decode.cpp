@@ -1,0 +1,335 @@
+// A pass of a few tokens (a one-token decode step, a verification pass) of a Llama-shaped model in a single native
+// call: every layer's norms, projections, rotary embedding, cache writes, attention, MLP and the output layer, in
+// fp32 activations.
+//
+// Why: in eager PyTorch a one-token step of a small model issues ~20 operations a layer, each with a few
+// microseconds of dispatch and a temporary tensor; on a 2-core CPU that overhead cost as much as streaming the
+// 4-bit weights themselves. Here the only per-layer costs are reading the weights and a handful of OpenMP
+// regions. The arithmetic is the PyTorch path's (models/transformer.py) in fp32, so a lean step and a PyTorch
+// pass over the same weights agree up to summation order, as passes of different widths already do.
+//
+// Projection weights come in three kinds (models/lean_step.py packs them):
+//   Q4: GGUF Q4_1 blocks of 32 inputs: codes uint8 [N, K / 2] (byte j of a block holds input j in its low nibble
+//       and input j + 16 in its high nibble), dm float [N, K / 32, 2] = (d, m), w = d * code + m
+//   Q8: GGUF Q8_0 blocks of 32 inputs: codes int8 [N, K], d float [N, K / 32], w = d * code
+//   F32: a dense float weight [N, K]
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2 };
+
+struct Proj {
+  int64_t kind, N, K;
+  const uint8_t* codes = nullptr;  // Q4, Q8
+  const float* scales = nullptr;   // Q4: dm pairs; Q8: d
+  const float* dense = nullptr;    // F32
+  const float* bias = nullptr;     // optional [N]
+};
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 bytes_u8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
+inline __m256 bytes_i8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+
+// Sum over x's 32-value blocks, for Q4_1's "+ m" term: x_sums[b] = sum of x[32 b .. 32 b + 31].
+void block_sums(const float* x, int64_t K, float* out) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    __m256 s = _mm256_loadu_ps(x + 32 * b);
+    for (int j = 8; j < 32; j += 8) s = _mm256_add_ps(s, _mm256_loadu_ps(x + 32 * b + j));
+    out[b] = hsum(s);
+  }
+}
+
+// Output row n of a Q4 projection for R rows of x at once (the block's codes unpacked once for all R): every row
+// gets exactly the arithmetic of R = 1, so a one-token step and a wider pass compute the same sums.
+template <int R>
+void rows_q4(const Proj& p, int64_t n, const float* x, const float* x_sums, float* y, int64_t y_stride) {
+  const int64_t blocks = p.K / 32;
+  const uint8_t* codes = p.codes + n * (p.K / 2);
+  const float* dm = p.scales + n * blocks * 2;
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  __m256 acc[R];
+  float offsets[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * b));
+    __m128i lo = _mm_and_si128(raw, low4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+    const __m256 q0 = bytes_u8(lo), q1 = bytes_u8(_mm_srli_si128(lo, 8));
+    const __m256 q2 = bytes_u8(hi), q3 = bytes_u8(_mm_srli_si128(hi, 8));
+    const __m256 d = _mm256_set1_ps(dm[2 * b]);
+    for (int r = 0; r < R; ++r) {
+      const float* xb = x + r * p.K + 32 * b;
+      __m256 s = _mm256_mul_ps(_mm256_loadu_ps(xb), q0);
+      s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), q1, s);
+      s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), q2, s);
+      s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), q3, s);
+      acc[r] = _mm256_fmadd_ps(d, s, acc[r]);
+      offsets[r] += dm[2 * b + 1] * x_sums[r * blocks + b];
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]) + offsets[r];
+}
+
+template <int R>
+void rows_q8(const Proj& p, int64_t n, const float* x, float* y, int64_t y_stride) {
+  const int64_t blocks = p.K / 32;
+  const int8_t* codes = reinterpret_cast<const int8_t*>(p.codes) + n * p.K;
+  const float* d = p.scales + n * blocks;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m128i c0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 32 * b));
+    __m128i c1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 32 * b + 16));
+    const __m256 q0 = bytes_i8(c0), q1 = bytes_i8(_mm_srli_si128(c0, 8));
+    const __m256 q2 = bytes_i8(c1), q3 = bytes_i8(_mm_srli_si128(c1, 8));
+    const __m256 db = _mm256_set1_ps(d[b]);
+    for (int r = 0; r < R; ++r) {
+      const float* xb = x + r * p.K + 32 * b;
+      __m256 s = _mm256_mul_ps(_mm256_loadu_ps(xb), q0);
+      s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), q1, s);
+      s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), q2, s);
+      s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), q3, s);
+      acc[r] = _mm256_fmadd_ps(db, s, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]);
+}
+
+float row_f32(const Proj& p, int64_t n, const float* x) {
+  const float* w = p.dense + n * p.K;
+  const int64_t K8 = p.K & ~int64_t(7);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K8; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(w + k), acc);
+  float s = hsum(acc);
+  for (int64_t k = K8; k < p.K; ++k) s += x[k] * w[k];
+  return s;
+}
+
+template <int R>
+void rows(const Proj& p, int64_t n, const float* x, const float* x_sums, float* y, int64_t y_stride) {
+  if (p.kind == Q4) return rows_q4<R>(p, n, x, x_sums, y, y_stride);
+  if (p.kind == Q8) return rows_q8<R>(p, n, x, y, y_stride);
+  for (int r = 0; r < R; ++r) y[r * y_stride + n] = row_f32(p, n, x + r * p.K);
+}
+
+// y [M, N] = x [M, K] W^T (+ bias), output rows spread over torch's threads, x's rows 4 at a time.
+// x_sums: scratch of M * K / 32 floats.
+void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums) {
+  if (p.kind == Q4)
+    for (int64_t r = 0; r < M; ++r) block_sums(x + r * p.K, p.K, x_sums + r * (p.K / 32));
+  at::parallel_for(0, p.N, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) rows<4>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N);
+      switch (M - m) {
+        case 3: rows<3>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N); break;
+        case 2: rows<2>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N); break;
+        case 1: rows<1>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N); break;
+        default: break;
+      }
+      if (p.bias)
+        for (int64_t r = 0; r < M; ++r) y[r * p.N + n] += p.bias[n];
+    }
+  });
+}
+
+void rms_norm(const float* x, const float* w, int64_t H, double eps, float* out) {
+  double ss = 0;
+  for (int64_t i = 0; i < H; ++i) ss += double(x[i]) * x[i];
+  const float r = 1.f / std::sqrt(float(ss / H) + float(eps));
+  for (int64_t i = 0; i < H; ++i) out[i] = (x[i] * r) * w[i];
+}
+
+// x * cos + rotate_half(x) * sin per head, rotate_half(x) = [-x[D/2:], x[:D/2]].
+void rope(float* x, int64_t heads, int64_t D, const float* cos, const float* sin) {
+  const int64_t half = D / 2;
+  std::vector<float> t(D);
+  for (int64_t h = 0; h < heads; ++h) {
+    float* v = x + h * D;
+    for (int64_t i = 0; i < half; ++i) {
+      t[i] = v[i] * cos[i] - v[i + half] * sin[i];
+      t[i + half] = v[i + half] * cos[i + half] + v[i] * sin[i + half];
+    }
+    std::copy(t.begin(), t.end(), v);
+  }
+}
+
+Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
+  // t[at]: codes or the dense weight, t[at + 1]: scales (empty for F32), t[at + 2]: bias (empty for none)
+  Proj p;
+  p.kind = kind;
+  const torch::Tensor& main = t[at];
+  p.N = main.size(0);
+  if (p.kind == Q4) {
+    p.K = main.size(1) * 2;
+    p.codes = main.data_ptr<uint8_t>();
+  } else if (p.kind == Q8) {
+    p.K = main.size(1);
+    p.codes = reinterpret_cast<const uint8_t*>(main.data_ptr<int8_t>());
+  } else {
+    p.K = main.size(1);
+    p.dense = main.data_ptr<float>();
+  }
+  if (p.kind != F32) p.scales = t[at + 1].data_ptr<float>();
+  if (t[at + 2].numel()) p.bias = t[at + 2].data_ptr<float>();
+  return p;
+}
+
+}  // namespace
+
+// A pass of T new tokens (a one-token step, or a verification pass of a few rows) after the cache's first `slot`
+// slots. x: [T, H] their embeddings; cos, sin: [T, D] their rotary rows; k_cache, v_cache: [L, 1, Hkv, S, D] float,
+// the new keys and values go to slots slot..slot+T-1; visible: bool [T, slot + T], which slots each new token
+// attends to (empty: all committed ones and the new ones up to itself). layers: per layer 2 norms then 4
+// projections (qkv, o, gate_up, down) as (codes or dense, scales, bias); head: the final norm, then the output
+// projection; kinds: the projections' kinds, 4 a layer then the head's.
+// Returns (logits [T, V], states [L + 1, T, H]: the embeddings, each layer's output but the last, the final normed
+// states). Every row gets the arithmetic it would get alone: a token verified in a pass and the same token decoded
+// in a one-token step compute the same numbers.
+std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                                       torch::Tensor v_cache, int64_t slot, torch::Tensor visible,
+                                       std::vector<torch::Tensor> layers, std::vector<torch::Tensor> head,
+                                       std::vector<int64_t> kinds, int64_t heads, int64_t kv_heads, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat,
+              "float32 activations x [T, H] expected");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous caches expected");
+  x = x.contiguous();
+  cos = cos.contiguous();
+  sin = sin.contiguous();
+  const int64_t T = x.size(0), H = x.size(1);
+  const int64_t L = k_cache.size(0), S = k_cache.size(3), D = k_cache.size(4);
+  const int64_t keys = slot + T;
+  TORCH_CHECK(keys <= S && k_cache.size(1) == 1 && k_cache.size(2) == kv_heads, "cache shape");
+  TORCH_CHECK(cos.size(0) == T && cos.size(1) == D, "rotary rows [T, head_dim] expected");
+  TORCH_CHECK(visible.numel() == 0 || (visible.scalar_type() == at::kBool && visible.size(0) == T &&
+                                       visible.size(1) == keys), "visible: bool [T, slot + T] expected");
+  TORCH_CHECK(static_cast<int64_t>(layers.size()) == L * 14 && static_cast<int64_t>(kinds.size()) == L * 4 + 1,
+              "14 tensors and 4 kinds a layer expected");
+  visible = visible.contiguous();
+  const bool* seen = visible.numel() ? visible.data_ptr<bool>() : nullptr;
+  const int64_t q_dim = heads * D, kv_dim = kv_heads * D, group = heads / kv_heads;
+  const float scale = 1.f / std::sqrt(float(D));
+  const float* c = cos.data_ptr<float>();
+  const float* s = sin.data_ptr<float>();
+  float* K = k_cache.data_ptr<float>();
+  float* V = v_cache.data_ptr<float>();
+
+  auto states = torch::empty({L + 1, T, H}, x.options());
+  float* st = states.data_ptr<float>();
+  std::vector<float> h(x.data_ptr<float>(), x.data_ptr<float>() + T * H), normed(T * H), tmp(T * H);
+  std::copy(h.begin(), h.end(), st);
+  std::vector<float> sums, qkv, att(T * q_dim), mlp, act;
+  for (int64_t l = 0; l < L; ++l) {
+    const size_t at = l * 14;
+    const int64_t* kind = kinds.data() + l * 4;
+    const float* in_norm = layers[at].data_ptr<float>();
+    const float* post_norm = layers[at + 1].data_ptr<float>();
+    Proj p_qkv = proj_of(kind[0], layers, at + 2), p_o = proj_of(kind[1], layers, at + 5);
+    Proj p_gu = proj_of(kind[2], layers, at + 8), p_down = proj_of(kind[3], layers, at + 11);
+    TORCH_CHECK(p_qkv.N == q_dim + 2 * kv_dim && p_gu.N == 2 * p_down.K && p_qkv.K == H, "projection shapes");
+    const int64_t widest = std::max({p_qkv.K, p_o.K, p_gu.K, p_down.K});
+    sums.resize(T * (widest / 32 + 1));
+    qkv.resize(T * p_qkv.N);
+    mlp.resize(T * p_gu.N);
+    act.resize(T * p_down.K);
+
+    for (int64_t t = 0; t < T; ++t) rms_norm(h.data() + t * H, in_norm, H, eps, normed.data() + t * H);
+    gemm(p_qkv, normed.data(), T, qkv.data(), sums.data());
+    float* Kl = K + l * kv_heads * S * D;
+    float* Vl = V + l * kv_heads * S * D;
+    for (int64_t t = 0; t < T; ++t) {
+      float* q = qkv.data() + t * p_qkv.N;
+      float* k = q + q_dim;
+      float* v = k + kv_dim;
+      rope(q, heads, D, c + t * D, s + t * D);
+      rope(k, kv_heads, D, c + t * D, s + t * D);
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        std::copy(k + g * D, k + (g + 1) * D, Kl + (g * S + slot + t) * D);
+        std::copy(v + g * D, v + (g + 1) * D, Vl + (g * S + slot + t) * D);
+      }
+    }
+    at::parallel_for(0, T * heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> p(keys);
+      for (int64_t job = begin; job < end; ++job) {
+        const int64_t t = job / heads, hq = job % heads;
+        const float* qh = qkv.data() + t * p_qkv.N + hq * D;
+        const float* Kh = Kl + (hq / group) * S * D;
+        const float* Vh = Vl + (hq / group) * S * D;
+        const bool* row = seen ? seen + t * keys : nullptr;
+        const int64_t last = row ? keys - 1 : slot + t;
+        float top = -INFINITY;
+        for (int64_t j = 0; j <= last; ++j) {
+          if (row && !row[j]) continue;
+          float d = 0.f;
+          for (int64_t i = 0; i < D; ++i) d += qh[i] * Kh[j * D + i];
+          p[j] = d * scale;
+          top = std::max(top, p[j]);
+        }
+        float total = 0.f;
+        for (int64_t j = 0; j <= last; ++j)
+          if (!row || row[j]) total += (p[j] = std::exp(p[j] - top));
+        float* out = att.data() + t * q_dim + hq * D;
+        std::fill(out, out + D, 0.f);
+        for (int64_t j = 0; j <= last; ++j) {
+          if (row && !row[j]) continue;
+          const float w = p[j] / total;
+          for (int64_t i = 0; i < D; ++i) out[i] += w * Vh[j * D + i];
+        }
+      }
+    });
+    gemm(p_o, att.data(), T, tmp.data(), sums.data());
+    for (int64_t i = 0; i < T * H; ++i) h[i] += tmp[i];
+    for (int64_t t = 0; t < T; ++t) rms_norm(h.data() + t * H, post_norm, H, eps, normed.data() + t * H);
+    gemm(p_gu, normed.data(), T, mlp.data(), sums.data());
+    const int64_t I = p_down.K;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < I; ++i) {
+        const float g = mlp[t * 2 * I + i];
+        act[t * I + i] = g / (1.f + std::exp(-g)) * mlp[t * 2 * I + I + i];
+      }
+    gemm(p_down, act.data(), T, tmp.data(), sums.data());
+    for (int64_t i = 0; i < T * H; ++i) h[i] += tmp[i];
+    if (l + 1 < L) std::copy(h.begin(), h.end(), st + (l + 1) * T * H);
+  }
+  for (int64_t t = 0; t < T; ++t) rms_norm(h.data() + t * H, head[0].data_ptr<float>(), H, eps, normed.data() + t * H);
+  std::copy(normed.begin(), normed.end(), st + L * T * H);
+  Proj p_head = proj_of(kinds[L * 4], head, 1);
+  sums.resize(T * (p_head.K / 32 + 1));
+  auto logits = torch::empty({T, p_head.N}, x.options());
+  gemm(p_head, normed.data(), T, logits.data_ptr<float>(), sums.data());
+  return {logits, states};
+}
+
+// y [M, N] = x [M, K] W^T for W as Q4 or Q8 blocks (kind, codes, scales as above): the products of a
+// verification pass over the same weights as the lean step, with the same per-row arithmetic.
+torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, torch::Tensor scales) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x float32 [M, K] expected");
+  TORCH_CHECK(kind == Q4 || kind == Q8, "Q4 or Q8 blocks expected");
+  x = x.contiguous();
+  const std::vector<torch::Tensor> parts = {codes.contiguous(), scales.contiguous(), torch::empty({0})};
+  Proj p = proj_of(kind, parts, 0);
+  TORCH_CHECK(x.size(1) == p.K && p.K % 32 == 0, "x's width does not match the blocks");
+  const int64_t M = x.size(0);
+  auto y = torch::empty({M, p.N}, x.options());
+  std::vector<float> sums(M * (p.K / 32) + 1);
+  gemm(p, x.data_ptr<float>(), M, y.data_ptr<float>(), sums.data());
+  return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("block_gemm", &block_gemm, "x fp32 [M, K] times Q4_1 / Q8_0 blocks -> fp32 [M, N]",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("lean_decode", &lean_decode, "a pass of a few tokens through a Llama-shaped model, fp32 activations",
+        py::call_guard<py::gil_scoped_release>());  // other Python threads (a server's) run meanwhile
+}

@@ -1,0 +1,214 @@
+"""The lean step: a pass of a few tokens through a Llama-shaped fp32 model in one native call.
+
+In eager PyTorch a one-token step of SmolLM2-135M issues ~600 operations; on a 2-core CPU their dispatch and
+temporaries cost as much as its 4-bit projections (docs/speed.md). kernels/lean_decode.cpp runs the same
+arithmetic (fp32 activations, the same weights) in one call, for one-token steps and verification passes alike
+(up to LEAN_MAX_ROWS tokens, with a tree mask). Each row gets the arithmetic it would get alone, so a token
+verified in a tree and the same token decoded alone compute the same numbers; against a PyTorch pass over the same
+weights (prompts) it agrees up to summation order, as PyTorch passes of different widths already do.
+
+Where it applies: a CPU model in float32 whose layers are Llama-shaped (RMSNorm, SiLU MLP, full rotary, no
+soft-caps, sliding windows or q/k norms; biases allowed), with projections stored as the file's Q4_1 blocks or
+foretell's int4 (Int4Linear), GGUF Q8_0 blocks (BlockQ8Linear), foretell's int8 (Int8Linear: one scale a row,
+so every block of a row has it) or dense fp32. `lean_support` says why not
+otherwise; the step is then simply not used.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from foretell.models.quant import Int4Linear, Int8Linear
+
+Q4, Q8, F32 = 0, 1, 2  # projection kinds, as lean_decode.cpp numbers them
+# Passes of up to this many tokens (one-token steps, verification trees) run natively; longer ones (prompts) in
+# PyTorch, whose products are made for many rows.
+LEAN_MAX_ROWS = 32
+
+
+class BlockQ8Linear(nn.Module):
+    """A dense linear layer that also carries its GGUF Q8_0 blocks (w = d * code, 32 inputs a block), whose values
+    it holds exactly: PyTorch passes use the dense weight, the lean step streams the 4x smaller blocks."""
+
+    def __init__(self, dense: nn.Linear, codes: torch.Tensor, scales: torch.Tensor):
+        super().__init__()
+        self.dense = dense
+        self.register_buffer("codes", codes)  # int8 [out, in]
+        self.register_buffer("scales", scales)  # float32 [out, in / 32]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.dense.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.dense.bias
+
+    @property
+    def out_features(self) -> int:
+        return self.dense.out_features
+
+    @property
+    def in_features(self) -> int:
+        return self.dense.in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        from foretell.kernels import block_gemm
+        from foretell.models.quant import FUSED_MAX_ROWS
+
+        gemm = block_gemm() if flat.dtype == torch.float32 and flat.device.type == "cpu" else None
+        if gemm is None or flat.shape[0] > FUSED_MAX_ROWS or self.dense.bias is not None:
+            return self.dense(x)
+        # A few rows (verification): the blocks are a quarter of the dense fp32 bytes, and the same sums as the
+        # lean step's
+        return gemm(flat, Q8, self.codes, self.scales).view(*x.shape[:-1], self.out_features)
+
+
+def q4_blocks(layer: Int4Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's Q4_1 blocks (int4_blocks), made once and kept on the layer (a GGUF target's are the file's)."""
+    if layer.blocks is None:
+        layer.blocks = int4_blocks(layer)
+    return layer.blocks
+
+
+def q4_product(layer: Int4Linear, flat: torch.Tensor) -> torch.Tensor:
+    """flat fp32 [M, K] @ W^T for an int4 layer on CPU. PyTorch's int4 kernel is slow with fp32 activations
+    (8.5 ms for SmolLM2's MLP at one row here, against ~0.1 ms in bf16), so up to FUSED_MAX_ROWS rows run foretell's
+    block kernel, with a one-token step's arithmetic; more rows (a prefill) a dense product on the dequantized
+    blocks."""
+    from foretell.kernels import block_gemm
+    from foretell.models.quant import FUSED_MAX_ROWS
+
+    gemm = block_gemm()
+    if gemm is None and flat.shape[0] <= FUSED_MAX_ROWS:
+        return layer.pytorch_product(flat)
+    codes, dm = q4_blocks(layer)
+    if gemm is not None and flat.shape[0] <= FUSED_MAX_ROWS:
+        return gemm(flat, Q4, codes, dm)
+    return F.linear(flat, dequantize_q4(codes, dm))
+
+
+def dequantize_q4(codes: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
+    """Q4_1 blocks -> the float32 weight [out, in]."""
+    out, blocks = dm.shape[:2]
+    per_block = codes.view(out, blocks, 16)
+    q = torch.cat([per_block & 15, per_block >> 4], dim=-1).float()  # inputs 0..15, 16..31 of each block
+    return (q * dm[..., :1] + dm[..., 1:]).view(out, blocks * 32)
+
+
+def int4_blocks(layer: Int4Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """An Int4Linear as Q4_1 blocks: codes uint8 [out, in / 2] (byte j of a block: input j low, j + 16 high) and
+    (d, m) float32 [out, in / 32, 2], w = d * code + m: the layer's own values (codes recovered exactly)."""
+    if layer.group != 32:
+        raise ValueError("the lean step reads int4 groups of 32")
+    w = layer.dequantized()  # [out, in] float32
+    so = layer.scales_offsets  # [groups, out, 2]: scale, offset with W = (q - 8) * scale + offset
+    scale, offset = so[..., 0].T.contiguous(), so[..., 1].T.contiguous()
+    expand = lambda t: t.repeat_interleave(32, dim=1)  # noqa: E731
+    codes = torch.round((w - expand(offset)) / expand(scale) + 8).clamp(0, 15).to(torch.uint8)
+    blocks = codes.view(codes.shape[0], -1, 2, 16)  # per block: inputs 0..15, then 16..31
+    packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(codes.shape[0], -1).contiguous()
+    dm = torch.stack([scale, offset - 8 * scale], dim=-1).contiguous()
+    return packed, dm
+
+
+def projection(layer: nn.Module) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(kind, codes or dense weight, scales, bias) of one projection, as lean_decode.cpp reads them."""
+    empty = torch.empty(0)
+    bias = getattr(layer, "bias", None)
+    if isinstance(layer, BlockQ8Linear):
+        kind, main, scales, bias = Q8, layer.codes, layer.scales, layer.dense.bias
+    elif isinstance(layer, Int8Linear):  # one scale a row: every block of the row has it
+        kind, main = Q8, layer.weight_int8
+        scales = layer.scale.float()[:, None].expand(-1, layer.in_features // 32)
+    elif isinstance(layer, Int4Linear):
+        kind, (main, scales) = Q4, q4_blocks(layer)
+    elif type(layer) is nn.Linear:
+        kind, main, scales = F32, layer.weight.detach(), empty
+    else:
+        raise ValueError(f"the lean step has no kernel for {type(layer).__name__}")
+    bias = empty if bias is None else bias.detach().float()
+    return kind, main.contiguous(), scales.float().contiguous(), bias.contiguous()
+
+
+def lean_support(model) -> str | None:
+    """None where the lean step can run `model`, else why not (one line)."""
+    from foretell.kernels import lean_decode
+    from foretell.models.transformer import RMSNorm
+
+    c = model.config
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        return "the lean step runs float32 models on CPU"
+    if not model.uniform or c.qk_norm or c.sandwich_norms or c.attn_softcap or c.final_softcap:
+        return "the lean step runs Llama-shaped layers (no sliding windows, q/k norms or soft-caps)"
+    if c.embedding_scale is not None or c.rotary_dim is not None or c.attention_scale is not None:
+        return "the lean step runs Llama-shaped layers (unscaled embeddings, full rotary, default attention scale)"
+    if c.hidden_act not in ("silu", "swish"):
+        return f"the lean step runs SiLU MLPs, not {c.hidden_act}"
+    norms = [model.norm] + [n for layer in model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    if any(type(n) is not RMSNorm for n in norms):
+        return "the lean step runs plain RMSNorm"
+    try:
+        for layer in model.layers:
+            for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
+                kind_of(p)
+        kind_of(model.lm_head)
+    except ValueError as e:
+        return str(e)
+    if lean_decode() is None:
+        return "the lean step's kernel is not built here"
+    return None
+
+
+def kind_of(layer: nn.Module) -> int:
+    if isinstance(layer, BlockQ8Linear) or (isinstance(layer, Int8Linear) and layer.in_features % 32 == 0):
+        return Q8
+    if isinstance(layer, Int4Linear):
+        if layer.group != 32:
+            raise ValueError("the lean step reads int4 groups of 32")
+        return Q4
+    if type(layer) is nn.Linear:
+        return F32
+    raise ValueError(f"the lean step has no kernel for {type(layer).__name__}")
+
+
+class LeanStep:
+    """The packed weights of one model and the call that runs a lean pass on them. Built once; int4 layers
+    keep their blocks (a second copy of the codes next to PyTorch's kernel layout, which is opaque)."""
+
+    def __init__(self, model):
+        self.model = model
+        c = model.config
+        self.heads, self.kv_heads, self.eps = c.num_attention_heads, c.num_key_value_heads, float(c.rms_norm_eps)
+        self.max_rows = LEAN_MAX_ROWS
+        self.tensors, self.kinds = [], []
+        for layer in model.layers:
+            self.tensors += [layer.input_layernorm.weight.detach().float().contiguous(),
+                             layer.post_attention_layernorm.weight.detach().float().contiguous()]
+            for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
+                kind, *parts = projection(p)
+                self.kinds.append(kind)
+                self.tensors += parts
+        kind, *parts = projection(model.lm_head)
+        self.kinds.append(kind)
+        self.head = [model.norm.weight.detach().float().contiguous(), *parts]
+        from foretell.kernels import lean_decode
+
+        self.kernel = lean_decode()
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
+                 tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A pass of T <= LEAN_MAX_ROWS tokens, with forward's arguments; writes the cache's slots after its length.
+        Returns logits [T, V] and states [L + 1, T, H] (forward's hidden layers 0..L)."""
+        model = self.model
+        T = input_ids.shape[0]
+        cos, sin = model.rope(positions, int(positions.max()), torch.float32)
+        visible = torch.empty(0, dtype=torch.bool)
+        if tree_mask is not None:  # the last K slots per the tree, the committed ones before them all visible
+            visible = torch.ones(T, cache.length + T, dtype=torch.bool)
+            visible[:, visible.shape[1] - tree_mask.shape[1]:] = tree_mask
+        return self.kernel(model.embed_tokens(input_ids), cos, sin, cache.k, cache.v, cache.length, visible,
+                           self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps)

@@ -1,0 +1,181 @@
+"""The lean one-token step (models/lean_step.py, kernels/lean_decode.cpp): the same arithmetic as the PyTorch
+path in one native call. Its logits, hidden states and cache writes match PyTorch's one-token pass on dense fp32,
+int4 and GGUF-block weights, and every drafter still reproduces plain decoding with it on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import PROMPTS, greedy_params
+from foretell.api import load
+from foretell.config import SpeculativeConfig
+from foretell.kernels import lean_decode
+from foretell.models.lean_step import BlockQ8Linear, int4_blocks
+from foretell.models.quant import Int4Linear
+
+pytestmark = pytest.mark.skipif(lean_decode() is None, reason="the lean step's kernel cannot be built on this machine")
+
+
+def steps_side_by_side(model, context: list[int], tokens: list[int]):
+    """Decode `tokens` one at a time after `context`, once with the lean step and once without, each in its own
+    cache; yields (lean output, PyTorch output, lean cache, PyTorch cache) after each."""
+    caches = {name: model.new_cache(64) for name in ("lean", "torch")}
+    ids = torch.tensor(context)
+    for cache in caches.values():
+        model.lean = None
+        model(ids, torch.arange(len(ids)), cache)
+        cache.commit_prefix(len(ids))
+    for token in tokens:
+        outs = {}
+        for name, cache in caches.items():
+            model.use_lean_step(name == "lean")
+            assert (model.lean is not None) == (name == "lean")
+            pos = torch.tensor([cache.length])
+            outs[name] = model(torch.tensor([token]), pos, cache, hidden_layers=(0, 1, len(model.layers)))
+            cache.commit_prefix(1)
+        yield outs["lean"], outs["torch"], caches["lean"], caches["torch"]
+    model.lean = None
+
+
+@pytest.mark.parametrize("quant", ["none", "int8", "int4"])
+def test_lean_step_matches_pytorch(tiny_pair, quant):
+    model = load(tiny_pair[0], "none", quant=quant, warm_up=False).target.model
+    assert model.use_lean_step() is None
+    for lean, ref, lean_cache, ref_cache in steps_side_by_side(model, [1, 5, 9, 12], [5, 9, 30, 7, 7]):
+        assert lean.logits.shape == ref.logits.shape
+        torch.testing.assert_close(lean.logits, ref.logits, rtol=1e-4, atol=1e-4)
+        assert set(lean.hidden) == set(ref.hidden)
+        for i in ref.hidden:
+            torch.testing.assert_close(lean.hidden[i], ref.hidden[i], rtol=1e-4, atol=1e-4)
+        n = ref_cache.length
+        torch.testing.assert_close(lean_cache.k[:, :, :, :n], ref_cache.k[:, :, :, :n], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(lean_cache.v[:, :, :, :n], ref_cache.v[:, :, :, :n], rtol=1e-4, atol=1e-4)
+
+
+def test_int4_blocks_hold_the_layers_values():
+    torch.manual_seed(0)
+    layer = Int4Linear.from_weight(torch.randn(32, 64))
+    codes, dm = int4_blocks(layer)
+    low, high = (codes & 15).view(32, 2, 16), (codes >> 4).view(32, 2, 16)
+    q = torch.cat([low, high], dim=-1).float()  # [out, blocks, 32]
+    w = (q * dm[..., :1] + dm[..., 1:]).view(32, 64)
+    torch.testing.assert_close(w, layer.dequantized(), rtol=0, atol=1e-6)
+
+
+def test_q8_blocks_run_in_the_lean_step(tiny_pair):
+    """An output layer carrying Q8_0 blocks of exactly its values: the lean step reads the blocks."""
+    model = load(tiny_pair[0], "none", warm_up=False).target.model
+    w = model.lm_head.weight.detach()
+    d = (w.view(w.shape[0], -1, 32).abs().amax(-1) / 127).clamp_min(1e-8)
+    codes = torch.round(w.view(w.shape[0], -1, 32) / d[..., None]).clamp(-127, 127)
+    with torch.no_grad():
+        model.lm_head.weight.copy_((codes * d[..., None]).view_as(w))  # the dense weight holds the blocks' values
+    model.lm_head = BlockQ8Linear(model.lm_head, codes.to(torch.int8).view_as(w).contiguous(), d.contiguous())
+    assert model.use_lean_step() is None and model.lean.kinds[-1] == 1
+    for lean, ref, _, _ in steps_side_by_side(model, [1, 20, 21], [22, 23]):
+        torch.testing.assert_close(lean.logits, ref.logits, rtol=1e-4, atol=1e-4)
+
+
+def test_lean_step_says_why_not(tiny_pair):
+    model = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model
+    assert "float32" in model.use_lean_step() and model.lean is None
+    model = load(tiny_pair[0], "none", warm_up=False).target.model
+    model.layers[0].o_proj = torch.nn.Sequential(model.layers[0].o_proj)
+    assert "Sequential" in model.use_lean_step() and model.lean is None
+
+
+def test_every_drafter_reproduces_plain_decoding_with_the_lean_step(tiny_pair):
+    plain = load(tiny_pair[0], "none", quant="int4", warm_up=False)
+    expected = [plain.engine.generate(p, greedy_params()).tokens for p in PROMPTS]
+    assert plain.target.model.use_lean_step() is None
+    for spec in (SpeculativeConfig(method="none"), SpeculativeConfig(gamma=3),
+                 SpeculativeConfig(method="draft-model", model=str(tiny_pair[1]), gamma=3),
+                 SpeculativeConfig(method="draft-tree", model=str(tiny_pair[1]))):
+        pipe = plain.with_speculative(spec)
+        assert pipe.target.model.lean is not None
+        for prompt, want in zip(PROMPTS, expected):
+            assert pipe.engine.generate(prompt, greedy_params()).tokens == want, spec.method
+
+
+@pytest.mark.parametrize("kind", [0, 1])
+def test_block_products_match_dense_and_the_one_row_sums(kind):
+    """Q4 (kind 0) and Q8 (kind 1) blocks times 1..9 rows: the dense product of the blocks' values, and each row
+    exactly what that row alone gives (a verification pass computes a one-token step's sums)."""
+    from foretell.kernels import block_gemm
+    from foretell.models.lean_step import dequantize_q4
+
+    g = torch.Generator().manual_seed(kind)
+    out, cols = 40, 96
+    if kind == 0:
+        codes = torch.randint(0, 256, (out, cols // 2), generator=g, dtype=torch.uint8)
+        scales = torch.rand(out, cols // 32, 2, generator=g) - 0.5
+        w = dequantize_q4(codes, scales)
+    else:
+        codes = torch.randint(-127, 128, (out, cols), generator=g, dtype=torch.int8)
+        scales = torch.rand(out, cols // 32, generator=g)
+        w = (codes.float().view(out, -1, 32) * scales[..., None]).view(out, cols)
+    gemm = block_gemm()
+    x = torch.randn(9, cols, generator=g)
+    for rows in range(1, 10):
+        y = gemm(x[:rows], kind, codes, scales)
+        torch.testing.assert_close(y, x[:rows] @ w.T, rtol=1e-5, atol=1e-4)
+        assert all(torch.equal(y[r], gemm(x[r:r + 1], kind, codes, scales)[0]) for r in range(rows))
+
+
+def test_a_gguf_target_streams_its_q8_0_output_layer(tmp_path):
+    """A GGUF with Q4_1 projections and a Q8_0 output layer (SmolLM2's file): the output layer keeps its blocks,
+    the lean step reads them, and speculation reproduces the lean plain decoding."""
+    pytest.importorskip("gguf")
+    from conftest import make_hf_model
+    from test_families_gguf import write_gguf
+
+    hf = make_hf_model("llama", 48, seed=5)
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    path = write_gguf(hf, "llama", tmp_path / "tiny-q4_1.gguf",
+                      q4_1=lambda name: name.endswith(tuple(f"{p}.weight" for p in projections)),
+                      q8_0=lambda name: name == "lm_head.weight")
+    plain = load(path, "none", quant="gguf", warm_up=False, cache_dir=tmp_path)
+    model = plain.target.model
+    assert isinstance(model.lm_head, BlockQ8Linear)
+    values = (model.lm_head.codes.float().view(48, -1, 32) * model.lm_head.scales[..., None]).view(48, -1)
+    assert torch.equal(values, model.lm_head.weight.float())  # the blocks hold the dense layer's values
+    assert model.use_lean_step() is None and model.lean.kinds[-1] == 1 and model.lean.kinds[0] == 0
+    expected = [plain.engine.generate(p, greedy_params()).tokens for p in PROMPTS]
+    for spec in (SpeculativeConfig(gamma=3), SpeculativeConfig(method="draft-tree", model=str(path))):
+        pipe = plain.with_speculative(spec)
+        for prompt, want in zip(PROMPTS, expected):
+            assert pipe.engine.generate(prompt, greedy_params()).tokens == want, spec.method
+
+
+def test_a_tree_pass_matches_pytorch_and_each_row_alone(tiny_pair):
+    """A verification pass with a tree mask: PyTorch's logits up to rounding, and each row bit for bit what a
+    one-token step on its own path computes."""
+    model = load(tiny_pair[0], "none", quant="int4", warm_up=False).target.model
+    assert model.use_lean_step() is None
+    step = model.lean
+    context = torch.tensor([1, 5, 9, 12, 5])
+    # a tree of 4 nodes after the context: 0 -> 1 -> 3, 0 -> 2
+    parents = [-1, 0, 0, 1]
+    tokens, depth = torch.tensor([9, 30, 7, 12]), torch.tensor([0, 1, 1, 2])
+    mask = torch.eye(4, dtype=torch.bool)
+    for node, parent in enumerate(parents):
+        while parent >= 0:
+            mask[node, parent] = True
+            parent = parents[parent]
+    outs, caches = {}, {}
+    for name in ("lean", "torch"):
+        model.lean = None
+        cache = caches[name] = model.new_cache(32)
+        model(context, torch.arange(5), cache)
+        cache.commit_prefix(5)
+        model.lean = step if name == "lean" else None
+        outs[name] = model(tokens, 5 + depth, cache, tree_mask=mask)
+    torch.testing.assert_close(outs["lean"].logits, outs["torch"].logits, rtol=1e-4, atol=1e-4)
+    # node 3's path (0, 1, 3) decoded one token at a time from the same context
+    model.lean = step
+    cache = caches["lean"]
+    cache.commit_slots(torch.tensor([0, 1]))
+    alone = model(tokens[3:], torch.tensor([7]), cache)
+    assert torch.equal(alone.logits[0], outs["lean"].logits[3])
+    model.lean = None
