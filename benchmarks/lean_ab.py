@@ -1,0 +1,76 @@
+"""The lean step against PyTorch's path: ms per forward of 1-16 tokens after a 256-token context, interleaved.
+
+    .venv/bin/python benchmarks/lean_ab.py [--model smollm2-135m] [--quants gguf,int4,none] [--threads 2]
+
+Per target weight format (float32 activations, where the lean step runs; models/lean_step.py): one model, its
+passes timed with the lean step on and off in turn (the same weights, each with its own cache), median of
+--repeats. Also times the same target in bf16 through PyTorch (what foretell ran before) for reference. Prints a
+Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from foretell.api import load
+
+SIZES = (1, 2, 4, 8, 16)
+
+
+def timer(model, lean_step, context: int = 256):
+    """A function timing one pass of n tokens after `context` tokens, with the lean step or without."""
+    cache = model.new_cache(context + max(SIZES) + 1)
+    ids = torch.randint(0, model.config.vocab_size, (context + max(SIZES),), generator=torch.Generator().manual_seed(0))
+    model.lean = None
+    with torch.inference_mode():
+        model(ids[:context], torch.arange(context), cache)
+    cache.commit_prefix(context)
+
+    def once(n: int) -> float:
+        model.lean = lean_step
+        with torch.inference_mode():
+            start = time.perf_counter()
+            model(ids[context:context + n], torch.arange(context, context + n), cache)
+            return time.perf_counter() - start
+
+    return once
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--quants", default="gguf,int4,none")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=9)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"| ms per forward ({args.model}, {args.threads} threads, context 256) | "
+          + " | ".join(f"{n} tok" for n in SIZES) + " |")
+    print("|---|" + "---:|" * len(SIZES))
+    for quant in args.quants.split(","):
+        runs = {}
+        bf16 = load(args.model, "none", dtype="bfloat16", quant=quant, warm_up=False).target.model
+        runs[f"{quant}, bf16 activations, PyTorch"] = timer(bf16, None)
+        model = load(args.model, "none", dtype="float32", quant=quant, warm_up=False).target.model
+        reason = model.use_lean_step()
+        if reason is not None:
+            print(f"| {quant}: {reason} |")
+            continue
+        step = model.lean
+        runs[f"{quant}, fp32 activations, PyTorch"] = timer(model, None)
+        runs[f"{quant}, fp32 activations, lean step"] = timer(model, step)
+        times = {name: {n: [] for n in SIZES} for name in runs}
+        for n in SIZES:
+            for _ in range(args.repeats):
+                for name, run in runs.items():  # interleaved: the machine's drift hits every row alike
+                    times[name][n].append(run(n))
+        for name in runs:
+            cells = [f"{sorted(t)[len(t) // 2] * 1000:.1f}" for t in times[name].values()]
+            print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
