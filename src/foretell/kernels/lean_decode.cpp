@@ -49,6 +49,40 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// e^x for 8 floats: x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^7 (relative error ~1e-8,
+// below float rounding), times 2^n built in the exponent bits. Inputs are clamped to [-87, 88] (e^-87 ~ 1e-38).
+// The scalar std::exp cost ~2 ms a token in softmax and SiLU at 256 tokens of context.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);  // ln 2 in two parts: r stays exact
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+
+// v[i] = e^(v[i] - shift) for i < n
+inline void exp_shifted(float* v, int64_t n, float shift) {
+  const int64_t n8 = n & ~int64_t(7);
+  const __m256 sh = _mm256_set1_ps(shift);
+  for (int64_t i = 0; i < n8; i += 8) _mm256_storeu_ps(v + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), sh)));
+  if (n > n8) {
+    float tail[8] = {0};
+    std::copy(v + n8, v + n, tail);
+    _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), sh)));
+    std::copy(tail, tail + (n - n8), v + n8);
+  }
+}
+
 inline __m256 bytes_u8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
 inline __m256 bytes_i8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
 
@@ -284,9 +318,12 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
           p[j] = dot(qh, Kh + j * D, D) * scale;
           top = std::max(top, p[j]);
         }
+        exp_shifted(p.data(), last + 1, top);  // hidden slots are zeroed below, whatever they held
         float total = 0.f;
-        for (int64_t j = 0; j <= last; ++j)
-          if (!row || row[j]) total += (p[j] = std::exp(p[j] - top));
+        for (int64_t j = 0; j <= last; ++j) {
+          if (row && !row[j]) p[j] = 0.f;
+          total += p[j];
+        }
         float* out = att.data() + t * q_dim + hq * D;
         std::fill(out, out + D, 0.f);
         for (int64_t j = 0; j <= last; ++j) {
@@ -301,11 +338,13 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
     for (int64_t t = 0; t < T; ++t) rms_norm(h.data() + t * H, post_norm, H, eps, normed.data() + t * H);
     gemm(p_gu, normed.data(), T, mlp.data(), sums.data());
     const int64_t I = p_down.K;
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < I; ++i) {
-        const float g = mlp[t * 2 * I + i];
-        act[t * I + i] = g / (1.f + std::exp(-g)) * mlp[t * 2 * I + I + i];
-      }
+    for (int64_t t = 0; t < T; ++t) {  // SiLU(gate) * up, gate = g: g / (1 + e^-g)
+      const float* g = mlp.data() + t * 2 * I;
+      float* a = act.data() + t * I;
+      for (int64_t i = 0; i < I; ++i) a[i] = -g[i];
+      exp_shifted(a, I, 0.f);
+      for (int64_t i = 0; i < I; ++i) a[i] = g[i] / (1.f + a[i]) * g[I + i];
+    }
     gemm(p_down, act.data(), T, tmp.data(), sums.data());
     for (int64_t i = 0; i < T * H; ++i) h[i] += tmp[i];
     if (l + 1 < L) std::copy(h.begin(), h.end(), st + (l + 1) * T * H);
