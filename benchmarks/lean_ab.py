@@ -11,32 +11,25 @@ Markdown table.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
+from compile_ab import timer as pass_timer  # benchmarks/ is on the path when this runs as a script
 from foretell.api import load
 
 SIZES = (1, 2, 4, 8, 16)
 
 
-def timer(model, lean_step, context: int = 256):
-    """A function timing one pass of n tokens after `context` tokens, with the lean step or without."""
-    cache = model.new_cache(context + max(SIZES) + 1)
-    ids = torch.randint(0, model.config.vocab_size, (context + max(SIZES),), generator=torch.Generator().manual_seed(0))
+def timer(model, lean_step):
+    """compile_ab's pass timer (a 256-token context, prefilled through PyTorch), with the lean step or without."""
     model.lean = None
-    with torch.inference_mode():
-        model(ids[:context], torch.arange(context), cache)
-    cache.commit_prefix(context)
+    once = pass_timer(model)
 
-    def once(n: int) -> float:
+    def run(n: int) -> float:
         model.lean = lean_step
-        with torch.inference_mode():
-            start = time.perf_counter()
-            model(ids[context:context + n], torch.arange(context, context + n), cache)
-            return time.perf_counter() - start
+        return once(n)
 
-    return once
+    return run
 
 
 def main() -> None:

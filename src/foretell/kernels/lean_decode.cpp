@@ -95,6 +95,14 @@ void block_sums(const float* x, int64_t K, float* out) {
   }
 }
 
+// sum over a block's 32 inputs xb[i] * q_i, q_i in four vectors of 8
+inline __m256 block_dot(const float* xb, __m256 q0, __m256 q1, __m256 q2, __m256 q3) {
+  __m256 s = _mm256_mul_ps(_mm256_loadu_ps(xb), q0);
+  s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), q1, s);
+  s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), q2, s);
+  return _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), q3, s);
+}
+
 // Output row n of a Q4 projection for R rows of x at once (the block's codes unpacked once for all R): every row
 // gets exactly the arithmetic of R = 1, so a one-token step and a wider pass compute the same sums.
 template <int R>
@@ -113,12 +121,7 @@ void rows_q4(const Proj& p, int64_t n, const float* x, const float* x_sums, floa
     const __m256 q2 = bytes_u8(hi), q3 = bytes_u8(_mm_srli_si128(hi, 8));
     const __m256 d = _mm256_set1_ps(dm[2 * b]);
     for (int r = 0; r < R; ++r) {
-      const float* xb = x + r * p.K + 32 * b;
-      __m256 s = _mm256_mul_ps(_mm256_loadu_ps(xb), q0);
-      s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), q1, s);
-      s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), q2, s);
-      s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), q3, s);
-      acc[r] = _mm256_fmadd_ps(d, s, acc[r]);
+      acc[r] = _mm256_fmadd_ps(d, block_dot(x + r * p.K + 32 * b, q0, q1, q2, q3), acc[r]);
       offsets[r] += dm[2 * b + 1] * x_sums[r * blocks + b];
     }
   }
@@ -138,14 +141,7 @@ void rows_q8(const Proj& p, int64_t n, const float* x, float* y, int64_t y_strid
     const __m256 q0 = bytes_i8(c0), q1 = bytes_i8(_mm_srli_si128(c0, 8));
     const __m256 q2 = bytes_i8(c1), q3 = bytes_i8(_mm_srli_si128(c1, 8));
     const __m256 db = _mm256_set1_ps(d[b]);
-    for (int r = 0; r < R; ++r) {
-      const float* xb = x + r * p.K + 32 * b;
-      __m256 s = _mm256_mul_ps(_mm256_loadu_ps(xb), q0);
-      s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), q1, s);
-      s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), q2, s);
-      s = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), q3, s);
-      acc[r] = _mm256_fmadd_ps(db, s, acc[r]);
-    }
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(db, block_dot(x + r * p.K + 32 * b, q0, q1, q2, q3), acc[r]);
   }
   for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]);
 }
