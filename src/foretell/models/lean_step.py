@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foretell.models.quant import Int4Linear, Int8Linear
+from foretell.models.gguf_quant import q4_1_blocks
+from foretell.models.quant import FUSED_MAX_ROWS, Int4Linear, Int8Linear, fp32_block_gemm
 
 Q4, Q8, F32 = 0, 1, 2  # projection kinds, as lean_decode.cpp numbers them
 # Passes of up to this many tokens (one-token steps, verification trees) run natively; longer ones (prompts) in
@@ -56,11 +57,8 @@ class BlockQ8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        from foretell.kernels import block_gemm
-        from foretell.models.quant import FUSED_MAX_ROWS
-
-        gemm = block_gemm() if flat.dtype == torch.float32 and flat.device.type == "cpu" else None
-        if gemm is None or flat.shape[0] > FUSED_MAX_ROWS or self.dense.bias is not None:
+        gemm = fp32_block_gemm(flat) if self.dense.bias is None else None
+        if gemm is None:
             return self.dense(x)
         # A few rows (verification): the blocks are a quarter of the dense fp32 bytes, and the same sums as the
         # lean step's
@@ -79,16 +77,12 @@ def q4_product(layer: Int4Linear, flat: torch.Tensor) -> torch.Tensor:
     (8.5 ms for SmolLM2's MLP at one row here, against ~0.1 ms in bf16), so up to FUSED_MAX_ROWS rows run foretell's
     block kernel, with a one-token step's arithmetic; more rows (a prefill) a dense product on the dequantized
     blocks."""
-    from foretell.kernels import block_gemm
-    from foretell.models.quant import FUSED_MAX_ROWS
-
-    gemm = block_gemm()
-    if gemm is None and flat.shape[0] <= FUSED_MAX_ROWS:
+    gemm = fp32_block_gemm(flat)
+    if gemm is not None:
+        return gemm(flat, Q4, *q4_blocks(layer))
+    if flat.shape[0] <= FUSED_MAX_ROWS:  # no block kernel here
         return layer.pytorch_product(flat)
-    codes, dm = q4_blocks(layer)
-    if gemm is not None and flat.shape[0] <= FUSED_MAX_ROWS:
-        return gemm(flat, Q4, codes, dm)
-    return F.linear(flat, dequantize_q4(codes, dm))
+    return F.linear(flat, dequantize_q4(*q4_blocks(layer)))
 
 
 def dequantize_q4(codes: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
@@ -108,29 +102,23 @@ def int4_blocks(layer: Int4Linear) -> tuple[torch.Tensor, torch.Tensor]:
     so = layer.scales_offsets  # [groups, out, 2]: scale, offset with W = (q - 8) * scale + offset
     scale, offset = so[..., 0].T.contiguous(), so[..., 1].T.contiguous()
     expand = lambda t: t.repeat_interleave(32, dim=1)  # noqa: E731
-    codes = torch.round((w - expand(offset)) / expand(scale) + 8).clamp(0, 15).to(torch.uint8)
-    blocks = codes.view(codes.shape[0], -1, 2, 16)  # per block: inputs 0..15, then 16..31
-    packed = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(codes.shape[0], -1).contiguous()
-    dm = torch.stack([scale, offset - 8 * scale], dim=-1).contiguous()
-    return packed, dm
+    codes = torch.round((w - expand(offset)) / expand(scale) + 8).clamp(0, 15)
+    return q4_1_blocks(codes, scale, offset - 8 * scale)
 
 
 def projection(layer: nn.Module) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(kind, codes or dense weight, scales, bias) of one projection, as lean_decode.cpp reads them."""
     empty = torch.empty(0)
-    bias = getattr(layer, "bias", None)
+    kind = kind_of(layer)
     if isinstance(layer, BlockQ8Linear):
-        kind, main, scales, bias = Q8, layer.codes, layer.scales, layer.dense.bias
-    elif isinstance(layer, Int8Linear):  # one scale a row: every block of the row has it
-        kind, main = Q8, layer.weight_int8
-        scales = layer.scale.float()[:, None].expand(-1, layer.in_features // 32)
-    elif isinstance(layer, Int4Linear):
-        kind, (main, scales) = Q4, q4_blocks(layer)
-    elif type(layer) is nn.Linear:
-        kind, main, scales = F32, layer.weight.detach(), empty
+        main, scales = layer.codes, layer.scales
+    elif kind == Q8:  # an Int8Linear
+        main, scales = layer.weight_int8, layer.scales_by_block()
+    elif kind == Q4:
+        main, scales = q4_blocks(layer)
     else:
-        raise ValueError(f"the lean step has no kernel for {type(layer).__name__}")
-    bias = empty if bias is None else bias.detach().float()
+        main, scales = layer.weight.detach(), empty
+    bias = empty if layer.bias is None else layer.bias.detach().float()
     return kind, main.contiguous(), scales.float().contiguous(), bias.contiguous()
 
 

@@ -71,6 +71,12 @@ class Int8Linear(nn.Module):
     def in_features(self) -> int:
         return self.weight_int8.shape[1]
 
+    def scales_by_block(self) -> torch.Tensor:
+        """float32 [out, in / 32]: the row's scale for each 32-input block (the block kernel's Q8 layout)."""
+        if self.block_scales is None:
+            self.block_scales = self.scale.float()[:, None].expand(-1, self.in_features // 32).contiguous()
+        return self.block_scales
+
     def select_rows(self, rows: torch.Tensor) -> Int8Linear:
         """The layer restricted to some output rows (a hot vocabulary of an output layer)."""
         rows = rows.to(self.weight_int8.device)
@@ -82,10 +88,8 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         gemm = fp32_block_gemm(flat) if self.in_features % 32 == 0 else None
-        if gemm is not None:  # PyTorch's int8 kernel has no fast fp32 path; a row's scale is every block's scale
-            if self.block_scales is None:
-                self.block_scales = self.scale.float()[:, None].expand(-1, self.in_features // 32).contiguous()
-            y = gemm(flat.contiguous(), 1, self.weight_int8, self.block_scales)
+        if gemm is not None:  # PyTorch's int8 kernel has no fast fp32 path
+            y = gemm(flat.contiguous(), 1, self.weight_int8, self.scales_by_block())
         elif flat.device.type == "cpu" and flat.shape[0] <= FUSED_MAX_ROWS:
             y = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), self.weight_int8, self.scale.to(x.dtype))
         else:  # many rows (a prefill) or no fused kernel: dequantize on the fly, then a dense matmul
