@@ -19,6 +19,7 @@ import torch
 from foretell.api import load
 from foretell.bench.datasets import load_prompts
 from foretell.config import SpeculativeConfig
+from foretell.models.quant import TARGET_QUANT_CHOICES
 from foretell.types import SamplingParams
 
 
@@ -49,7 +50,7 @@ def split(pipe, prompts: list[list[int]], params: SamplingParams, timer: Forward
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--quant", default="none", choices=("none", "int8", "int4", "gguf"))
+    p.add_argument("--quant", default="none", choices=TARGET_QUANT_CHOICES)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--per", type=int, default=2, help="prompts per category (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=128)

@@ -98,10 +98,20 @@ def test_every_drafter_reproduces_plain_decoding_with_the_lean_step(tiny_pair):
             assert pipe.engine.generate(prompt, greedy_params()).tokens == want, spec.method
 
 
+def q8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x rounded as the kernel's 8-bit activations are: per 32 values, 127 steps of max |x| / 127."""
+    blocks = x.view(x.shape[0], -1, 32)
+    top = blocks.abs().amax(-1, keepdim=True)
+    codes = torch.round(blocks * torch.where(top > 0, 127 / top, 0))
+    return (codes * (top / 127)).view_as(x)
+
+
+@pytest.mark.parametrize("act_q8", [False, True])
 @pytest.mark.parametrize("kind", [0, 1])
-def test_block_products_match_dense_and_the_one_row_sums(kind):
-    """Q4 (kind 0) and Q8 (kind 1) blocks times 1..9 rows: the dense product of the blocks' values, and each row
-    exactly what that row alone gives (a verification pass computes a one-token step's sums)."""
+def test_block_products_match_dense_and_the_one_row_sums(kind, act_q8):
+    """Q4 (kind 0) and Q8 (kind 1) blocks times 1..9 rows: the dense product of the blocks' values (of the
+    activations rounded to 8 bits with act_q8), and each row exactly what that row alone gives (a verification pass
+    computes a one-token step's sums)."""
     from foretell.kernels import block_gemm
     from foretell.models.lean_step import dequantize_q4
 
@@ -117,10 +127,13 @@ def test_block_products_match_dense_and_the_one_row_sums(kind):
         w = (codes.float().view(out, -1, 32) * scales[..., None]).view(out, cols)
     gemm = block_gemm()
     x = torch.randn(9, cols, generator=g)
+    want = (q8_activations(x) if act_q8 else x) @ w.T
     for rows in range(1, 10):
-        y = gemm(x[:rows], kind, codes, scales)
-        torch.testing.assert_close(y, x[:rows] @ w.T, rtol=1e-5, atol=1e-4)
-        assert all(torch.equal(y[r], gemm(x[r:r + 1], kind, codes, scales)[0]) for r in range(rows))
+        y = gemm(x[:rows], kind, codes, scales, act_q8)
+        torch.testing.assert_close(y, want[:rows], rtol=1e-5, atol=1e-4)
+        assert all(torch.equal(y[r], gemm(x[r:r + 1], kind, codes, scales, act_q8)[0]) for r in range(rows))
+    if act_q8:  # the rounding is real: float activations give other sums
+        assert (gemm(x, kind, codes, scales, act_q8) - x @ w.T).abs().max() > 1e-3
 
 
 def test_a_gguf_target_streams_its_q8_0_output_layer(tmp_path):
@@ -179,3 +192,45 @@ def test_a_tree_pass_matches_pytorch_and_each_row_alone(tiny_pair):
     alone = model(tokens[3:], torch.tensor([7]), cache)
     assert torch.equal(alone.logits[0], outs["lean"].logits[3])
     model.lean = None
+
+
+def test_8_bit_activations_are_one_model_whatever_the_pass_width(tiny_pair):
+    """quant="int4-q8": a 40-token prompt in one pass (two chunks of the lean step) computes bit for bit what 40
+    one-token steps compute, and differs from float activations (the rounding is real)."""
+    pipe = load(tiny_pair[0], "none", quant="int4-q8", warm_up=False)
+    model = pipe.target.model
+    assert model.lean is not None and model.lean.act_q8
+    ids = torch.tensor([(7 * i + 3) % 48 for i in range(40)])
+    whole = model(ids, torch.arange(40), model.new_cache(48), hidden_layers=(1,))
+    cache = model.new_cache(48)
+    for i in range(40):
+        step = model(ids[i:i + 1], torch.tensor([i]), cache, hidden_layers=(1,))
+        cache.commit_prefix(1)
+        assert torch.equal(step.logits[0], whole.logits[i]) and torch.equal(step.hidden[1][0], whole.hidden[1][i])
+    model.lean.act_q8 = False
+    floats = model(ids, torch.arange(40), model.new_cache(48)).logits
+    assert not torch.allclose(floats, whole.logits, rtol=0, atol=1e-5)
+    assert (floats - whole.logits).abs().mean() < 0.1 * whole.logits.std()  # close: rounding, not another net
+
+
+def test_every_drafter_reproduces_plain_decoding_with_8_bit_activations(tiny_pair):
+    plain = load(tiny_pair[0], "none", quant="int4-q8", warm_up=False)
+    long_prompt = [(5 * i + 1) % 48 for i in range(45)]  # a prompt over the lean step's 32 rows
+    prompts = PROMPTS + [long_prompt]
+    expected = [plain.engine.generate(p, greedy_params()).tokens for p in prompts]
+    for spec in (SpeculativeConfig(gamma=3), SpeculativeConfig(method="draft-model", model=str(tiny_pair[1]), gamma=3),
+                 SpeculativeConfig(method="draft-tree", model=str(tiny_pair[1]))):
+        pipe = plain.with_speculative(spec)
+        for prompt, want in zip(prompts, expected):
+            assert pipe.engine.generate(prompt, greedy_params()).tokens == want, spec.method
+
+
+def test_8_bit_activations_need_the_lean_step(tiny_pair):
+    from foretell.errors import ForetellError
+
+    with pytest.raises(ForetellError, match="float32 target on CPU"):
+        load(tiny_pair[0], "none", dtype="bfloat16", quant="int4-q8", warm_up=False)
+    with pytest.raises(ForetellError, match="lean=True"):
+        load(tiny_pair[0], "none", quant="gguf-q8", lean=False, warm_up=False)
+    with pytest.raises(ForetellError, match="unknown target quantization 'none-q8'"):
+        load(tiny_pair[0], "none", quant="none-q8", warm_up=False)

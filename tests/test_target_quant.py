@@ -41,12 +41,14 @@ def configs(draft: str, folders: dict) -> dict[str, SpeculativeConfig]:
     }
 
 
-@pytest.mark.parametrize("quant", ["int8", "int4"])
+@pytest.mark.parametrize("quant", ["int8", "int4", "int4-q8"])
 def test_every_drafter_reproduces_the_quantized_target(tiny_pair, drafter_folders, quant):
     plain = load(tiny_pair[0], "none", quant=quant, warm_up=False)
     full = load(tiny_pair[0], "none", warm_up=False)
     layer = plain.target.model.layers[0].qkv_proj
-    assert isinstance(layer, Int4Linear if quant == "int4" else Int8Linear) and weight_format(plain.target.model) == quant
+    weights = quant.removesuffix("-q8")
+    assert isinstance(layer, Int4Linear if weights == "int4" else Int8Linear)
+    assert weight_format(plain.target.model) == weights
     expected = [plain.engine.generate(p, greedy_params()).tokens for p in PROMPTS]
     assert expected != [full.engine.generate(p, greedy_params()).tokens for p in PROMPTS]  # another model
     accepted = 0
@@ -64,6 +66,14 @@ def test_bad_quantization_is_refused_before_loading(tmp_path):
         load(tmp_path / "no-model", "none", quant="int2")
 
 
+def last_logits(model, prefixes: torch.Tensor) -> torch.Tensor:
+    """[B, V]: the logits after each prefix [B, T]; with 8-bit activations through the lean step, which is that
+    model (a cacheless batch runs PyTorch's float path)."""
+    if model.lean is None or not model.lean.act_q8:
+        return model.forward_sequences(prefixes).logits[:, -1]
+    return torch.stack([model(ids, torch.arange(len(ids)), model.new_cache(len(ids))).logits[-1] for ids in prefixes])
+
+
 def exact_marginals(model, prompt: list[int], params: SamplingParams, new: int, vocab: int) -> torch.Tensor:
     """[new, vocab]: the distribution of each generated token under `model`, by enumerating every prefix."""
     prefixes = torch.tensor([prompt])
@@ -71,7 +81,7 @@ def exact_marginals(model, prompt: list[int], params: SamplingParams, new: int, 
     marginals = []
     with torch.inference_mode():
         for _ in range(new):
-            p = processed_probs(model.forward_sequences(prefixes).logits[:, -1].float(), params).double()
+            p = processed_probs(last_logits(model, prefixes).float(), params).double()
             marginals.append((weights[:, None] * p).sum(0))
             weights = (weights[:, None] * p).reshape(-1)
             prefixes = torch.cat([prefixes.repeat_interleave(vocab, 0),
@@ -79,7 +89,7 @@ def exact_marginals(model, prompt: list[int], params: SamplingParams, new: int, 
     return torch.stack(marginals)
 
 
-@pytest.mark.parametrize("quant", ["int8", "int4"])
+@pytest.mark.parametrize("quant", ["int8", "int4", "int4-q8"])
 def test_sampling_follows_the_quantized_target(micro, quant):
     """Speculative sampling at temperature 1 on a quantized target matches that target's exact distribution."""
     from test_engine_statistical import GAMMA, NEW, PROMPT, RUNS, VOCAB, worst_p_value

@@ -22,7 +22,7 @@ from foretell.errors import ForetellError
 from foretell.models.loading import LoadedModel, load_model
 from foretell.models.gguf_quant import keep_gguf_quantization
 from foretell.models.presets import gguf_file
-from foretell.models.quant import TARGET_QUANT_MODES, quantize_target
+from foretell.models.quant import TARGET_QUANT_CHOICES, quantize_target, split_target_quant
 from foretell.models.wide_linear import widen_linears
 from foretell.text import encode_prompt
 from foretell.types import SamplingParams
@@ -96,7 +96,10 @@ def load(
     (`default_speculative`). The configuration is checked before any weights load.
     quant: the target's weights as int8 or int4 (weight-only; opt-in), or "gguf": the 4-bit blocks its GGUF file
     ships with where PyTorch has a kernel (Q4_1): a different, smaller model than the full-precision one, which
-    speculation then reproduces exactly (its cost against bf16: docs/speed.md).
+    speculation then reproduces exactly (its cost against bf16: docs/speed.md). "int8-q8", "int4-q8", "gguf-q8":
+    those weights with 8-bit activations in the projections, as llama.cpp computes (float32 CPU targets, lean
+    step): lossy against float activations, faster, and every pass runs through the lean step so speculation
+    still reproduces that model's plain decoding exactly.
     compile: torch.compile the target's per-layer blocks (opt-in; compiled during warm-up; see
     benchmarks/compile_ab.py for whether it pays on your machine).
     wide_fp32: a bf16 target on a CPU without native bf16 matmul runs its passes of many rows (prompts, draft
@@ -109,8 +112,12 @@ def load(
     warm_up: a few throw-away forwards so the first generation is not the slow one.
     """
     spec = default_speculative(target, cache_dir)[0] if speculative is None else as_speculative(speculative)
-    if quant not in TARGET_QUANT_MODES:
-        raise ForetellError(f"unknown target quantization {quant!r}; use one of {', '.join(TARGET_QUANT_MODES)}")
+    if quant not in TARGET_QUANT_CHOICES:
+        raise ForetellError(f"unknown target quantization {quant!r}; use one of {', '.join(TARGET_QUANT_CHOICES)}")
+    quant, act_q8 = split_target_quant(quant)
+    if act_q8 and (compile or not lean or str(dtype).removeprefix("torch.") != "float32" or device != "cpu"):
+        raise ForetellError(f"quant='{quant}-q8' (8-bit activations) runs in foretell's lean step: a float32 target on "
+                            f"CPU, without compile and with lean=True; use quant={quant!r} otherwise")
     gguf = gguf_file(target) if quant == "gguf" else None
     if quant == "gguf" and gguf is None:
         raise ForetellError(f"quant='gguf' keeps a GGUF file's own quantization, and {str(target)!r} has no GGUF file "
@@ -125,7 +132,9 @@ def load(
     if compile:
         loaded.model.compile_steps()
     elif lean:
-        loaded.model.use_lean_step()  # where it does not apply, nothing changes
+        reason = loaded.model.use_lean_step(act_q8=act_q8)  # where it does not apply, nothing changes
+        if act_q8 and reason is not None:
+            raise ForetellError(f"quant='{quant}-q8' needs foretell's lean step, and {reason}; use quant={quant!r}")
     weights = DrafterWeights(loaded, str(target), dtype, device, cache_dir)
     engine = build_engine(spec, weights)
     if warm_up:

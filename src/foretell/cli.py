@@ -8,16 +8,18 @@ import json
 import sys
 
 from foretell.errors import ForetellError
+from foretell.models.quant import TARGET_QUANT_CHOICES, describe_target
 from foretell.spec_args import add_speculative_args
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="target: preset name, .gguf file or HF folder (default: %(default)s)")
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--quant", default="none", choices=("none", "int8", "int4", "gguf"),
+    p.add_argument("--quant", default="none", choices=TARGET_QUANT_CHOICES,
                    help="the target's weights as int8 / int4 (weight-only, opt-in), or gguf: the 4-bit blocks its GGUF "
                    "file ships with (Q4_1): a smaller, faster and different model, which speculation reproduces "
-                   "exactly (default: %(default)s)")
+                   "exactly; with -q8 (float32 only) also 8-bit activations, as llama.cpp: lossy, faster "
+                   "(default: %(default)s)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the target's per-layer blocks at start (opt-in; benchmarks/compile_ab.py says "
                    "whether it pays here)")
@@ -82,9 +84,10 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--eagle", help="an EAGLE-3 head (foretell's folder or a vLLM / SGLang checkpoint), for the eagle3* methods")
     b.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"),
                    help="weights dtype, every method (default: %(default)s)")
-    b.add_argument("--quant", default="none", choices=("none", "int8", "int4", "gguf"),
+    b.add_argument("--quant", default="none", choices=TARGET_QUANT_CHOICES,
                    help="foretell's target weights as int8 / int4 (weight-only) or gguf (the file's own Q4_1 blocks), "
-                   "every foretell method; the transformers peers stay at --dtype (default: %(default)s)")
+                   "every foretell method, -q8 adding 8-bit activations (float32); the transformers peers stay at --dtype "
+                   "(default: %(default)s)")
     b.add_argument("--datasets", default="spec-bench", help=f"comma list of {', '.join(DATASETS)} (default: %(default)s)")
     b.add_argument("--per-category", type=int, default=10,
                    help="prompts per category, the first N in file order (default: %(default)s)")
@@ -147,7 +150,7 @@ def cmd_generate(args) -> None:
                           "text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}))
     else:
         print()
-        weights = args.dtype if args.quant == "none" else f"{args.quant} weights, {args.dtype} activations"
+        weights = describe_target(args.quant, args.dtype)
         print(f"[{args.model}, drafter {spec.method}, {weights}] {result.stats.summary()}", file=sys.stderr)
 
 

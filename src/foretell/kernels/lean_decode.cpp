@@ -163,20 +163,132 @@ void rows(const Proj& p, int64_t n, const float* x, const float* x_sums, float* 
   for (int r = 0; r < R; ++r) y[r * y_stride + n] = row_f32(p, n, x + r * p.K);
 }
 
+// Opt-in 8-bit activations (act_q8): before a block projection each row of x is quantized in blocks of 32 as
+// llama.cpp's Q8_1 does (d = max |x| / 127, q = round(x / d)) and every block's sum becomes integer dot products,
+// which AVX2 multiplies 32 at a time. Lossy against fp32 activations (a different model, measured in docs/speed.md),
+// but still the same arithmetic for a row whatever the pass's width, so speculation on it stays exact.
+struct RowsQ8 {
+  std::vector<int8_t> codes;  // [M, K]
+  std::vector<float> d, d_sum;  // [M, K / 32]: the block's scale, and scale * sum of its codes (Q4_1's + m term)
+};
+
+void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* d_sum) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleaving
+  for (int64_t b = 0; b < K / 32; ++b) {
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(x + 32 * b + 8 * j);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float top = _mm_cvtss_f32(m);
+    const __m256 inv = _mm256_set1_ps(top > 0.f ? 127.f / top : 0.f);
+    __m256i i[4];
+    for (int j = 0; j < 4; ++j)
+      i[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i total = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t = _mm_hadd_epi32(t, t);
+    t = _mm_hadd_epi32(t, t);
+    const __m256i packed = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3])), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), packed);
+    d[b] = top / 127.f;
+    d_sum[b] = d[b] * float(_mm_cvtsi128_si32(t));
+  }
+}
+
+// the 8 partial int32 sums of a block's 32 products (u: 0..255, s: -127..127), as floats
+inline __m256 block_products(__m256i u, __m256i s) {
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+template <int R>
+void rows_q4_q8(const Proj& p, int64_t n, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
+  const int64_t blocks = p.K / 32;
+  const uint8_t* codes = p.codes + n * (p.K / 2);
+  const float* dm = p.scales + n * blocks * 2;
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  __m256 acc[R];
+  float offsets[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * b));
+    const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = (m + r) * blocks + b;
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes.data() + row * 32));
+      acc[r] = _mm256_fmadd_ps(block_products(w, q), _mm256_set1_ps(dm[2 * b] * x.d[row]), acc[r]);
+      offsets[r] += dm[2 * b + 1] * x.d_sum[row];
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]) + offsets[r];
+}
+
+template <int R>
+void rows_q8_q8(const Proj& p, int64_t n, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
+  const int64_t blocks = p.K / 32;
+  const int8_t* codes = reinterpret_cast<const int8_t*>(p.codes) + n * p.K;
+  const float* d = p.scales + n * blocks;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 32 * b));
+    const __m256i magnitude = _mm256_sign_epi8(w, w);  // |w| as unsigned, its sign moved onto the activations
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = (m + r) * blocks + b;
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes.data() + row * 32));
+      acc[r] = _mm256_fmadd_ps(block_products(magnitude, _mm256_sign_epi8(q, w)), _mm256_set1_ps(d[b] * x.d[row]),
+                               acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]);
+}
+
+template <int R>
+void rows_q8act(const Proj& p, int64_t n, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
+  if (p.kind == Q4) return rows_q4_q8<R>(p, n, x, m, y, y_stride);
+  return rows_q8_q8<R>(p, n, x, m, y, y_stride);
+}
+
 // y [M, N] = x [M, K] W^T (+ bias), output rows spread over torch's threads, x's rows 4 at a time.
-// x_sums: scratch of M * K / 32 floats.
-void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums) {
-  if (p.kind == Q4)
+// x_sums: scratch of M * K / 32 floats. act_q8: 8-bit activations for block projections (above).
+void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, bool act_q8 = false) {
+  RowsQ8 xq;
+  const bool q8 = act_q8 && p.kind != F32;
+  if (q8) {
+    const int64_t blocks = p.K / 32;
+    xq.codes.resize(M * p.K);
+    xq.d.resize(M * blocks);
+    xq.d_sum.resize(M * blocks);
+    for (int64_t r = 0; r < M; ++r)
+      quantize_q8(x + r * p.K, p.K, xq.codes.data() + r * p.K, xq.d.data() + r * blocks, xq.d_sum.data() + r * blocks);
+  } else if (p.kind == Q4) {
     for (int64_t r = 0; r < M; ++r) block_sums(x + r * p.K, p.K, x_sums + r * (p.K / 32));
+  }
   at::parallel_for(0, p.N, 64, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       int64_t m = 0;
-      for (; m + 4 <= M; m += 4) rows<4>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N);
-      switch (M - m) {
-        case 3: rows<3>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N); break;
-        case 2: rows<2>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N); break;
-        case 1: rows<1>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N); break;
-        default: break;
+      if (q8) {
+        for (; m + 4 <= M; m += 4) rows_q8act<4>(p, n, xq, m, y + m * p.N, p.N);
+        switch (M - m) {
+          case 3: rows_q8act<3>(p, n, xq, m, y + m * p.N, p.N); break;
+          case 2: rows_q8act<2>(p, n, xq, m, y + m * p.N, p.N); break;
+          case 1: rows_q8act<1>(p, n, xq, m, y + m * p.N, p.N); break;
+          default: break;
+        }
+      } else {
+        for (; m + 4 <= M; m += 4) rows<4>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N);
+        switch (M - m) {
+          case 3: rows<3>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N); break;
+          case 2: rows<2>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N); break;
+          case 1: rows<1>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N); break;
+          default: break;
+        }
       }
       if (p.bias)
         for (int64_t r = 0; r < M; ++r) y[r * p.N + n] += p.bias[n];
@@ -240,7 +352,8 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
 std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                                        torch::Tensor v_cache, int64_t slot, torch::Tensor visible,
                                        std::vector<torch::Tensor> layers, std::vector<torch::Tensor> head,
-                                       std::vector<int64_t> kinds, int64_t heads, int64_t kv_heads, double eps) {
+                                       std::vector<int64_t> kinds, int64_t heads, int64_t kv_heads, double eps,
+                                       bool act_q8) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat,
               "float32 activations x [T, H] expected");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous caches expected");
@@ -285,7 +398,7 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
     act.resize(T * p_down.K);
 
     for (int64_t t = 0; t < T; ++t) rms_norm(h.data() + t * H, in_norm, H, eps, normed.data() + t * H);
-    gemm(p_qkv, normed.data(), T, qkv.data(), sums.data());
+    gemm(p_qkv, normed.data(), T, qkv.data(), sums.data(), act_q8);
     float* Kl = K + l * kv_heads * S * D;
     float* Vl = V + l * kv_heads * S * D;
     for (int64_t t = 0; t < T; ++t) {
@@ -329,10 +442,10 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
         }
       }
     });
-    gemm(p_o, att.data(), T, tmp.data(), sums.data());
+    gemm(p_o, att.data(), T, tmp.data(), sums.data(), act_q8);
     for (int64_t i = 0; i < T * H; ++i) h[i] += tmp[i];
     for (int64_t t = 0; t < T; ++t) rms_norm(h.data() + t * H, post_norm, H, eps, normed.data() + t * H);
-    gemm(p_gu, normed.data(), T, mlp.data(), sums.data());
+    gemm(p_gu, normed.data(), T, mlp.data(), sums.data(), act_q8);
     const int64_t I = p_down.K;
     for (int64_t t = 0; t < T; ++t) {  // SiLU(gate) * up, gate = g: g / (1 + e^-g)
       const float* g = mlp.data() + t * 2 * I;
@@ -341,7 +454,7 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
       exp_shifted(a, I, 0.f);
       for (int64_t i = 0; i < I; ++i) a[i] = g[i] / (1.f + a[i]) * g[I + i];
     }
-    gemm(p_down, act.data(), T, tmp.data(), sums.data());
+    gemm(p_down, act.data(), T, tmp.data(), sums.data(), act_q8);
     for (int64_t i = 0; i < T * H; ++i) h[i] += tmp[i];
     if (l + 1 < L) std::copy(h.begin(), h.end(), st + (l + 1) * T * H);
   }
@@ -350,13 +463,13 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
   Proj p_head = proj_of(kinds[L * 4], head, 1);
   sums.resize(T * (p_head.K / 32 + 1));
   auto logits = torch::empty({T, p_head.N}, x.options());
-  gemm(p_head, normed.data(), T, logits.data_ptr<float>(), sums.data());
+  gemm(p_head, normed.data(), T, logits.data_ptr<float>(), sums.data(), act_q8);
   return {logits, states};
 }
 
 // y [M, N] = x [M, K] W^T for W as Q4 or Q8 blocks (kind, codes, scales as above): the products of a
 // verification pass over the same weights as the lean step, with the same per-row arithmetic.
-torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, torch::Tensor scales) {
+torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, torch::Tensor scales, bool act_q8) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x float32 [M, K] expected");
   TORCH_CHECK(kind == Q4 || kind == Q8, "Q4 or Q8 blocks expected");
   x = x.contiguous();
@@ -366,12 +479,13 @@ torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, tor
   const int64_t M = x.size(0);
   auto y = torch::empty({M, p.N}, x.options());
   std::vector<float> sums(M * (p.K / 32) + 1);
-  gemm(p, x.data_ptr<float>(), M, y.data_ptr<float>(), sums.data());
+  gemm(p, x.data_ptr<float>(), M, y.data_ptr<float>(), sums.data(), act_q8);
   return y;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("block_gemm", &block_gemm, "x fp32 [M, K] times Q4_1 / Q8_0 blocks -> fp32 [M, N]",
+  m.def("block_gemm", &block_gemm, "x fp32 [M, K] times Q4_1 / Q8_0 blocks -> fp32 [M, N]", py::arg("x"),
+        py::arg("kind"), py::arg("codes"), py::arg("scales"), py::arg("act_q8") = false,
         py::call_guard<py::gil_scoped_release>());
   m.def("lean_decode", &lean_decode, "a pass of a few tokens through a Llama-shaped model, fp32 activations",
         py::call_guard<py::gil_scoped_release>());  // other Python threads (a server's) run meanwhile

@@ -167,8 +167,9 @@ class LeanStep:
     """The packed weights of one model and the call that runs a lean pass on them. Built once; int4 layers
     keep their blocks (a second copy of the codes next to PyTorch's kernel layout, which is opaque)."""
 
-    def __init__(self, model):
+    def __init__(self, model, act_q8: bool = False):
         self.model = model
+        self.act_q8 = act_q8  # 8-bit activations in the block projections: lossy, opt-in (Transformer.use_lean_step)
         c = model.config
         self.heads, self.kv_heads, self.eps = c.num_attention_heads, c.num_key_value_heads, float(c.rms_norm_eps)
         self.max_rows = LEAN_MAX_ROWS
@@ -189,14 +190,25 @@ class LeanStep:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
                  tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """A pass of T <= LEAN_MAX_ROWS tokens, with forward's arguments; writes the cache's slots after its length.
-        Returns logits [T, V] and states [L + 1, T, H] (forward's hidden layers 0..L)."""
+        """A pass with forward's arguments; writes the cache's slots after its length. Returns logits [T, V] and
+        states [L + 1, T, H] (forward's hidden layers 0..L). Passes of more than max_rows tokens (prompts, with
+        8-bit activations) run in consecutive chunks: a row's arithmetic does not depend on the rows beside it."""
         model = self.model
         T = input_ids.shape[0]
         cos, sin = model.rope(positions, int(positions.max()), torch.float32)
-        visible = torch.empty(0, dtype=torch.bool)
+        visible = None
         if tree_mask is not None:  # the last K slots per the tree, the committed ones before them all visible
             visible = torch.ones(T, cache.length + T, dtype=torch.bool)
             visible[:, visible.shape[1] - tree_mask.shape[1]:] = tree_mask
-        return self.kernel(model.embed_tokens(input_ids), cos, sin, cache.k, cache.v, cache.length, visible,
-                           self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps)
+        x = model.embed_tokens(input_ids)
+        parts = []
+        for start in range(0, T, self.max_rows):
+            end = min(start + self.max_rows, T)
+            # rows see only earlier slots (a tree lists parents first), so a chunk's mask ends at its last row
+            seen = torch.empty(0, dtype=torch.bool) if visible is None else visible[start:end, :cache.length + end]
+            parts.append(self.kernel(x[start:end], cos[start:end], sin[start:end], cache.k, cache.v,
+                                     cache.length + start, seen, self.tensors, self.head, self.kinds, self.heads,
+                                     self.kv_heads, self.eps, self.act_q8))
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts], dim=1)

@@ -20,6 +20,23 @@ from torch import nn
 
 QUANT_MODES = ("none", "int8", "auto")  # drafts
 TARGET_QUANT_MODES = ("none", "int8", "int4", "gguf")  # targets: opt-in, a different model (gguf: the file's own)
+# "-q8" after a target mode also quantizes the activations entering the block projections to 8 bits, as llama.cpp
+# does (float32 CPU targets through the lean step only: models/lean_step.py): lossy, measured in docs/speed.md.
+ACTIVATION_Q8 = "-q8"
+TARGET_QUANT_CHOICES = TARGET_QUANT_MODES + tuple(m + ACTIVATION_Q8 for m in ("int8", "int4", "gguf"))
+
+
+def split_target_quant(quant: str) -> tuple[str, bool]:
+    """"gguf-q8" -> ("gguf", True): the weights' mode, and whether activations go to 8 bits."""
+    return quant.removesuffix(ACTIVATION_Q8), quant.endswith(ACTIVATION_Q8) and quant in TARGET_QUANT_CHOICES
+
+
+def describe_target(quant: str, dtype: str) -> str:
+    """What a target runs as, for the line generate and serve print: "gguf weights, 8-bit activations"."""
+    weights, act_q8 = split_target_quant(quant)
+    if weights == "none":
+        return dtype
+    return f"{weights} weights, {'8-bit' if act_q8 else dtype} activations"
 INT4_GROUP = 32
 # The fused kernel is built for a few rows (decode steps); for a prefill of hundreds of tokens it
 # is 2-3x slower than dequantizing the weight and running a dense matmul (measured here).

@@ -310,10 +310,11 @@ class Transformer(nn.Module):
         self.compiled = True
         return self
 
-    def use_lean_step(self, on: bool = True) -> str | None:
+    def use_lean_step(self, on: bool = True, act_q8: bool = False) -> str | None:
         """Run passes of a few tokens (plain decoding's steps, verification) in one native call (models/lean_step.py)
         where it applies to this model; returns why not where it does not (then nothing changes). on=False goes back
-        to PyTorch's path."""
+        to PyTorch's path. act_q8: 8-bit activations in the block projections (lossy, opt-in); then every pass with a
+        single-sequence cache runs in the lean step, prompts in chunks, so prompt and steps are one model."""
         from foretell.models.lean_step import LeanStep, lean_support
 
         self.lean = None
@@ -321,7 +322,7 @@ class Transformer(nn.Module):
             return None
         reason = lean_support(self)
         if reason is None:
-            self.lean = LeanStep(self)
+            self.lean = LeanStep(self, act_q8)
         return reason
 
     def new_cache(self, capacity: int) -> KVCache:
@@ -379,7 +380,7 @@ class Transformer(nn.Module):
         """
         T = input_ids.shape[0]
         cache.check_room(T)
-        if self.lean is not None and T <= self.lean.max_rows and cache.k.shape[1] == 1:
+        if self.lean is not None and (T <= self.lean.max_rows or self.lean.act_q8) and cache.k.shape[1] == 1:
             logits, states = self.lean(input_ids, positions, cache, tree_mask)
             hidden = {i: states[i] for i in hidden_layers}
             return ForwardOutput(logits=logits if logits_rows is None else logits[logits_rows], hidden=hidden)
@@ -401,9 +402,9 @@ class Transformer(nn.Module):
         the output layer run once over all their tokens, which is where a step's time goes at small batch sizes;
         attention runs per request over its own cache. Each output equals that pass run alone (up to float
         rounding of the larger matrix products)."""
-        if len(passes) == 1:
-            p = passes[0]
-            return [self(p.input_ids, p.positions, p.cache, p.tree_mask, p.hidden_layers, p.logits_rows)]
+        if len(passes) == 1 or (self.lean is not None and self.lean.act_q8):  # 8-bit activations: lean passes only
+            return [self(p.input_ids, p.positions, p.cache, p.tree_mask, p.hidden_layers, p.logits_rows)
+                    for p in passes]
         sizes = [p.input_ids.shape[0] for p in passes]
         bounds = [(sum(sizes[:i]), sum(sizes[: i + 1])) for i in range(len(sizes))]
         # Padded to a bucketed row count: the runtime keeps kernels and buffers per matrix shape, and the sums of

@@ -85,11 +85,13 @@ def run_serve(args: argparse.Namespace) -> None:
         print(f"[speculative config written to {spec.save(args.save_spec_config)}]", file=sys.stderr)
     if args.threads:
         torch.set_num_threads(args.threads)
+    from foretell.models.quant import describe_target
+
     pipeline = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant, compile=args.compile)
     name = args.served_model_name or Path(str(args.model).rstrip("/")).name
     app = create_app(pipeline, name, settings)
     chose = f": {why}; --drafter picks another" if why else ""
-    weights = args.dtype if args.quant == "none" else f"{args.quant} weights, {args.dtype} activations"
+    weights = describe_target(args.quant, args.dtype)
     print(f"[foretell serve: model {name!r}, drafter {spec.describe()}{chose}, {weights}; "
           f"http://{args.host}:{args.port}/v1{', API key required' if settings.api_key else ''}]", file=sys.stderr)
     if args.host not in LOOPBACK and settings.api_key is None:
