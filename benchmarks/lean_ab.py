@@ -4,8 +4,9 @@
 
 Per target weight format (float32 activations, where the lean step runs; models/lean_step.py): one model, its
 passes timed with the lean step on and off in turn (the same weights, each with its own cache), median of
---repeats. Also times the same target in bf16 through PyTorch (what foretell ran before) for reference. Prints a
-Markdown table.
+--repeats. Also times the same target in bf16 through PyTorch (what foretell ran before) for reference. A "-q8"
+format (gguf-q8: 8-bit activations) times its lean passes against the same weights' float-activation lean passes.
+Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from compile_ab import timer as pass_timer  # benchmarks/ is on the path when this runs as a script
 from foretell.api import load
+from foretell.models.quant import split_target_quant
 
 SIZES = (1, 2, 4, 8, 16)
 
@@ -45,16 +47,24 @@ def main() -> None:
     print("|---|" + "---:|" * len(SIZES))
     for quant in args.quants.split(","):
         runs = {}
-        bf16 = load(args.model, "none", dtype="bfloat16", quant=quant, warm_up=False).target.model
-        runs[f"{quant}, bf16 activations, PyTorch"] = timer(bf16, None)
-        model = load(args.model, "none", dtype="float32", quant=quant, warm_up=False).target.model
-        reason = model.use_lean_step()
-        if reason is not None:
-            print(f"| {quant}: {reason} |")
-            continue
-        step = model.lean
-        runs[f"{quant}, fp32 activations, PyTorch"] = timer(model, None)
-        runs[f"{quant}, fp32 activations, lean step"] = timer(model, step)
+        weights, act_q8 = split_target_quant(quant)
+        if act_q8:  # 8-bit activations exist only in the lean step: its rows against float activations' lean rows
+            model = load(args.model, "none", dtype="float32", quant=weights, warm_up=False).target.model
+            model.use_lean_step()
+            runs[f"{weights}, fp32 activations, lean step"] = timer(model, model.lean)
+            q8 = load(args.model, "none", dtype="float32", quant=quant, warm_up=False).target.model
+            runs[f"{weights}, 8-bit activations ({quant}), lean step"] = timer(q8, q8.lean)
+        else:
+            bf16 = load(args.model, "none", dtype="bfloat16", quant=quant, warm_up=False).target.model
+            runs[f"{quant}, bf16 activations, PyTorch"] = timer(bf16, None)
+            model = load(args.model, "none", dtype="float32", quant=quant, warm_up=False).target.model
+            reason = model.use_lean_step()
+            if reason is not None:
+                print(f"| {quant}: {reason} |")
+                continue
+            step = model.lean
+            runs[f"{quant}, fp32 activations, PyTorch"] = timer(model, None)
+            runs[f"{quant}, fp32 activations, lean step"] = timer(model, step)
         times = {name: {n: [] for n in SIZES} for name in runs}
         for n in SIZES:
             for _ in range(args.repeats):

@@ -8,7 +8,8 @@
 #              llama.cpp's plain decoding of the same file
 #   OUT/split.md  where a plain token's time goes (benchmarks/token_split.py): forward vs the loop around it
 # Resumable (rerun the same command). Environment: OUT (runs/runtime_speed), PER (4), THREADS (2), QUANT (gguf),
-# QDTYPE (float32), SPEC (a speculative configuration JSON for the quantized run), MODEL (smollm2-135m).
+# QDTYPE (float32), SPEC (a speculative configuration JSON for the quantized run), MODEL (smollm2-135m),
+# PARTS (which of "bf16 quant split" to run; default all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F=.venv/bin/foretell
@@ -18,10 +19,12 @@ T=${THREADS:-2}
 QUANT=${QUANT:-gguf}
 QDTYPE=${QDTYPE:-float32}
 MODEL=${MODEL:-smollm2-135m}
+PARTS=${PARTS:-bf16 quant split}
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 COMMON=(--model "$MODEL" --datasets gsm8k,spec-bench --per-category "$PER" --max-new-tokens 128
         --threads "$T" --resume)
 
-$F bench "${COMMON[@]}" --dtype bfloat16 --methods plain,hf-plain --out "$OUT/bf16"
+if part bf16; then $F bench "${COMMON[@]}" --dtype bfloat16 --methods plain,hf-plain --out "$OUT/bf16"; fi
 
 # The quantized run's drafter: SPEC, else the target's default shipped drafter with its manifest's configuration.
 if [ -z "${SPEC:-}" ]; then
@@ -37,9 +40,13 @@ EXTRA=()
 if [ -n "${SPEC:-}" ]; then
   EXTRA=(--spec-config "drafter=$SPEC")
 fi
-$F bench "${COMMON[@]}" --dtype "$QDTYPE" --quant "$QUANT" --methods plain,prompt-lookup,llama-cpp "${EXTRA[@]}" --out "$OUT/quant"
-
-.venv/bin/python benchmarks/token_split.py --model "$MODEL" --per 2 --threads "$T" "${EXTRA[@]}" > "$OUT/split.md"
-.venv/bin/python benchmarks/token_split.py --model "$MODEL" --quant "$QUANT" --dtype "$QDTYPE" --per 2 --threads "$T" "${EXTRA[@]}" \
-  > "$OUT/split-$QUANT.md"
-echo "reports: $OUT/bf16/report.md $OUT/quant/report.md $OUT/split.md $OUT/split-$QUANT.md"
+if part quant; then
+  $F bench "${COMMON[@]}" --dtype "$QDTYPE" --quant "$QUANT" --methods plain,prompt-lookup,llama-cpp "${EXTRA[@]}" \
+    --out "$OUT/quant"
+fi
+if part split; then
+  .venv/bin/python benchmarks/token_split.py --model "$MODEL" --per 2 --threads "$T" "${EXTRA[@]}" > "$OUT/split.md"
+  .venv/bin/python benchmarks/token_split.py --model "$MODEL" --quant "$QUANT" --dtype "$QDTYPE" --per 2 --threads "$T" \
+    "${EXTRA[@]}" > "$OUT/split-$QUANT.md"
+fi
+echo "reports (those run): $OUT/bf16/report.md $OUT/quant/report.md $OUT/split.md $OUT/split-$QUANT.md"

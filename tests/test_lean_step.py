@@ -53,6 +53,15 @@ def test_lean_step_matches_pytorch(tiny_pair, quant):
         torch.testing.assert_close(lean_cache.v[:, :, :, :n], ref_cache.v[:, :, :, :n], rtol=1e-4, atol=1e-4)
 
 
+def test_native_dequantization_matches_the_tensor_formula():
+    from foretell.models.lean_step import dequantize_q4, dequantize_q4_torch
+
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 256, (48, 64 // 2 * 3), generator=g, dtype=torch.uint8)
+    dm = torch.randn(48, 6, 2, generator=g)
+    torch.testing.assert_close(dequantize_q4(codes, dm), dequantize_q4_torch(codes, dm), rtol=1e-6, atol=1e-6)
+
+
 def test_int4_blocks_hold_the_layers_values():
     torch.manual_seed(0)
     layer = Int4Linear.from_weight(torch.randn(32, 64))

@@ -86,7 +86,15 @@ def q4_product(layer: Int4Linear, flat: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_q4(codes: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
-    """Q4_1 blocks -> the float32 weight [out, in]."""
+    """Q4_1 blocks -> the float32 weight [out, in]: natively where the lean kernels are built (a prompt's product
+    unpacks every projection once; ~5x faster than these tensor operations), else dequantize_q4_torch."""
+    from foretell.kernels import lean_module
+
+    module = lean_module() if codes.device.type == "cpu" else None
+    return dequantize_q4_torch(codes, dm) if module is None else module.dequantize_q4(codes, dm)
+
+
+def dequantize_q4_torch(codes: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
     out, blocks = dm.shape[:2]
     per_block = codes.view(out, blocks, 16)
     q = torch.cat([per_block & 15, per_block >> 4], dim=-1).float()  # inputs 0..15, 16..31 of each block
