@@ -85,9 +85,20 @@ def test_cli_generate_streams_text_and_statistics(tiny_pair, capsys):
     assert "tok/s" in captured.err and "tau" in captured.err and "prompt-lookup" in captured.err
 
 
+def test_cli_generate_names_8_bit_activations(tiny_pair, capsys):
+    from foretell.kernels import lean_decode
+
+    if lean_decode() is None:
+        pytest.skip("the lean step's kernel cannot be built on this machine")
+    code = main(["generate", "w5 w6", "--model", str(tiny_pair[0]), "--drafter", "prompt-lookup", "--dtype", "float32",
+                 "--quant", "int4-q8", "--max-new-tokens", "8"])
+    assert code == 0 and "int4 weights, 8-bit activations" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
+        (["--quant", "gguf-q8"], "8-bit activations"),  # the CLI's default dtype is bfloat16
         (["--temperature", "-1"], "temperature"),
         (["--top-p", "2"], "top_p"),
         (["--model", "/no/such/model"], "no model"),
