@@ -33,6 +33,8 @@ def main() -> None:
     p.add_argument("--bench", help="a foretell bench output folder with this drafter's figures")
     p.add_argument("--bench-method", help="the method name of the drafter in that bench run")
     p.add_argument("--default", action="store_true", help="make it the target's default drafter")
+    p.add_argument("--storage", default="bf16", choices=("bf16", "int8"),
+                   help="int8: matrices as int8 rows with a scale each, about half the bytes (default: %(default)s)")
     args = p.parse_args()
     run = Path(args.run)
     speculative = json.loads(args.speculative)
@@ -54,7 +56,7 @@ def main() -> None:
             for group, rows in groups.items()}}
     target = load_model(args.target)
     out = ship_drafter(run / SAVED[args.kind], args.name, args.kind, args.target, target.model, speculative, made_by,
-                       default=args.default)
+                       default=args.default, storage=args.storage)
     size = sum(f.stat().st_size for f in out.iterdir())
     print(f"shipped {args.name}: {out} ({size / 2**20:.1f} MiB)")
 

@@ -102,6 +102,41 @@ def test_an_eagle3_head_ships_and_loads_by_name(tiny_pair, tmp_path, plain):
                      DrafterWeights(target, "tiny", shipped_root=root))
 
 
+def test_a_hidden_state_draft_ships_in_int8_rows_and_stays_exact(tiny_pair, plain, tmp_path):
+    """storage="int8": the draft's matrices as int8 rows with a scale each (fewer bytes than bf16); it loads by
+    name, holds those rounded values, and decodes exactly as plain."""
+    from safetensors.torch import load_file
+
+    from foretell.models.hidden_draft import load_hidden_draft, new_hidden_draft, save_hidden_draft
+    from foretell.models.module_folder import INT8_ROW_SCALE
+
+    target = load_model(tiny_pair[0])
+    saved = save_hidden_draft(new_hidden_draft(target.model, seed=5), tmp_path / "run" / "draft")
+    root = tmp_path / "shipped"
+    for storage in ("bf16", "int8"):
+        ship_drafter(saved, f"tiny-hidden-{storage}", "hidden-state", str(tiny_pair[0]), target.model,
+                     {"method": "hidden-state"}, {"command": "a test", "heldout": {}}, root=root, storage=storage)
+    sizes = {s: (root / f"tiny-hidden-{s}" / "model.safetensors").stat().st_size for s in ("bf16", "int8")}
+    assert sizes["int8"] < 0.75 * sizes["bf16"]
+    stored = load_file(str(root / "tiny-hidden-int8" / "model.safetensors"))
+    packed = [k for k in stored if k + INT8_ROW_SCALE in stored]
+    assert packed and all(stored[k].dtype == torch.int8 for k in packed)
+    assert Manifest.read(root / "tiny-hidden-int8").storage == "int8"
+    original = load_hidden_draft(saved, target.model).state_dict()
+    shipped_draft = load_hidden_draft(root / "tiny-hidden-int8", target.model).state_dict()
+    rounded = 0
+    for k in packed:  # within half a step of each row's scale
+        step = stored[k + INT8_ROW_SCALE][:, None]
+        error = (shipped_draft[k].float() - original[k].float()).abs()
+        assert bool((error <= step * 0.5 + 1e-6).all()), k
+        rounded += int(error.max() > 0)
+    assert rounded > 0  # the rounding is real
+    engine = build_engine(SpeculativeConfig(method="hidden-state", model="tiny-hidden-int8"),
+                          DrafterWeights(target, "tiny", shipped_root=root))
+    for prompt in PROMPTS:
+        assert engine.generate(prompt, greedy_params()).tokens == plain.engine.generate(prompt, greedy_params()).tokens
+
+
 # --- the drafters that ship with foretell ---------------------------------------------------------
 
 SIZE_BUDGET = 40 * 2**20

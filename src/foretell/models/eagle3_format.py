@@ -30,6 +30,7 @@ import torch
 
 from foretell.errors import ForetellError
 from foretell.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
+from foretell.models.module_folder import int8_rows_expanded
 from foretell.models.transformer import Transformer
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # SGLang's class name; vLLM's registry maps it to Eagle3LlamaForCausalLM
@@ -192,7 +193,7 @@ def import_eagle3(folder: str | Path, target: Transformer) -> Eagle3Head:
     config = config_from_engine(raw, target, folder)
     config.check_target(target.config)
     try:
-        state = load_file(str(folder / WEIGHTS))
+        state = int8_rows_expanded(load_file(str(folder / WEIGHTS)))  # a shipped head may store int8 rows
     except (SafetensorError, OSError, ValueError) as e:
         raise ForetellError(f"{folder / WEIGHTS} is not a readable safetensors file ({e})") from None
     head = Eagle3Head(config, target)

@@ -14,6 +14,36 @@ import torch
 from foretell.errors import ForetellError
 
 WEIGHTS_FILE = "model.safetensors"
+# A matrix stored in int8 (shipped drafters within the package's size budget): codes under its own name, a float
+# scale per row under name + this suffix; loading turns it back into floats (models/shipped.py packs it).
+INT8_ROW_SCALE = ".int8_row_scale"
+
+
+def int8_rows_packed(state: dict[str, torch.Tensor], min_numel: int = 1024) -> dict[str, torch.Tensor]:
+    """Every float matrix of at least `min_numel` values as int8 codes and a scale per row (w ~ code * scale,
+    scale = max |row| / 127); other tensors as they are."""
+    out = {}
+    for name, t in state.items():
+        if t.is_floating_point() and t.dim() == 2 and t.numel() >= min_numel:
+            w = t.float()
+            scale = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
+            out[name] = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+            out[name + INT8_ROW_SCALE] = scale
+        else:
+            out[name] = t
+    return out
+
+
+def int8_rows_expanded(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of int8_rows_packed: int8 matrices with their row scales back to float32."""
+    out = {k: v for k, v in state.items() if not k.endswith(INT8_ROW_SCALE)}
+    for name, scale in state.items():
+        if name.endswith(INT8_ROW_SCALE):
+            codes = out.get(name.removesuffix(INT8_ROW_SCALE))
+            if codes is None or codes.dtype != torch.int8 or codes.dim() != 2 or codes.shape[0] != scale.numel():
+                raise ForetellError(f"{name} scales no int8 matrix of {scale.numel()} rows; the file is damaged")
+            out[name.removesuffix(INT8_ROW_SCALE)] = codes.float() * scale.float()[:, None]
+    return out
 
 
 @dataclass(frozen=True)
@@ -66,7 +96,7 @@ def load_weights(module: torch.nn.Module, folder: Path, fmt: FolderFormat) -> No
     if not weights.is_file():
         raise ForetellError(f"{folder} has no {WEIGHTS_FILE}: the {fmt.what}'s weights are missing")
     try:
-        state = load_file(str(weights))
+        state = int8_rows_expanded(load_file(str(weights)))
     except (SafetensorError, OSError, ValueError) as e:
         raise ForetellError(f"{weights} is not a readable safetensors file ({e}); save the {fmt.what} again") from None
     own = module.state_dict()

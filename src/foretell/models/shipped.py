@@ -55,6 +55,7 @@ class Manifest:
     speculative: dict  # the configuration it was benchmarked with (SpeculativeConfig dict, model omitted)
     made_by: dict = field(default_factory=dict)  # command, data, commit, held-out figures, bench figures
     default: bool = False  # the target's default drafter (the fastest shipped one, per the bench)
+    storage: str = "bf16"  # "int8": matrices as int8 rows with a scale each (module_folder.int8_rows_packed)
 
     @classmethod
     def read(cls, folder: Path) -> Manifest:
@@ -129,9 +130,16 @@ def default_shipped(target_name: str, root: Path = SHIPPED_DIR) -> Manifest | No
 
 
 def ship_drafter(source: Path, name: str, kind: str, target_name: str, target_model, speculative: dict,
-                 made_by: dict, default: bool = False, root: Path = SHIPPED_DIR) -> Path:
-    """Copy a saved drafter folder into the package as `name`, weights in bf16, with its manifest."""
+                 made_by: dict, default: bool = False, root: Path = SHIPPED_DIR, storage: str = "bf16") -> Path:
+    """Copy a saved drafter folder into the package as `name`, with its manifest. storage "bf16": weights in bf16;
+    "int8": its matrices as int8 rows with a scale each, about half the bytes (a drafter only proposes, so the
+    rounding can cost acceptance, never exactness; measure the shipped folder)."""
     from safetensors.torch import load_file, save_file
+
+    from foretell.models.module_folder import INT8_ROW_SCALE, int8_rows_packed
+
+    if storage not in ("bf16", "int8"):
+        raise ForetellError(f"shipped weights are stored as bf16 or int8, not {storage!r}")
 
     if kind not in KINDS:
         raise ForetellError(f"only {', '.join(KINDS)} drafters ship, not {kind}")
@@ -144,10 +152,13 @@ def ship_drafter(source: Path, name: str, kind: str, target_name: str, target_mo
     staging.mkdir(parents=True)
     shutil.copy(source / config_file, staging / config_file)
     weights = load_file(str(source / "model.safetensors"))
-    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
-              str(staging / "model.safetensors"))
+    if storage == "int8":
+        weights = int8_rows_packed(weights)
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() and not k.endswith(INT8_ROW_SCALE) else v
+               for k, v in weights.items()}, str(staging / "model.safetensors"))
     files = {f: sha256_of(staging / f) for f in (config_file, "model.safetensors")}
-    manifest = Manifest(name, kind, TargetIdentity.of(target_name, target_model), files, speculative, made_by, default)
+    manifest = Manifest(name, kind, TargetIdentity.of(target_name, target_model), files, speculative, made_by, default,
+                        storage)
     (staging / MANIFEST).write_text(json.dumps(asdict(manifest), indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
