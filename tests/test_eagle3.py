@@ -66,6 +66,45 @@ def test_int8_head_is_exact_and_quantizes_its_layer_and_output(plain):
     assert not isinstance(make_head(plain.target.model).quantize("none").lm_head, Int8Linear)
 
 
+@pytest.mark.parametrize("quant", ["none", "int8"])
+def test_lean_head_steps_match_pytorch_and_decode_exactly(plain, quant):
+    """The head's native step (models/lean_step.LeanEagle3Step): a chain of context rows and a tree level give
+    PyTorch's outputs and logits up to rounding, and greedy decoding with it equals plain decoding."""
+    from foretell.kernels import lean_decode
+
+    if lean_decode() is None:
+        pytest.skip("the lean step's kernel cannot be built on this machine")
+    head = make_head(plain.target.model, seed=6).quantize(quant)
+    assert head.use_lean_step() is None and head.lean is not None
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(5, head.config.hidden_size, generator=g)
+    tokens = torch.tensor([3, 9, 11, 4, 20])
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # rows 1 and 2 are children of 0
+    results = {}
+    for lean in (True, False):
+        head.lean = head.lean if lean else None
+        cache = head.new_cache(16)
+        with torch.inference_mode():
+            chain = head.step_and_logits(tokens, hidden, torch.arange(5), cache)
+            cache.commit_prefix(5)
+            level = head.step_and_logits(tokens[:3], hidden[:3], torch.tensor([5, 6, 6]), cache, tree_mask=tree)
+        results[lean] = (*chain, *level)
+        head.use_lean_step()
+    for got, want in zip(results[True], results[False]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert_greedy_equals_plain(plain, plain.with_drafter(Eagle3Drafter(head)))
+
+
+def test_a_configured_head_steps_natively_on_a_float32_target(plain, tmp_path, tiny_pair):
+    from foretell.kernels import lean_decode
+
+    folder = save_eagle3_head(make_head(plain.target.model, seed=1), tmp_path / "head")
+    pipe = load(tiny_pair[0], SpeculativeConfig(method="eagle3", model=str(folder)), warm_up=False)
+    assert (pipe.engine.drafter.head.lean is not None) == (lean_decode() is not None)
+    off = load(tiny_pair[0], SpeculativeConfig(method="eagle3", model=str(folder)), lean=False, warm_up=False)
+    assert off.engine.drafter.head.lean is None  # lean=False keeps PyTorch's path for the head too
+
+
 @pytest.fixture(scope="module")
 def micro_pipe(micro):
     hf_target, root = micro

@@ -113,10 +113,9 @@ class Eagle3Drafter(HookedTreeDrafter):
         hidden = head.fc(features.to(head.dtype))
         next_tokens = torch.tensor(tokens[start + 1 :], dtype=torch.long, device=head.device)
         positions = torch.arange(start, start + n, device=head.device)
-        out = head.step(next_tokens, hidden, positions, self.cache)
+        out, logits = head.step_and_logits(next_tokens, hidden, positions, self.cache, last_only=True)
         self.cache.commit_prefix(n)
-        state = out[-1]
-        return state, self._q(head.logits(state))
+        return out[-1], self._q(logits[0])
 
     def _grow(self, root_state: torch.Tensor, root_q: torch.Tensor, depth: int, last_row: int) -> _Nodes:
         """EAGLE-2: expand the best `width` nodes of each new level, one head step per level. last_row: the
@@ -130,8 +129,8 @@ class Eagle3Drafter(HookedTreeDrafter):
             expand = sorted(level, key=lambda i: (-nodes.scores[i], i))[:width]
             if not expand:
                 break
-            outputs = self._step_nodes(nodes, expand, states, last_row)
-            q = self._q(self.head.logits(outputs))
+            outputs, logits = self._step_nodes(nodes, expand, states, last_row)
+            q = self._q(logits)
             level = []
             for row, node in enumerate(expand):
                 states[node] = outputs[row]
@@ -139,8 +138,10 @@ class Eagle3Drafter(HookedTreeDrafter):
         self.cache.truncate(context)  # drop the tree rows; the next proposal feeds what was accepted
         return nodes
 
-    def _step_nodes(self, nodes: _Nodes, expand: list[int], states: dict, last_row: int) -> torch.Tensor:
-        """One head step over the nodes `expand`: each sees the committed rows, its ancestors' rows and itself."""
+    def _step_nodes(self, nodes: _Nodes, expand: list[int], states: dict, last_row: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head step over the nodes `expand`: each sees the committed rows, its ancestors' rows and itself.
+        Returns their outputs and draft logits."""
         for node in expand:
             nodes.slot[node] = len(nodes.slot)
         mask = torch.zeros(len(expand), len(nodes.slot), dtype=torch.bool)
@@ -150,7 +151,7 @@ class Eagle3Drafter(HookedTreeDrafter):
         tokens = torch.tensor([self._vocab_ids[nodes.columns[i]] for i in expand], dtype=torch.long, device=head.device)
         hidden = torch.stack([states[nodes.parents[i]] for i in expand])
         positions = torch.tensor([last_row + nodes.depths[i] for i in expand], device=head.device)
-        out = head.step(tokens, hidden, positions, self.cache, tree_mask=mask)
+        out = head.step_and_logits(tokens, hidden, positions, self.cache, tree_mask=mask)
         self.cache.commit_prefix(len(expand))  # kept until the tree is done (truncated in _grow)
         return out
 

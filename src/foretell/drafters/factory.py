@@ -113,7 +113,8 @@ class DrafterWeights:
 
         folder = self.folder(model, "eagle3")
         return self._once(("eagle3", folder, quant),
-                          lambda: widened(load_eagle3_head(folder, self.target.model).quantize(quant), self.target.model))
+                          lambda: lean_head(widened(load_eagle3_head(folder, self.target.model).quantize(quant),
+                                                    self.target.model), self.target.model))
 
     def target_cost(self) -> CostCurve:
         """The target's forward cost by verified tokens on this machine (measured once, then cached on disk)."""
@@ -133,6 +134,14 @@ def widened(module, target: torch.nn.Module):
     if wide:
         widen_linears(module, wide, kernel=kernel_rows_of(target))
     return module
+
+
+def lean_head(head, target):
+    """An EAGLE-3 head steps natively (models/lean_step.py) where its target does (load(..., lean=True) on a float32
+    CPU target): a tree level's step and logits in one call instead of ~30 PyTorch operations."""
+    if getattr(target, "lean", None) is not None:
+        head.use_lean_step()
+    return head
 
 
 def build_drafter(spec: SpeculativeConfig, weights: DrafterWeights) -> tuple[Drafter | None, DraftLengthPolicy]:

@@ -346,14 +346,16 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
 // attends to (empty: all committed ones and the new ones up to itself). layers: per layer 2 norms then 4
 // projections (qkv, o, gate_up, down) as (codes or dense, scales, bias); head: the final norm, then the output
 // projection; kinds: the projections' kinds, 4 a layer then the head's.
+// side, side_norm (empty: none): EAGLE-3's head, whose one layer reads q, k and v from [norm(side), norm(x)] (the
+// token embeddings beside the hidden states) and keeps x as its residual.
 // Returns (logits [T, V], states [L + 1, T, H]: the embeddings, each layer's output but the last, the final normed
-// states). Every row gets the arithmetic it would get alone: a token verified in a pass and the same token decoded
+// states; and the last layer's output before the final norm [T, H]). Every row gets the arithmetic it would get alone: a token verified in a pass and the same token decoded
 // in a one-token step compute the same numbers.
 std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
                                        torch::Tensor v_cache, int64_t slot, torch::Tensor visible,
                                        std::vector<torch::Tensor> layers, std::vector<torch::Tensor> head,
                                        std::vector<int64_t> kinds, int64_t heads, int64_t kv_heads, double eps,
-                                       bool act_q8) {
+                                       bool act_q8, torch::Tensor side, torch::Tensor side_norm) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat,
               "float32 activations x [T, H] expected");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous caches expected");
@@ -369,6 +371,14 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
                                        visible.size(1) == keys), "visible: bool [T, slot + T] expected");
   TORCH_CHECK(static_cast<int64_t>(layers.size()) == L * 14 && static_cast<int64_t>(kinds.size()) == L * 4 + 1,
               "14 tensors and 4 kinds a layer expected");
+  const bool has_side = side.numel() > 0;
+  TORCH_CHECK(!has_side || (side.scalar_type() == at::kFloat && side.dim() == 2 && side.size(0) == T &&
+                            side.size(1) == H && side_norm.numel() == H),
+              "side: float [T, H] with a norm weight [H] expected");
+  if (has_side) {
+    side = side.contiguous();
+    side_norm = side_norm.contiguous();
+  }
   visible = visible.contiguous();
   const bool* seen = visible.numel() ? visible.data_ptr<bool>() : nullptr;
   const int64_t q_dim = heads * D, kv_dim = kv_heads * D, group = heads / kv_heads;
@@ -382,7 +392,7 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
   float* st = states.data_ptr<float>();
   std::vector<float> h(x.data_ptr<float>(), x.data_ptr<float>() + T * H), normed(T * H), tmp(T * H);
   std::copy(h.begin(), h.end(), st);
-  std::vector<float> sums, qkv, att(T * q_dim), mlp, act;
+  std::vector<float> sums, qkv, att(T * q_dim), mlp, act, joined_in;
   for (int64_t l = 0; l < L; ++l) {
     const size_t at = l * 14;
     const int64_t* kind = kinds.data() + l * 4;
@@ -390,15 +400,26 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
     const float* post_norm = layers[at + 1].data_ptr<float>();
     Proj p_qkv = proj_of(kind[0], layers, at + 2), p_o = proj_of(kind[1], layers, at + 5);
     Proj p_gu = proj_of(kind[2], layers, at + 8), p_down = proj_of(kind[3], layers, at + 11);
-    TORCH_CHECK(p_qkv.N == q_dim + 2 * kv_dim && p_gu.N == 2 * p_down.K && p_qkv.K == H, "projection shapes");
+    const bool joined = has_side && l == 0;  // EAGLE-3's layer: q, k, v read [norm(side), norm(h)]
+    TORCH_CHECK(p_qkv.N == q_dim + 2 * kv_dim && p_gu.N == 2 * p_down.K && p_qkv.K == (joined ? 2 * H : H),
+                "projection shapes");
     const int64_t widest = std::max({p_qkv.K, p_o.K, p_gu.K, p_down.K});
     sums.resize(T * (widest / 32 + 1));
     qkv.resize(T * p_qkv.N);
     mlp.resize(T * p_gu.N);
     act.resize(T * p_down.K);
 
-    for (int64_t t = 0; t < T; ++t) rms_norm(h.data() + t * H, in_norm, H, eps, normed.data() + t * H);
-    gemm(p_qkv, normed.data(), T, qkv.data(), sums.data(), act_q8);
+    if (joined) {
+      joined_in.resize(T * 2 * H);
+      for (int64_t t = 0; t < T; ++t) {
+        rms_norm(side.data_ptr<float>() + t * H, side_norm.data_ptr<float>(), H, eps, joined_in.data() + t * 2 * H);
+        rms_norm(h.data() + t * H, in_norm, H, eps, joined_in.data() + t * 2 * H + H);
+      }
+      gemm(p_qkv, joined_in.data(), T, qkv.data(), sums.data(), act_q8);
+    } else {
+      for (int64_t t = 0; t < T; ++t) rms_norm(h.data() + t * H, in_norm, H, eps, normed.data() + t * H);
+      gemm(p_qkv, normed.data(), T, qkv.data(), sums.data(), act_q8);
+    }
     float* Kl = K + l * kv_heads * S * D;
     float* Vl = V + l * kv_heads * S * D;
     for (int64_t t = 0; t < T; ++t) {
@@ -458,13 +479,15 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
     for (int64_t i = 0; i < T * H; ++i) h[i] += tmp[i];
     if (l + 1 < L) std::copy(h.begin(), h.end(), st + (l + 1) * T * H);
   }
+  auto last = torch::empty({T, H}, x.options());  // the last layer's output before the final norm
+  std::copy(h.begin(), h.end(), last.data_ptr<float>());
   for (int64_t t = 0; t < T; ++t) rms_norm(h.data() + t * H, head[0].data_ptr<float>(), H, eps, normed.data() + t * H);
   std::copy(normed.begin(), normed.end(), st + L * T * H);
   Proj p_head = proj_of(kinds[L * 4], head, 1);
   sums.resize(T * (p_head.K / 32 + 1));
   auto logits = torch::empty({T, p_head.N}, x.options());
   gemm(p_head, normed.data(), T, logits.data_ptr<float>(), sums.data(), act_q8);
-  return {logits, states};
+  return {logits, states, last};
 }
 
 // y [M, N] = x [M, K] W^T for W as Q4 or Q8 blocks (kind, codes, scales as above): the products of a

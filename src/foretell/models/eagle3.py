@@ -180,7 +180,19 @@ class Eagle3Head(DrafterModule):
         self.shared = SharedEmbedding(target.embed_tokens)
         # The target's RoPE, its scaling included; the tables grow with the positions asked for.
         self.rotary = RotaryTables(config.head_dim, config.rope_theta, config.scaling(), config.max_position_embeddings)
+        self.lean = None  # use_lean_step(): a step and its logits in one native call (models/lean_step.py)
         self.to(dtype=target.dtype, device=target.device)
+
+    def use_lean_step(self, on: bool = True) -> str | None:
+        """Run steps natively where the head suits the lean step (float32 on CPU); returns why not otherwise.
+        Packs the weights as they are now: call after quantize()."""
+        from foretell.models.lean_step import LeanEagle3Step, head_lean_support
+
+        self.lean = None
+        reason = head_lean_support(self) if on else None
+        if on and reason is None:
+            self.lean = LeanEagle3Step(self)
+        return reason
 
     @property
     def vocab_ids(self) -> torch.Tensor:
@@ -244,6 +256,18 @@ class Eagle3Head(DrafterModule):
         k, v = cache.write(0, k, v)
         mask = visible_mask(T, cache.length, tree_mask, self.device)
         return self.midlayer.finish(self.midlayer.attend(q, k, v, mask), hidden)[0]
+
+    def step_and_logits(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                        tree_mask: torch.Tensor | None = None, last_only: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """step(), then the draft logits of its rows (only the last row's with last_only, where that saves time):
+        in one native call where use_lean_step() took."""
+        if self.lean is not None and not torch.is_grad_enabled():
+            cache.check_room(tokens.shape[0])
+            out, logits = self.lean(self.embed(tokens), hidden, positions, cache, tree_mask)
+            return out, logits[-1:] if last_only else logits
+        out = self.step(tokens, hidden, positions, cache, tree_mask)
+        return out, self.logits(out[-1:] if last_only else out)
 
     def forward_training(self, features: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor,
                          steps: int) -> torch.Tensor:

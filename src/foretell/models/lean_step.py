@@ -171,6 +171,43 @@ def kind_of(layer: nn.Module) -> int:
     raise ValueError(f"the lean step has no kernel for {type(layer).__name__}")
 
 
+def packed_layer(first_norm: nn.Module, second_norm: nn.Module, projections) -> tuple[list[torch.Tensor], list[int]]:
+    """One decoder layer as lean_decode.cpp reads it: its two norms' weights, then (codes or dense, scales, bias) of
+    each projection (qkv, o, gate_up, down); and the projections' kinds."""
+    tensors = [first_norm.weight.detach().float().contiguous(), second_norm.weight.detach().float().contiguous()]
+    kinds = []
+    for layer in projections:
+        kind, *parts = projection(layer)
+        kinds.append(kind)
+        tensors += parts
+    return tensors, kinds
+
+
+def run_chunked(kernel, max_rows: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache,
+                tree_mask: torch.Tensor | None, weights: tuple, side: torch.Tensor | None = None,
+                side_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """lean_decode over T rows after the cache's length, max_rows at a time (a row's arithmetic does not depend
+    on the rows beside it), writing their cache slots. weights: (layers, head, kinds, heads, kv_heads, eps,
+    act_q8). Returns logits [T, V], states [L + 1, T, H] and the last layer's outputs before the final norm."""
+    T = x.shape[0]
+    visible = None
+    if tree_mask is not None:  # the last K slots per the tree, the committed ones before them all visible
+        visible = torch.ones(T, cache.length + T, dtype=torch.bool)
+        visible[:, visible.shape[1] - tree_mask.shape[1]:] = tree_mask
+    empty = torch.empty(0)
+    parts = []
+    for start in range(0, T, max_rows):
+        end = min(start + max_rows, T)
+        # rows see only earlier slots (a tree lists parents first), so a chunk's mask ends at its last row
+        seen = torch.empty(0, dtype=torch.bool) if visible is None else visible[start:end, :cache.length + end]
+        parts.append(kernel(x[start:end], cos[start:end], sin[start:end], cache.k, cache.v, cache.length + start,
+                            seen, *weights, empty if side is None else side[start:end],
+                            empty if side_norm is None else side_norm))
+    if len(parts) == 1:
+        return tuple(parts[0])
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts], dim=1), torch.cat([p[2] for p in parts])
+
+
 class LeanStep:
     """The packed weights of one model and the call that runs a lean pass on them. Built once; int4 layers
     keep their blocks (a second copy of the codes next to PyTorch's kernel layout, which is opaque)."""
@@ -183,12 +220,10 @@ class LeanStep:
         self.max_rows = LEAN_MAX_ROWS
         self.tensors, self.kinds = [], []
         for layer in model.layers:
-            self.tensors += [layer.input_layernorm.weight.detach().float().contiguous(),
-                             layer.post_attention_layernorm.weight.detach().float().contiguous()]
-            for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
-                kind, *parts = projection(p)
-                self.kinds.append(kind)
-                self.tensors += parts
+            tensors, kinds = packed_layer(layer.input_layernorm, layer.post_attention_layernorm,
+                                          (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
+            self.tensors += tensors
+            self.kinds += kinds
         kind, *parts = projection(model.lm_head)
         self.kinds.append(kind)
         self.head = [model.norm.weight.detach().float().contiguous(), *parts]
@@ -200,23 +235,60 @@ class LeanStep:
                  tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A pass with forward's arguments; writes the cache's slots after its length. Returns logits [T, V] and
         states [L + 1, T, H] (forward's hidden layers 0..L). Passes of more than max_rows tokens (prompts, with
-        8-bit activations) run in consecutive chunks: a row's arithmetic does not depend on the rows beside it."""
+        8-bit activations) run in consecutive chunks."""
         model = self.model
-        T = input_ids.shape[0]
         cos, sin = model.rope(positions, int(positions.max()), torch.float32)
-        visible = None
-        if tree_mask is not None:  # the last K slots per the tree, the committed ones before them all visible
-            visible = torch.ones(T, cache.length + T, dtype=torch.bool)
-            visible[:, visible.shape[1] - tree_mask.shape[1]:] = tree_mask
-        x = model.embed_tokens(input_ids)
-        parts = []
-        for start in range(0, T, self.max_rows):
-            end = min(start + self.max_rows, T)
-            # rows see only earlier slots (a tree lists parents first), so a chunk's mask ends at its last row
-            seen = torch.empty(0, dtype=torch.bool) if visible is None else visible[start:end, :cache.length + end]
-            parts.append(self.kernel(x[start:end], cos[start:end], sin[start:end], cache.k, cache.v,
-                                     cache.length + start, seen, self.tensors, self.head, self.kinds, self.heads,
-                                     self.kv_heads, self.eps, self.act_q8))
-        if len(parts) == 1:
-            return parts[0]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts], dim=1)
+        weights = (self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps, self.act_q8)
+        logits, states, _ = run_chunked(self.kernel, self.max_rows, model.embed_tokens(input_ids), cos, sin, cache,
+                                        tree_mask, weights)
+        return logits, states
+
+
+def head_lean_support(head) -> str | None:
+    """None where the lean step can run an EAGLE-3 head (models/eagle3.py), else why not."""
+    from foretell.kernels import lean_decode
+    from foretell.models.transformer import RMSNorm
+
+    if head.device.type != "cpu" or head.dtype != torch.float32:
+        return "the lean step runs float32 heads on CPU"
+    m = head.midlayer
+    norms = (m.input_layernorm, m.hidden_norm, m.post_attention_layernorm, head.norm)
+    if any(type(n) is not RMSNorm for n in norms):
+        return "the lean step runs plain RMSNorm"
+    try:
+        for layer in (m.qkv_proj, m.o_proj, m.gate_up_proj, m.down_proj, head.lm_head):
+            kind_of(layer)
+    except ValueError as e:
+        return str(e)
+    if lean_decode() is None:
+        return "the lean step's kernel is not built here"
+    return None
+
+
+class LeanEagle3Step:
+    """An EAGLE-3 head's step and output layer in one native call: its layer reads [norm(embeddings), norm(hidden)]
+    (lean_decode's side input). Only drafts come out of it, so its rounding can move acceptance, never exactness."""
+
+    def __init__(self, head):
+        m = head.midlayer
+        c = head.config
+        self.head_module = head
+        self.tensors, kinds = packed_layer(m.hidden_norm, m.post_attention_layernorm,
+                                           (m.qkv_proj, m.o_proj, m.gate_up_proj, m.down_proj))
+        kind, *parts = projection(head.lm_head)
+        self.kinds = kinds + [kind]
+        self.head = [head.norm.weight.detach().float().contiguous(), *parts]
+        self.side_norm = m.input_layernorm.weight.detach().float().contiguous()
+        self.heads, self.kv_heads, self.eps = c.num_attention_heads, c.num_key_value_heads, float(c.rms_norm_eps)
+        from foretell.kernels import lean_decode
+
+        self.kernel = lean_decode()
+
+    def __call__(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache,
+                 tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eagle3Head.step's rows: returns (outputs [T, H] before the final norm, draft logits [T, V])."""
+        cos, sin = self.head_module.rotary(positions, int(positions.max()), torch.float32)
+        weights = (self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps, False)
+        logits, _, last = run_chunked(self.kernel, LEAN_MAX_ROWS, hidden.float().contiguous(), cos, sin, cache,
+                                      tree_mask, weights, side=embeds.float().contiguous(), side_norm=self.side_norm)
+        return last, logits
