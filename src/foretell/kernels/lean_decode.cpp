@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -255,6 +256,19 @@ void rows_q8act(const Proj& p, int64_t n, const RowsQ8& x, int64_t m, float* y, 
   return rows_q8_q8<R>(p, n, x, m, y, y_stride);
 }
 
+// run(R, m) over M rows in groups: R = 4 while four are left, then the remaining 3, 2 or 1 (R a compile-time count)
+template <class Run>
+void in_fours(int64_t M, Run run) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) run(std::integral_constant<int, 4>(), m);
+  switch (M - m) {
+    case 3: run(std::integral_constant<int, 3>(), m); break;
+    case 2: run(std::integral_constant<int, 2>(), m); break;
+    case 1: run(std::integral_constant<int, 1>(), m); break;
+    default: break;
+  }
+}
+
 // y [M, N] = x [M, K] W^T (+ bias), output rows spread over torch's threads, x's rows 4 at a time.
 // x_sums: scratch of M * K / 32 floats. act_q8: 8-bit activations for block projections (above).
 void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, bool act_q8 = false) {
@@ -272,24 +286,12 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
   }
   at::parallel_for(0, p.N, 64, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      int64_t m = 0;
-      if (q8) {
-        for (; m + 4 <= M; m += 4) rows_q8act<4>(p, n, xq, m, y + m * p.N, p.N);
-        switch (M - m) {
-          case 3: rows_q8act<3>(p, n, xq, m, y + m * p.N, p.N); break;
-          case 2: rows_q8act<2>(p, n, xq, m, y + m * p.N, p.N); break;
-          case 1: rows_q8act<1>(p, n, xq, m, y + m * p.N, p.N); break;
-          default: break;
-        }
-      } else {
-        for (; m + 4 <= M; m += 4) rows<4>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N);
-        switch (M - m) {
-          case 3: rows<3>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N); break;
-          case 2: rows<2>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N); break;
-          case 1: rows<1>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N); break;
-          default: break;
-        }
-      }
+      if (q8)
+        in_fours(M, [&](auto R, int64_t m) { rows_q8act<decltype(R)::value>(p, n, xq, m, y + m * p.N, p.N); });
+      else
+        in_fours(M, [&](auto R, int64_t m) {
+          rows<decltype(R)::value>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N);
+        });
       if (p.bias)
         for (int64_t r = 0; r < M; ++r) y[r * p.N + n] += p.bias[n];
     }

@@ -24,6 +24,10 @@ TARGET_QUANT_MODES = ("none", "int8", "int4", "gguf")  # targets: opt-in, a diff
 # does (float32 CPU targets through the lean step only: models/lean_step.py): lossy, measured in docs/speed.md.
 ACTIVATION_Q8 = "-q8"
 TARGET_QUANT_CHOICES = TARGET_QUANT_MODES + tuple(m + ACTIVATION_Q8 for m in ("int8", "int4", "gguf"))
+INT4_GROUP = 32
+# The fused kernel is built for a few rows (decode steps); for a prefill of hundreds of tokens it
+# is 2-3x slower than dequantizing the weight and running a dense matmul (measured here).
+FUSED_MAX_ROWS = 32
 
 
 def split_target_quant(quant: str) -> tuple[str, bool]:
@@ -37,10 +41,6 @@ def describe_target(quant: str, dtype: str) -> str:
     if weights == "none":
         return dtype
     return f"{weights} weights, {'8-bit' if act_q8 else dtype} activations"
-INT4_GROUP = 32
-# The fused kernel is built for a few rows (decode steps); for a prefill of hundreds of tokens it
-# is 2-3x slower than dequantizing the weight and running a dense matmul (measured here).
-FUSED_MAX_ROWS = 32
 
 
 def dense_dtype(x: torch.Tensor) -> torch.dtype:
