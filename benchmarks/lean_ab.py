@@ -5,7 +5,8 @@
 Per target weight format (float32 activations, where the lean step runs; models/lean_step.py): one model, its
 passes timed with the lean step on and off in turn (the same weights, each with its own cache), median of
 --repeats. Also times the same target in bf16 through PyTorch (what foretell ran before) for reference. A "-q8"
-format (gguf-q8: 8-bit activations) times its lean passes against the same weights' float-activation lean passes.
+format (gguf-q8: 8-bit activations) times its lean passes against the same weights' float-activation lean passes
+and against its own blocks read one output column at a time (the layout before the column-interleaved one).
 Prints a Markdown table.
 """
 
@@ -17,9 +18,10 @@ import torch
 
 from compile_ab import timer as pass_timer  # benchmarks/ is on the path when this runs as a script
 from foretell.api import load
+from foretell.models.lean_step import LeanStep
 from foretell.models.quant import split_target_quant
 
-SIZES = (1, 2, 4, 8, 16)
+SIZES = (1, 2, 4, 8, 16, 32)
 
 
 def timer(model, lean_step):
@@ -53,7 +55,9 @@ def main() -> None:
             model.use_lean_step()
             runs[f"{weights}, fp32 activations, lean step"] = timer(model, model.lean)
             q8 = load(args.model, "none", dtype="float32", quant=quant, warm_up=False).target.model
-            runs[f"{weights}, 8-bit activations ({quant}), lean step"] = timer(q8, q8.lean)
+            step, rows = q8.lean, LeanStep(q8, act_q8=True, interleave=False)  # rows: one output column at a time
+            runs[f"{weights}, 8-bit activations ({quant}), lean step, row blocks"] = timer(q8, rows)
+            runs[f"{weights}, 8-bit activations ({quant}), lean step"] = timer(q8, step)
         else:
             bf16 = load(args.model, "none", dtype="bfloat16", quant=quant, warm_up=False).target.model
             runs[f"{quant}, bf16 activations, PyTorch"] = timer(bf16, None)

@@ -13,17 +13,22 @@
 //       and input j + 16 in its high nibble), dm float [N, K / 32, 2] = (d, m), w = d * code + m
 //   Q8: GGUF Q8_0 blocks of 32 inputs: codes int8 [N, K], d float [N, K / 32], w = d * code
 //   F32: a dense float weight [N, K]
+// and, with 8-bit activations only, the same blocks with 8 output columns interleaved (pack_interleaved below):
+//   Q4X: codes uint8 [N / 8, K / 32, 128], scales float [N / 8, K / 32, 2, 8] (the 8 columns' d, then their m)
+//   Q8X: codes int8 [N / 8, K / 32, 256], scales float [N / 8, K / 32, 8]
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
 namespace {
 
-enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2 };
+enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2, Q4X = 3, Q8X = 4 };
 
 struct Proj {
   int64_t kind, N, K;
@@ -256,6 +261,81 @@ void rows_q8act(const Proj& p, int64_t n, const RowsQ8& x, int64_t m, float* y, 
   return rows_q8_q8<R>(p, n, x, m, y, y_stride);
 }
 
+// Column-interleaved blocks (Q4X, Q8X; 8-bit activations only). A 256-bit register holds 4 consecutive codes of
+// each of 8 output columns, and the activation's matching 4 codes are broadcast to all 8 lanes: one maddubs then
+// advances 8 columns' sums at once, and a block's scaling (cvt, scale, fma) is paid once per 8 columns instead of
+// once per column with a horizontal sum at the end, as the row layout above does. Codes for a group of 8 columns
+// g and block b (pack_interleaved in models/lean_step.py writes them):
+//   Q4X: 4 vectors of 32 bytes; in vector j, lane c's byte i holds column c's code for input 4j + i in its low
+//        nibble and for input 16 + 4j + i in its high nibble
+//   Q8X: 8 vectors of 32 bytes; in vector j, lane c's byte i is column c's code for input 4j + i
+// A block's integer sums are exact, and the float steps per block are in a fixed order, so a row's result does
+// not depend on the rows beside it.
+inline __m256i spread4(const int8_t* q) {  // 4 activation codes, in every 32-bit lane
+  int32_t v;
+  std::memcpy(&v, q, 4);
+  return _mm256_set1_epi32(v);
+}
+
+template <int R>
+void group_q4x(const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
+  const int64_t blocks = p.K / 32;
+  const uint8_t* codes = p.codes + g * blocks * 128;
+  const float* dm = p.scales + g * blocks * 16;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    // 8 codes of at most 15 times |activation| <= 127, two per 16-bit lane: 8 * 2 * 15 * 127 < 2^15, no overflow
+    __m256i sums[R];
+    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * 128 + 32 * j));
+      const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = x.codes.data() + ((m + r) * blocks + b) * 32;
+        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(lo, spread4(q + 4 * j)));
+        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(hi, spread4(q + 16 + 4 * j)));
+      }
+    }
+    const __m256 d = _mm256_loadu_ps(dm + b * 16), mins = _mm256_loadu_ps(dm + b * 16 + 8);
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = (m + r) * blocks + b;
+      const __m256 total = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], ones));
+      acc[r] = _mm256_fmadd_ps(total, _mm256_mul_ps(d, _mm256_set1_ps(x.d[row])), acc[r]);
+      acc[r] = _mm256_fmadd_ps(mins, _mm256_set1_ps(x.d_sum[row]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * g, acc[r]);
+}
+
+template <int R>
+void group_q8x(const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
+  const int64_t blocks = p.K / 32;
+  const int8_t* codes = reinterpret_cast<const int8_t*>(p.codes) + g * blocks * 256;
+  const float* scales = p.scales + g * blocks * 8;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i sums[R];
+    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * 256 + 32 * j));
+      const __m256i magnitude = _mm256_sign_epi8(w, w);  // |w| as unsigned, its sign moved onto the activations
+      for (int r = 0; r < R; ++r) {
+        const __m256i q = _mm256_sign_epi8(spread4(x.codes.data() + ((m + r) * blocks + b) * 32 + 4 * j), w);
+        sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, q), ones));
+      }
+    }
+    const __m256 d = _mm256_loadu_ps(scales + b * 8);
+    for (int r = 0; r < R; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[(m + r) * blocks + b])),
+                               acc[r]);
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * g, acc[r]);
+}
+
 // run(R, m) over M rows in groups: R = 4 while four are left, then the remaining 3, 2 or 1 (R a compile-time count)
 template <class Run>
 void in_fours(int64_t M, Run run) {
@@ -273,6 +353,8 @@ void in_fours(int64_t M, Run run) {
 // x_sums: scratch of M * K / 32 floats. act_q8: 8-bit activations for block projections (above).
 void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, bool act_q8 = false) {
   RowsQ8 xq;
+  const bool interleaved = p.kind == Q4X || p.kind == Q8X;
+  TORCH_CHECK(act_q8 || !interleaved, "interleaved blocks run with 8-bit activations only");
   const bool q8 = act_q8 && p.kind != F32;
   if (q8) {
     const int64_t blocks = p.K / 32;
@@ -283,6 +365,20 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
       quantize_q8(x + r * p.K, p.K, xq.codes.data() + r * p.K, xq.d.data() + r * blocks, xq.d_sum.data() + r * blocks);
   } else if (p.kind == Q4) {
     for (int64_t r = 0; r < M; ++r) block_sums(x + r * p.K, p.K, x_sums + r * (p.K / 32));
+  }
+  if (interleaved) {
+    at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) {
+        if (p.kind == Q4X)
+          in_fours(M, [&](auto R, int64_t m) { group_q4x<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
+        else
+          in_fours(M, [&](auto R, int64_t m) { group_q8x<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
+        if (p.bias)
+          for (int64_t r = 0; r < M; ++r)
+            for (int64_t n = 8 * g; n < 8 * g + 8; ++n) y[r * p.N + n] += p.bias[n];
+      }
+    });
+    return;
   }
   at::parallel_for(0, p.N, 64, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
@@ -319,13 +415,66 @@ void rope(float* x, int64_t heads, int64_t D, const float* cos, const float* sin
   }
 }
 
+// The sums of 8 accumulators, lane k holding accumulator k's: the same tree for every lane, so a key's score does
+// not depend on the keys computed beside it.
+inline __m256 sums8(const __m256 a[8]) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// One query head's attention over keys 0..last of its kv head (K, V: [S, D], D a multiple of 8), `visible` hiding
+// some (nullptr: none): out [D] = softmax(q . K_j * scale) . V. Scores 8 keys at a time (each key's dot in its own
+// accumulator), then out accumulates key after key in registers. p: scratch of last + 9 floats.
+// A query's arithmetic depends only on its own row, so a verification pass and a one-token step agree bit for bit.
+void attend(const float* q, const float* K, const float* V, int64_t D, const bool* visible, int64_t last, float scale,
+            float* p, float* out) {
+  const int64_t n = last + 1;
+  for (int64_t j0 = 0; j0 < n; j0 += 8) {
+    const int64_t count = std::min<int64_t>(8, n - j0);
+    __m256 acc[8];
+    for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < D; i += 8) {
+      const __m256 qi = _mm256_loadu_ps(q + i);
+      for (int k = 0; k < count; ++k) acc[k] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(K + (j0 + k) * D + i), acc[k]);
+    }
+    _mm256_storeu_ps(p + j0, _mm256_mul_ps(sums8(acc), _mm256_set1_ps(scale)));
+  }
+  float top = -INFINITY;
+  for (int64_t j = 0; j < n; ++j)
+    if (!visible || visible[j]) top = std::max(top, p[j]);
+  exp_shifted(p, n, top);
+  float total = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    if (visible && !visible[j]) p[j] = 0.f;
+    total += p[j];
+  }
+  for (int64_t i0 = 0; i0 < D; i0 += 32) {  // 4 registers of out at a time
+    const int width = static_cast<int>(std::min<int64_t>(4, (D - i0) / 8));
+    __m256 o[4];
+    for (int c = 0; c < 4; ++c) o[c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      if (visible && !visible[j]) continue;
+      const __m256 w = _mm256_set1_ps(p[j] / total);
+      const float* v = V + j * D + i0;
+      for (int c = 0; c < width; ++c) o[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), o[c]);
+    }
+    for (int c = 0; c < width; ++c) _mm256_storeu_ps(out + i0 + 8 * c, o[c]);
+  }
+}
+
 Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
   // t[at]: codes or the dense weight, t[at + 1]: scales (empty for F32), t[at + 2]: bias (empty for none)
   Proj p;
   p.kind = kind;
   const torch::Tensor& main = t[at];
   p.N = main.size(0);
-  if (p.kind == Q4) {
+  if (p.kind == Q4X || p.kind == Q8X) {  // [N / 8, K / 32, 128 or 256]
+    TORCH_CHECK(main.dim() == 3 && main.size(2) == (p.kind == Q4X ? 128 : 256), "interleaved blocks' shape");
+    p.N = main.size(0) * 8;
+    p.K = main.size(1) * 32;
+    p.codes = static_cast<const uint8_t*>(main.data_ptr());
+  } else if (p.kind == Q4) {
     p.K = main.size(1) * 2;
     p.codes = main.data_ptr<uint8_t>();
   } else if (p.kind == Q8) {
@@ -369,6 +518,7 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
   const int64_t keys = slot + T;
   TORCH_CHECK(keys <= S && k_cache.size(1) == 1 && k_cache.size(2) == kv_heads, "cache shape");
   TORCH_CHECK(cos.size(0) == T && cos.size(1) == D, "rotary rows [T, head_dim] expected");
+  TORCH_CHECK(D % 8 == 0, "the lean step's attention reads head sizes that are multiples of 8");
   TORCH_CHECK(visible.numel() == 0 || (visible.scalar_type() == at::kBool && visible.size(0) == T &&
                                        visible.size(1) == keys), "visible: bool [T, slot + T] expected");
   TORCH_CHECK(static_cast<int64_t>(layers.size()) == L * 14 && static_cast<int64_t>(kinds.size()) == L * 4 + 1,
@@ -435,34 +585,17 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
         std::copy(v + g * D, v + (g + 1) * D, Vl + (g * S + slot + t) * D);
       }
     }
-    at::parallel_for(0, T * heads, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> p(keys);
+    // A job: one row's query heads that share a kv head, so that its keys and values come from memory once; or,
+    // with too few such jobs to keep the threads busy (a one-token step), one query head. Either way each query
+    // runs the same `attend`.
+    const int64_t per_job = T * kv_heads >= 4 * at::get_num_threads() ? group : 1;
+    at::parallel_for(0, T * heads / per_job, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> p(keys + 8);
       for (int64_t job = begin; job < end; ++job) {
-        const int64_t t = job / heads, hq = job % heads;
-        const float* qh = qkv.data() + t * p_qkv.N + hq * D;
-        const float* Kh = Kl + (hq / group) * S * D;
-        const float* Vh = Vl + (hq / group) * S * D;
-        const bool* row = seen ? seen + t * keys : nullptr;
-        const int64_t last = row ? keys - 1 : slot + t;
-        float top = -INFINITY;
-        for (int64_t j = 0; j <= last; ++j) {
-          if (row && !row[j]) continue;
-          p[j] = dot(qh, Kh + j * D, D) * scale;
-          top = std::max(top, p[j]);
-        }
-        exp_shifted(p.data(), last + 1, top);  // hidden slots are zeroed below, whatever they held
-        float total = 0.f;
-        for (int64_t j = 0; j <= last; ++j) {
-          if (row && !row[j]) p[j] = 0.f;
-          total += p[j];
-        }
-        float* out = att.data() + t * q_dim + hq * D;
-        std::fill(out, out + D, 0.f);
-        for (int64_t j = 0; j <= last; ++j) {
-          if (row && !row[j]) continue;
-          const float w = p[j] / total;
-          for (int64_t i = 0; i < D; ++i) out[i] += w * Vh[j * D + i];
-        }
+        const int64_t t = job / (heads / per_job), first = (job % (heads / per_job)) * per_job, g = first / group;
+        for (int64_t hq = first; hq < first + per_job; ++hq)
+          attend(qkv.data() + t * p_qkv.N + hq * D, Kl + g * S * D, Vl + g * S * D, D, seen ? seen + t * keys : nullptr,
+                 seen ? keys - 1 : slot + t, scale, p.data(), att.data() + t * q_dim + hq * D);
       }
     });
     gemm(p_o, att.data(), T, tmp.data(), sums.data(), act_q8);
@@ -496,7 +629,7 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
 // verification pass over the same weights as the lean step, with the same per-row arithmetic.
 torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, torch::Tensor scales, bool act_q8) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x float32 [M, K] expected");
-  TORCH_CHECK(kind == Q4 || kind == Q8, "Q4 or Q8 blocks expected");
+  TORCH_CHECK(kind == Q4 || kind == Q8 || kind == Q4X || kind == Q8X, "Q4 or Q8 blocks expected");
   x = x.contiguous();
   const std::vector<torch::Tensor> parts = {codes.contiguous(), scales.contiguous(), torch::empty({0})};
   Proj p = proj_of(kind, parts, 0);

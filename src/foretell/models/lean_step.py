@@ -24,6 +24,7 @@ from foretell.models.gguf_quant import q4_1_blocks
 from foretell.models.quant import FUSED_MAX_ROWS, Int4Linear, Int8Linear, fp32_block_gemm
 
 Q4, Q8, F32 = 0, 1, 2  # projection kinds, as lean_decode.cpp numbers them
+Q4X, Q8X = 3, 4  # the same blocks with 8 output columns interleaved, for 8-bit activations (interleaved below)
 # Passes of up to this many tokens (one-token steps, verification trees) run natively; longer ones (prompts) in
 # PyTorch, whose products are made for many rows.
 LEAN_MAX_ROWS = 32
@@ -130,6 +131,21 @@ def projection(layer: nn.Module) -> tuple[int, torch.Tensor, torch.Tensor, torch
     return kind, main.contiguous(), scales.float().contiguous(), bias.contiguous()
 
 
+def interleaved(kind: int, main: torch.Tensor, scales: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """Q4 or Q8 blocks in lean_decode.cpp's column-interleaved layout (Q4X, Q8X), which 8-bit activations multiply
+    8 output columns at a time; other kinds, and layers whose output count is not a multiple of 8, as they are.
+    Per group of 8 columns and block, vector j holds 4 consecutive codes of each column: for Q8 inputs 4j..4j+3;
+    for Q4 the block's bytes 4j..4j+3 (inputs 4j + i in the low nibbles, 16 + 4j + i in the high ones)."""
+    if kind not in (Q4, Q8) or main.shape[0] % 8:
+        return kind, main, scales
+    groups, blocks = main.shape[0] // 8, scales.shape[1]
+    width = 16 if kind == Q4 else 32  # bytes a block
+    codes = main.view(groups, 8, blocks, width // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
+    if kind == Q4:  # (d, m) pairs -> the 8 columns' d, then their m
+        return Q4X, codes.view(groups, blocks, 128), scales.view(groups, 8, blocks, 2).permute(0, 2, 3, 1).contiguous()
+    return Q8X, codes.view(groups, blocks, 256), scales.view(groups, 8, blocks).permute(0, 2, 1).contiguous()
+
+
 def lean_support(model) -> str | None:
     """None where the lean step can run `model`, else why not (one line)."""
     from foretell.kernels import lean_decode
@@ -144,6 +160,8 @@ def lean_support(model) -> str | None:
         return "the lean step runs Llama-shaped layers (unscaled embeddings, full rotary, default attention scale)"
     if c.hidden_act not in ("silu", "swish"):
         return f"the lean step runs SiLU MLPs, not {c.hidden_act}"
+    if c.head_dim % 8:
+        return f"the lean step runs head sizes that are multiples of 8, not {c.head_dim}"
     norms = [model.norm] + [n for layer in model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
     if any(type(n) is not RMSNorm for n in norms):
         return "the lean step runs plain RMSNorm"
@@ -171,16 +189,25 @@ def kind_of(layer: nn.Module) -> int:
     raise ValueError(f"the lean step has no kernel for {type(layer).__name__}")
 
 
-def packed_layer(first_norm: nn.Module, second_norm: nn.Module, projections) -> tuple[list[torch.Tensor], list[int]]:
+def packed_layer(first_norm: nn.Module, second_norm: nn.Module, projections,
+                 interleave: bool = False) -> tuple[list[torch.Tensor], list[int]]:
     """One decoder layer as lean_decode.cpp reads it: its two norms' weights, then (codes or dense, scales, bias) of
-    each projection (qkv, o, gate_up, down); and the projections' kinds."""
+    each projection (qkv, o, gate_up, down); and the projections' kinds. interleave: blocks in the layout of
+    8-bit activations (`interleaved`)."""
     tensors = [first_norm.weight.detach().float().contiguous(), second_norm.weight.detach().float().contiguous()]
     kinds = []
     for layer in projections:
-        kind, *parts = projection(layer)
+        kind, main, scales, bias = packed_projection(layer, interleave)
         kinds.append(kind)
-        tensors += parts
+        tensors += [main, scales, bias]
     return tensors, kinds
+
+
+def packed_projection(layer: nn.Module, interleave: bool) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    kind, main, scales, bias = projection(layer)
+    if interleave:
+        kind, main, scales = interleaved(kind, main, scales)
+    return kind, main, scales, bias
 
 
 def run_chunked(kernel, max_rows: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache,
@@ -212,24 +239,36 @@ class LeanStep:
     """The packed weights of one model and the call that runs a lean pass on them. Built once; int4 layers
     keep their blocks (a second copy of the codes next to PyTorch's kernel layout, which is opaque)."""
 
-    def __init__(self, model, act_q8: bool = False):
+    def __init__(self, model, act_q8: bool = False, interleave: bool = True):
         self.model = model
-        self.act_q8 = act_q8  # 8-bit activations in the block projections: lossy, opt-in (Transformer.use_lean_step)
         c = model.config
         self.heads, self.kv_heads, self.eps = c.num_attention_heads, c.num_key_value_heads, float(c.rms_norm_eps)
         self.max_rows = LEAN_MAX_ROWS
-        self.tensors, self.kinds = [], []
-        for layer in model.layers:
-            tensors, kinds = packed_layer(layer.input_layernorm, layer.post_attention_layernorm,
-                                          (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
-            self.tensors += tensors
-            self.kinds += kinds
-        kind, *parts = projection(model.lm_head)
-        self.kinds.append(kind)
-        self.head = [model.norm.weight.detach().float().contiguous(), *parts]
+        self.interleave = interleave  # with 8-bit activations: the column-interleaved blocks (False: A/B runs)
+        self.act_q8 = act_q8  # 8-bit activations in the block projections: lossy, opt-in (Transformer.use_lean_step)
         from foretell.kernels import lean_decode
 
         self.kernel = lean_decode()
+
+    @property
+    def act_q8(self) -> bool:
+        return self._act_q8
+
+    @act_q8.setter
+    def act_q8(self, on: bool) -> None:
+        """Packs the weights for that mode: 8-bit activations read the blocks column-interleaved."""
+        self._act_q8 = on
+        interleave = on and self.interleave
+        self.tensors, self.kinds = [], []
+        for layer in self.model.layers:
+            tensors, kinds = packed_layer(layer.input_layernorm, layer.post_attention_layernorm,
+                                          (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj),
+                                          interleave)
+            self.tensors += tensors
+            self.kinds += kinds
+        kind, *parts = packed_projection(self.model.lm_head, interleave)
+        self.kinds.append(kind)
+        self.head = [self.model.norm.weight.detach().float().contiguous(), *parts]
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
                  tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,6 +290,8 @@ def head_lean_support(head) -> str | None:
 
     if head.device.type != "cpu" or head.dtype != torch.float32:
         return "the lean step runs float32 heads on CPU"
+    if head.config.head_dim % 8:
+        return f"the lean step runs head sizes that are multiples of 8, not {head.config.head_dim}"
     m = head.midlayer
     norms = (m.input_layernorm, m.hidden_norm, m.post_attention_layernorm, head.norm)
     if any(type(n) is not RMSNorm for n in norms):
