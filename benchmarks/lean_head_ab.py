@@ -3,8 +3,9 @@ its lean step on and off in turn, beside plain decoding, on the same target and 
 
     .venv/bin/python benchmarks/lean_head_ab.py [--quant gguf-q8] [--per 1] [--rounds 2] [--max-new-tokens 96]
 
-Float32 target (the lean step's); budget "auto", no result cache (it would remember earlier rounds). Checks every
-output against plain decoding's. Prints a Markdown table.
+Float32 target (the lean step's); budget "auto", no result cache (it would remember earlier rounds). With an
+8-bit-activation target (gguf-q8) the head's lean step reads 8-bit activations too; it is also timed with float
+ones. Checks every output against plain decoding's. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -40,26 +41,34 @@ def main() -> None:
     prompts = [base.encode(r["prompt"]) for r in load_prompts(["gsm8k", "spec-bench"], args.per)]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     want = [plain.engine.generate(x, params).tokens for x in prompts]
-    runs = {"plain": [], "EAGLE-3 head, lean step": [], "EAGLE-3 head, PyTorch step": []}
+    act_q8 = head.lean.act_q8  # the target's 8-bit activations reach the head's int8 projections too
+    steps = {"EAGLE-3 head, lean step": (True, act_q8), "EAGLE-3 head, PyTorch step": (False, False)}
+    if act_q8:
+        steps["EAGLE-3 head, lean step, float activations"] = (True, False)
+    runs = {"plain": [], **{name: [] for name in steps}}
+    passes = {name: [0, 0] for name in runs}  # tokens, target passes (tau = their ratio)
     for _ in range(args.rounds):
         for name in runs:
             engine = plain.engine if name == "plain" else pipe.engine
             if name != "plain":
-                head.use_lean_step("lean" in name)
+                head.use_lean_step(*steps[name])
             start, tokens = time.perf_counter(), 0
             for x, w in zip(prompts, want):
-                out = engine.generate(x, params).tokens
-                if out != w:
+                result = engine.generate(x, params)
+                if result.tokens != w:
                     raise SystemExit(f"{name}: output differs from plain decoding")
-                tokens += len(out)
+                tokens += len(result.tokens)
+                passes[name][0] += result.stats.tau * result.stats.target_passes
+                passes[name][1] += result.stats.target_passes
             runs[name].append(tokens / (time.perf_counter() - start))
     print(f"| {args.model}, {args.quant}, {len(prompts)} prompts x {args.max_new_tokens} tokens | tok/s (mean of "
-          f"{args.rounds} rounds) | vs plain |")
-    print("|---|---:|---:|")
+          f"{args.rounds} rounds) | vs plain | tau |")
+    print("|---|---:|---:|---:|")
     plain_rate = sum(runs["plain"]) / args.rounds
     for name, rates in runs.items():
         rate = sum(rates) / len(rates)
-        print(f"| {name} | {rate:.1f} | {rate / plain_rate:.2f}x |")
+        tau = passes[name][0] / max(passes[name][1], 1)
+        print(f"| {name} | {rate:.1f} | {rate / plain_rate:.2f}x | {tau:.2f} |")
 
 
 if __name__ == "__main__":

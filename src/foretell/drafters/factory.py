@@ -138,9 +138,11 @@ def widened(module, target: torch.nn.Module):
 
 def lean_head(head, target):
     """An EAGLE-3 head steps natively (models/lean_step.py) where its target does (load(..., lean=True) on a float32
-    CPU target): a tree level's step and logits in one call instead of ~30 PyTorch operations."""
-    if getattr(target, "lean", None) is not None:
-        head.use_lean_step()
+    CPU target): a tree level's step and logits in one call instead of ~30 PyTorch operations. With 8-bit
+    activations in the target, in the head too (its int8 projections, 8 output columns at a time)."""
+    lean = getattr(target, "lean", None)
+    if lean is not None:
+        head.use_lean_step(act_q8=lean.act_q8)
     return head
 
 

@@ -423,43 +423,85 @@ inline __m256 sums8(const __m256 a[8]) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+// Scores of keys j0..j0+KEYS-1 for one query (KEYS a compile-time count, so the loops unroll): each key's dot in
+// its own accumulator, the 8 summed by one tree; p[k] = score * scale for k < 8 (0 beyond KEYS).
+template <int KEYS>
+inline void score_block(const float* q, const float* K, int64_t D, float scale, float* p) {
+  __m256 acc[8];
+  for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < D; i += 8) {
+    const __m256 qi = _mm256_loadu_ps(q + i);
+    for (int k = 0; k < KEYS; ++k) acc[k] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(K + k * D + i), acc[k]);
+  }
+  _mm256_storeu_ps(p, _mm256_mul_ps(sums8(acc), _mm256_set1_ps(scale)));
+}
+
+// out[0 .. 8 W) = sum over the visible keys j <= last of w[j] * V_j[0 .. 8 W), key after key, in registers
+template <int W>
+inline void weigh_values(const float* w, const float* V, int64_t D, const bool* visible, int64_t last, float* out) {
+  __m256 o[W];
+  for (int c = 0; c < W; ++c) o[c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j <= last; ++j) {
+    if (visible && !visible[j]) continue;
+    const __m256 wj = _mm256_set1_ps(w[j]);
+    for (int c = 0; c < W; ++c) o[c] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(V + j * D + 8 * c), o[c]);
+  }
+  for (int c = 0; c < W; ++c) _mm256_storeu_ps(out + 8 * c, o[c]);
+}
+
 // One query head's attention over keys 0..last of its kv head (K, V: [S, D], D a multiple of 8), `visible` hiding
-// some (nullptr: none): out [D] = softmax(q . K_j * scale) . V. Scores 8 keys at a time (each key's dot in its own
-// accumulator), then out accumulates key after key in registers. p: scratch of last + 9 floats.
+// some (nullptr: none): out [D] = softmax(q . K_j * scale) . V. Scores 8 keys at a time, then out accumulates key
+// after key, 64 of its values in registers. p: scratch of last + 9 floats.
 // A query's arithmetic depends only on its own row, so a verification pass and a one-token step agree bit for bit.
 void attend(const float* q, const float* K, const float* V, int64_t D, const bool* visible, int64_t last, float scale,
             float* p, float* out) {
-  const int64_t n = last + 1;
-  for (int64_t j0 = 0; j0 < n; j0 += 8) {
-    const int64_t count = std::min<int64_t>(8, n - j0);
-    __m256 acc[8];
-    for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < D; i += 8) {
-      const __m256 qi = _mm256_loadu_ps(q + i);
-      for (int k = 0; k < count; ++k) acc[k] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(K + (j0 + k) * D + i), acc[k]);
-    }
-    _mm256_storeu_ps(p + j0, _mm256_mul_ps(sums8(acc), _mm256_set1_ps(scale)));
+  const int64_t n = last + 1, full = n & ~int64_t(7);
+  for (int64_t j0 = 0; j0 < full; j0 += 8) score_block<8>(q, K + j0 * D, D, scale, p + j0);
+  const float* Kt = K + full * D;
+  switch (n - full) {  // the last few keys: the same per-key arithmetic
+    case 1: score_block<1>(q, Kt, D, scale, p + full); break;
+    case 2: score_block<2>(q, Kt, D, scale, p + full); break;
+    case 3: score_block<3>(q, Kt, D, scale, p + full); break;
+    case 4: score_block<4>(q, Kt, D, scale, p + full); break;
+    case 5: score_block<5>(q, Kt, D, scale, p + full); break;
+    case 6: score_block<6>(q, Kt, D, scale, p + full); break;
+    case 7: score_block<7>(q, Kt, D, scale, p + full); break;
+    default: break;
   }
   float top = -INFINITY;
   for (int64_t j = 0; j < n; ++j)
     if (!visible || visible[j]) top = std::max(top, p[j]);
   exp_shifted(p, n, top);
-  float total = 0.f;
-  for (int64_t j = 0; j < n; ++j) {
-    if (visible && !visible[j]) p[j] = 0.f;
-    total += p[j];
-  }
-  for (int64_t i0 = 0; i0 < D; i0 += 32) {  // 4 registers of out at a time
-    const int width = static_cast<int>(std::min<int64_t>(4, (D - i0) / 8));
-    __m256 o[4];
-    for (int c = 0; c < 4; ++c) o[c] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) {
-      if (visible && !visible[j]) continue;
-      const __m256 w = _mm256_set1_ps(p[j] / total);
-      const float* v = V + j * D + i0;
-      for (int c = 0; c < width; ++c) o[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * c), o[c]);
+  // The total in 8 partial sums (a chain of scalar adds waits on each one): the k-th visible weight goes to sum
+  // k % 8, so a tree pass, whose hidden slots sit between the visible ones, adds what a one-token step adds.
+  __m256 lanes = _mm256_setzero_ps();
+  if (visible) {
+    float partial[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int64_t j = 0, rank = 0; j < n; ++j) {
+      if (!visible[j]) {
+        p[j] = 0.f;
+        continue;
+      }
+      partial[rank++ % 8] += p[j];
     }
-    for (int c = 0; c < width; ++c) _mm256_storeu_ps(out + i0 + 8 * c, o[c]);
+    lanes = _mm256_loadu_ps(partial);
+  } else {
+    for (int64_t j = n; j < ((n + 7) & ~int64_t(7)); ++j) p[j] = 0.f;
+    for (int64_t j = 0; j < n; j += 8) lanes = _mm256_add_ps(lanes, _mm256_loadu_ps(p + j));
+  }
+  const __m256 total = _mm256_set1_ps(hsum(lanes));
+  for (int64_t j = 0; j < n; j += 8) _mm256_storeu_ps(p + j, _mm256_div_ps(_mm256_loadu_ps(p + j), total));
+  int64_t i0 = 0;  // 64 values of out at a time: 8 independent accumulator chains
+  for (; i0 + 64 <= D; i0 += 64) weigh_values<8>(p, V + i0, D, visible, last, out + i0);
+  switch ((D - i0) / 8) {
+    case 1: weigh_values<1>(p, V + i0, D, visible, last, out + i0); break;
+    case 2: weigh_values<2>(p, V + i0, D, visible, last, out + i0); break;
+    case 3: weigh_values<3>(p, V + i0, D, visible, last, out + i0); break;
+    case 4: weigh_values<4>(p, V + i0, D, visible, last, out + i0); break;
+    case 5: weigh_values<5>(p, V + i0, D, visible, last, out + i0); break;
+    case 6: weigh_values<6>(p, V + i0, D, visible, last, out + i0); break;
+    case 7: weigh_values<7>(p, V + i0, D, visible, last, out + i0); break;
+    default: break;
   }
 }
 

@@ -183,15 +183,16 @@ class Eagle3Head(DrafterModule):
         self.lean = None  # use_lean_step(): a step and its logits in one native call (models/lean_step.py)
         self.to(dtype=target.dtype, device=target.device)
 
-    def use_lean_step(self, on: bool = True) -> str | None:
+    def use_lean_step(self, on: bool = True, act_q8: bool = False) -> str | None:
         """Run steps natively where the head suits the lean step (float32 on CPU); returns why not otherwise.
-        Packs the weights as they are now: call after quantize()."""
+        Packs the weights as they are now: call after quantize(). act_q8: 8-bit activations in its int8 projections
+        (drafts only propose, so this moves acceptance, never the output)."""
         from foretell.models.lean_step import LeanEagle3Step, head_lean_support
 
         self.lean = None
         reason = head_lean_support(self) if on else None
         if on and reason is None:
-            self.lean = LeanEagle3Step(self)
+            self.lean = LeanEagle3Step(self, act_q8)
         return reason
 
     @property

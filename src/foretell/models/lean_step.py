@@ -310,13 +310,14 @@ class LeanEagle3Step:
     """An EAGLE-3 head's step and output layer in one native call: its layer reads [norm(embeddings), norm(hidden)]
     (lean_decode's side input). Only drafts come out of it, so its rounding can move acceptance, never exactness."""
 
-    def __init__(self, head):
+    def __init__(self, head, act_q8: bool = False):
         m = head.midlayer
         c = head.config
         self.head_module = head
+        self.act_q8 = act_q8
         self.tensors, kinds = packed_layer(m.hidden_norm, m.post_attention_layernorm,
-                                           (m.qkv_proj, m.o_proj, m.gate_up_proj, m.down_proj))
-        kind, *parts = projection(head.lm_head)
+                                           (m.qkv_proj, m.o_proj, m.gate_up_proj, m.down_proj), act_q8)
+        kind, *parts = packed_projection(head.lm_head, act_q8)
         self.kinds = kinds + [kind]
         self.head = [head.norm.weight.detach().float().contiguous(), *parts]
         self.side_norm = m.input_layernorm.weight.detach().float().contiguous()
@@ -329,7 +330,7 @@ class LeanEagle3Step:
                  tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Eagle3Head.step's rows: returns (outputs [T, H] before the final norm, draft logits [T, V])."""
         cos, sin = self.head_module.rotary(positions, int(positions.max()), torch.float32)
-        weights = (self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps, False)
+        weights = (self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps, self.act_q8)
         logits, _, last = run_chunked(self.kernel, LEAN_MAX_ROWS, hidden.float().contiguous(), cos, sin, cache,
                                       tree_mask, weights, side=embeds.float().contiguous(), side_norm=self.side_norm)
         return last, logits
