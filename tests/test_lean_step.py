@@ -11,7 +11,7 @@ from conftest import PROMPTS, greedy_params
 from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.kernels import lean_decode
-from foretell.models.lean_step import BlockQ8Linear, int4_blocks
+from foretell.models.lean_step import Q4X, BlockQ8Linear, int4_blocks
 from foretell.models.quant import Int4Linear
 
 pytestmark = pytest.mark.skipif(lean_decode() is None, reason="the lean step's kernel cannot be built on this machine")
@@ -115,14 +115,14 @@ def q8_activations(x: torch.Tensor) -> torch.Tensor:
     return (codes * (top / 127)).view_as(x)
 
 
-@pytest.mark.parametrize("act_q8", [False, True])
-@pytest.mark.parametrize("kind", [0, 1])
-def test_block_products_match_dense_and_the_one_row_sums(kind, act_q8):
+@pytest.mark.parametrize(("kind", "act_q8", "layout"), [(kind, act_q8, layout) for kind in (0, 1) for act_q8, layout in
+                                                        ((False, "rows"), (True, "rows"), (True, "interleaved"))])
+def test_block_products_match_dense_and_the_one_row_sums(kind, act_q8, layout):
     """Q4 (kind 0) and Q8 (kind 1) blocks times 1..9 rows: the dense product of the blocks' values (of the
     activations rounded to 8 bits with act_q8), and each row exactly what that row alone gives (a verification pass
-    computes a one-token step's sums)."""
+    computes a one-token step's sums). With 8-bit activations also in the column-interleaved layout."""
     from foretell.kernels import block_gemm
-    from foretell.models.lean_step import dequantize_q4
+    from foretell.models.lean_step import Q8X, dequantize_q4, interleaved
 
     g = torch.Generator().manual_seed(kind)
     out, cols = 40, 96
@@ -135,6 +135,10 @@ def test_block_products_match_dense_and_the_one_row_sums(kind, act_q8):
         scales = torch.rand(out, cols // 32, generator=g)
         w = (codes.float().view(out, -1, 32) * scales[..., None]).view(out, cols)
     gemm = block_gemm()
+    if layout == "interleaved":
+        packed, codes, scales = interleaved(kind, codes, scales)
+        assert packed == (Q4X, Q8X)[kind] and codes.shape[:2] == (out // 8, cols // 32)
+        kind = packed
     x = torch.randn(9, cols, generator=g)
     want = (q8_activations(x) if act_q8 else x) @ w.T
     for rows in range(1, 10):
@@ -209,6 +213,7 @@ def test_8_bit_activations_are_one_model_whatever_the_pass_width(tiny_pair):
     pipe = load(tiny_pair[0], "none", quant="int4-q8", warm_up=False)
     model = pipe.target.model
     assert model.lean is not None and model.lean.act_q8
+    assert Q4X in model.lean.kinds  # the int4 projections read 8 output columns at a time
     ids = torch.tensor([(7 * i + 3) % 48 for i in range(40)])
     whole = model(ids, torch.arange(40), model.new_cache(48), hidden_layers=(1,))
     cache = model.new_cache(48)
