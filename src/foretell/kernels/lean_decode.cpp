@@ -8,12 +8,13 @@
 // regions. The arithmetic is the PyTorch path's (models/transformer.py) in fp32, so a lean step and a PyTorch
 // pass over the same weights agree up to summation order, as passes of different widths already do.
 //
-// Projection weights come in three kinds (models/lean_step.py packs them):
+// Projection weights come in these kinds (models/lean_step.py packs them):
 //   Q4: GGUF Q4_1 blocks of 32 inputs: codes uint8 [N, K / 2] (byte j of a block holds input j in its low nibble
 //       and input j + 16 in its high nibble), dm float [N, K / 32, 2] = (d, m), w = d * code + m
 //   Q8: GGUF Q8_0 blocks of 32 inputs: codes int8 [N, K], d float [N, K / 32], w = d * code
 //   F32: a dense float weight [N, K]
-// and, with 8-bit activations only, the same blocks with 8 output columns interleaved (pack_interleaved below):
+// and, with 8-bit activations only, the same blocks with 8 output columns interleaved (lean_step.interleaved;
+// group_q4x below says how):
 //   Q4X: codes uint8 [N / 8, K / 32, 128], scales float [N / 8, K / 32, 2, 8] (the 8 columns' d, then their m)
 //   Q8X: codes int8 [N / 8, K / 32, 256], scales float [N / 8, K / 32, 8]
 #include <torch/extension.h>
