@@ -46,16 +46,6 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// a . b over n floats: vectorised (a float sum is not reordered by the compiler by itself)
-inline float dot(const float* a, const float* b, int64_t n) {
-  const int64_t n8 = n & ~int64_t(7);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n8; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  float s = hsum(acc);
-  for (int64_t i = n8; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 // e^x for 8 floats: x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^7 (relative error ~1e-8,
 // below float rounding), times 2^n built in the exponent bits. Inputs are clamped to [-87, 88] (e^-87 ~ 1e-38).
 // The scalar std::exp cost ~2 ms a token in softmax and SiLU at 256 tokens of context.
@@ -266,7 +256,7 @@ void rows_q8act(const Proj& p, int64_t n, const RowsQ8& x, int64_t m, float* y, 
 // each of 8 output columns, and the activation's matching 4 codes are broadcast to all 8 lanes: one maddubs then
 // advances 8 columns' sums at once, and a block's scaling (cvt, scale, fma) is paid once per 8 columns instead of
 // once per column with a horizontal sum at the end, as the row layout above does. Codes for a group of 8 columns
-// g and block b (pack_interleaved in models/lean_step.py writes them):
+// g and block b (models/lean_step.interleaved writes them):
 //   Q4X: 4 vectors of 32 bytes; in vector j, lane c's byte i holds column c's code for input 4j + i in its low
 //        nibble and for input 16 + 4j + i in its high nibble
 //   Q8X: 8 vectors of 32 bytes; in vector j, lane c's byte i is column c's code for input 4j + i
@@ -416,6 +406,21 @@ void rope(float* x, int64_t heads, int64_t D, const float* cos, const float* sin
   }
 }
 
+// run(C) for C = count (1..7) as a compile-time constant; nothing for 0
+template <class Run>
+void below_eight(int64_t count, Run run) {
+  switch (count) {
+    case 1: run(std::integral_constant<int, 1>()); break;
+    case 2: run(std::integral_constant<int, 2>()); break;
+    case 3: run(std::integral_constant<int, 3>()); break;
+    case 4: run(std::integral_constant<int, 4>()); break;
+    case 5: run(std::integral_constant<int, 5>()); break;
+    case 6: run(std::integral_constant<int, 6>()); break;
+    case 7: run(std::integral_constant<int, 7>()); break;
+    default: break;
+  }
+}
+
 // The sums of 8 accumulators, lane k holding accumulator k's: the same tree for every lane, so a key's score does
 // not depend on the keys computed beside it.
 inline __m256 sums8(const __m256 a[8]) {
@@ -458,17 +463,8 @@ void attend(const float* q, const float* K, const float* V, int64_t D, const boo
             float* p, float* out) {
   const int64_t n = last + 1, full = n & ~int64_t(7);
   for (int64_t j0 = 0; j0 < full; j0 += 8) score_block<8>(q, K + j0 * D, D, scale, p + j0);
-  const float* Kt = K + full * D;
-  switch (n - full) {  // the last few keys: the same per-key arithmetic
-    case 1: score_block<1>(q, Kt, D, scale, p + full); break;
-    case 2: score_block<2>(q, Kt, D, scale, p + full); break;
-    case 3: score_block<3>(q, Kt, D, scale, p + full); break;
-    case 4: score_block<4>(q, Kt, D, scale, p + full); break;
-    case 5: score_block<5>(q, Kt, D, scale, p + full); break;
-    case 6: score_block<6>(q, Kt, D, scale, p + full); break;
-    case 7: score_block<7>(q, Kt, D, scale, p + full); break;
-    default: break;
-  }
+  // the last few keys: the same per-key arithmetic
+  below_eight(n - full, [&](auto C) { score_block<decltype(C)::value>(q, K + full * D, D, scale, p + full); });
   float top = -INFINITY;
   for (int64_t j = 0; j < n; ++j)
     if (!visible || visible[j]) top = std::max(top, p[j]);
@@ -494,16 +490,7 @@ void attend(const float* q, const float* K, const float* V, int64_t D, const boo
   for (int64_t j = 0; j < n; j += 8) _mm256_storeu_ps(p + j, _mm256_div_ps(_mm256_loadu_ps(p + j), total));
   int64_t i0 = 0;  // 64 values of out at a time: 8 independent accumulator chains
   for (; i0 + 64 <= D; i0 += 64) weigh_values<8>(p, V + i0, D, visible, last, out + i0);
-  switch ((D - i0) / 8) {
-    case 1: weigh_values<1>(p, V + i0, D, visible, last, out + i0); break;
-    case 2: weigh_values<2>(p, V + i0, D, visible, last, out + i0); break;
-    case 3: weigh_values<3>(p, V + i0, D, visible, last, out + i0); break;
-    case 4: weigh_values<4>(p, V + i0, D, visible, last, out + i0); break;
-    case 5: weigh_values<5>(p, V + i0, D, visible, last, out + i0); break;
-    case 6: weigh_values<6>(p, V + i0, D, visible, last, out + i0); break;
-    case 7: weigh_values<7>(p, V + i0, D, visible, last, out + i0); break;
-    default: break;
-  }
+  below_eight((D - i0) / 8, [&](auto W) { weigh_values<decltype(W)::value>(p, V + i0, D, visible, last, out + i0); });
 }
 
 Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
