@@ -6,7 +6,9 @@ Per target weight format (float32 activations, where the lean step runs; models/
 passes timed with the lean step on and off in turn (the same weights, each with its own cache), median of
 --repeats. Also times the same target in bf16 through PyTorch (what foretell ran before) for reference. A "-q8"
 format (gguf-q8: 8-bit activations) times its lean passes against the same weights' float-activation lean passes
-and against its own blocks read one output column at a time (the layout before the column-interleaved one).
+and against its own blocks read one output column at a time (the layout before the column-interleaved one). A
+dense model whose weights are bf16 numbers (quant none from a bf16 checkpoint) also times its lean step reading them
+as fp32 (before the bf16 kinds).
 Prints a Markdown table.
 """
 
@@ -18,7 +20,7 @@ import torch
 
 from compile_ab import timer as pass_timer  # benchmarks/ is on the path when this runs as a script
 from foretell.api import load
-from foretell.models.lean_step import LeanStep
+from foretell.models.lean_step import BF16, BF16X, LeanStep
 from foretell.models.quant import split_target_quant
 
 SIZES = (1, 2, 4, 8, 16, 32)
@@ -69,6 +71,9 @@ def main() -> None:
             step = model.lean
             runs[f"{quant}, fp32 activations, PyTorch"] = timer(model, None)
             runs[f"{quant}, fp32 activations, lean step"] = timer(model, step)
+            if any(kind in (BF16, BF16X) for kind in step.kinds):  # bf16 numbers streamed as bf16: against fp32
+                runs[f"{quant}, fp32 activations, lean step, weights read as fp32"] = timer(model,
+                                                                                          LeanStep(model, bf16=False))
         times = {name: {n: [] for n in SIZES} for name in runs}
         for n in SIZES:
             for _ in range(args.repeats):

@@ -87,7 +87,7 @@ def test_q8_blocks_run_in_the_lean_step(tiny_pair):
 
 
 def test_lean_step_says_why_not(tiny_pair):
-    model = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model
+    model = load(tiny_pair[0], "none", dtype="bfloat16", lean=False, warm_up=False).target.model  # stays bf16
     assert "float32" in model.use_lean_step() and model.lean is None
     model = load(tiny_pair[0], "none", warm_up=False).target.model
     model.layers[0].o_proj = torch.nn.Sequential(model.layers[0].o_proj)

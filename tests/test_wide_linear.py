@@ -224,7 +224,7 @@ def test_a_bf16_head_loaded_for_a_bf16_target_takes_the_wide_paths(tiny_pair, tm
     head = new_eagle3_head(target, Eagle3Config.for_target(target.config, draft_vocab_size=40), seed=1)
     save_eagle3_head(head, tmp_path / "head")
     spec = SpeculativeConfig(method="eagle3", model=str(tmp_path / "head"), draft_quant="auto")
-    pipe = load(tiny_pair[0], spec, dtype="bfloat16", warm_up=False)
+    pipe = load(tiny_pair[0], spec, dtype="bfloat16", lean=False, warm_up=False)  # lean: float32 (test_lean_bf16)
     drafter = pipe.engine.drafter
     assert isinstance(drafter, Eagle3Drafter) and wide_rows_of(drafter.head) == 16
     plain = pipe.with_speculative("none")

@@ -21,6 +21,7 @@ from foretell.engine import Chunk, Engine, GenerationResult
 from foretell.errors import ForetellError
 from foretell.models.loading import LoadedModel, load_model
 from foretell.models.gguf_quant import keep_gguf_quantization
+from foretell.models.lean_step import run_bf16_as_float32
 from foretell.models.presets import gguf_file
 from foretell.models.quant import TARGET_QUANT_CHOICES, quantize_target, split_target_quant
 from foretell.models.wide_linear import widen_linears
@@ -102,8 +103,10 @@ def load(
     still reproduces that model's plain decoding exactly.
     compile: torch.compile the target's per-layer blocks (opt-in; compiled during warm-up; see
     benchmarks/compile_ab.py for whether it pays on your machine).
-    wide_fp32: a bf16 target on a CPU without native bf16 matmul runs its passes of many rows (prompts, draft
-    trees) in fp32 on an exact fp32 copy of its weights where that is faster here (models/wide_linear.py).
+    wide_fp32: a bf16 target on a CPU without native bf16 matmul runs in float32 activations over its bf16 weights
+    where the lean step suits it (with lean; models/lean_step.run_bf16_as_float32: steps and verification stream
+    the bf16 weights, prompts use an exact fp32 copy), else its passes of many rows (prompts, draft trees) in fp32
+    on an exact fp32 copy of its weights where that is faster here (models/wide_linear.py).
     bf16_kernel: with wide_fp32, passes of a few rows (draft trees) run foretell's bf16 kernel where it is built and
     faster here (kernels/bf16_gemm.cpp); False keeps PyTorch's products (A/B runs).
     lean: passes of up to 32 tokens (plain decoding's steps, verification) run in one native call where the target
@@ -127,7 +130,9 @@ def load(
         keep_gguf_quantization(loaded.model, gguf)
     else:
         quantize_target(loaded.model, quant)
-    if wide_fp32:
+    # bf16 where bf16 products are emulated: float32 activations over the bf16 weights, which the lean step streams
+    as_float32 = wide_fp32 and lean and not compile and quant == "none" and run_bf16_as_float32(loaded.model)
+    if wide_fp32 and not as_float32:
         widen_linears(loaded.model, kernel=None if bf16_kernel else 0)
     if compile:
         loaded.model.compile_steps()
@@ -135,7 +140,8 @@ def load(
         reason = loaded.model.use_lean_step(act_q8=act_q8)  # where it does not apply, nothing changes
         if act_q8 and reason is not None:
             raise ForetellError(f"quant='{quant}-q8' needs foretell's lean step, and {reason}; use quant={quant!r}")
-    weights = DrafterWeights(loaded, str(target), dtype, device, cache_dir)
+    # drafters follow the target's activations (a float32 EAGLE-3 head steps in the lean step too)
+    weights = DrafterWeights(loaded, str(target), "float32" if as_float32 else dtype, device, cache_dir)
     engine = build_engine(spec, weights)
     if warm_up:
         engine.warm_up()

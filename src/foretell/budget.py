@@ -77,6 +77,7 @@ def machine_key(model: Transformer, model_name: str) -> dict:
         "kernel_rows": kernel_rows_of(model),  # and of 2..this many rows in foretell's bf16 kernel
         "lean": model.lean is not None,  # one-token steps in one native call (models/lean_step.py)
         "act_q8": model.lean is not None and model.lean.act_q8,  # with 8-bit activations
+        "lean_bf16": model.lean is not None and model.lean.streams_bf16,  # dense weights read as bf16
         "runtime": RUNTIME_VERSION,  # a faster forward makes old curves stale
     }
 

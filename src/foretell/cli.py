@@ -150,7 +150,7 @@ def cmd_generate(args) -> None:
                           "text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}))
     else:
         print()
-        weights = describe_target(args.quant, args.dtype)
+        weights = describe_target(args.quant, args.dtype, pipe.target.model)
         print(f"[{args.model}, drafter {spec.method}, {weights}] {result.stats.summary()}", file=sys.stderr)
 
 

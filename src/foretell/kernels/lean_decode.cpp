@@ -13,6 +13,8 @@
 //       and input j + 16 in its high nibble), dm float [N, K / 32, 2] = (d, m), w = d * code + m
 //   Q8: GGUF Q8_0 blocks of 32 inputs: codes int8 [N, K], d float [N, K / 32], w = d * code
 //   F32: a dense float weight [N, K]
+//   BF16: a dense bfloat16 weight [N, K] (a bf16 is the top half of an fp32: widened exactly in registers), half
+//         F32's bytes for the same values where a float32 model's weights are bf16 numbers (models/bf16_weights.py)
 // and, with 8-bit activations only, the same blocks with 8 output columns interleaved (lean_step.interleaved;
 // group_q4x below says how):
 //   Q4X: codes uint8 [N / 8, K / 32, 128], scales float [N / 8, K / 32, 2, 8] (the 8 columns' d, then their m)
@@ -29,13 +31,14 @@
 
 namespace {
 
-enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2, Q4X = 3, Q8X = 4 };
+enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2, Q4X = 3, Q8X = 4, BF16 = 5, BF16X = 6 };
 
 struct Proj {
   int64_t kind, N, K;
   const uint8_t* codes = nullptr;  // Q4, Q8
   const float* scales = nullptr;   // Q4: dm pairs; Q8: d
   const float* dense = nullptr;    // F32
+  const uint16_t* half = nullptr;  // BF16
   const float* bias = nullptr;     // optional [N]
 };
 
@@ -153,10 +156,76 @@ float row_f32(const Proj& p, int64_t n, const float* x) {
   return s;
 }
 
+inline __m256 widen_bf16(const uint16_t* w) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+inline float bf16_value(uint16_t w) {
+  const uint32_t bits = uint32_t(w) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Output column n of a BF16 projection for R rows: each row sums in two chains (even and odd groups of 8 inputs,
+// so that one row alone is not bound by the FMA latency), the same for every R.
+template <int R>
+void rows_bf16(const Proj& p, int64_t n, const float* x, float* y, int64_t y_stride) {
+  const uint16_t* w = p.half + n * p.K;
+  const int64_t K16 = p.K & ~int64_t(15), K8 = p.K & ~int64_t(7);
+  __m256 even[R], odd[R];
+  for (int r = 0; r < R; ++r) even[r] = _mm256_setzero_ps(), odd[r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K16; k += 16) {
+    const __m256 w0 = widen_bf16(w + k), w1 = widen_bf16(w + k + 8);
+    for (int r = 0; r < R; ++r) {
+      even[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * p.K + k), w0, even[r]);
+      odd[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * p.K + k + 8), w1, odd[r]);
+    }
+  }
+  if (K8 > K16) {
+    const __m256 w0 = widen_bf16(w + K16);
+    for (int r = 0; r < R; ++r) even[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * p.K + K16), w0, even[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = hsum(_mm256_add_ps(even[r], odd[r]));
+    for (int64_t k = K8; k < p.K; ++k) s += x[r * p.K + k] * bf16_value(w[k]);
+    y[r * y_stride + n] = s;
+  }
+}
+
+// BF16X: a bf16 weight with 16 output columns interleaved, [N / 16, K, 16]: for each input k the 16 columns'
+// weights side by side. Each row's x[k] is broadcast and one FMA advances 8 columns: no horizontal sums, and the
+// weights' widening is paid once for all R rows. A row's sums run over k in one fixed order whatever R.
+template <int R>
+void group_bf16x(const Proj& p, int64_t g, const float* x, float* y, int64_t y_stride) {
+  const uint16_t* w = p.half + g * p.K * 16;
+  __m256 lo[R], hi[R];
+  for (int r = 0; r < R; ++r) lo[r] = _mm256_setzero_ps(), hi[r] = _mm256_setzero_ps();
+  const __m256i zero = _mm256_setzero_si256();
+  for (int64_t k = 0; k < p.K; ++k) {
+    // one load, two unpacks: a bf16 below 16 zero bits is its fp32 (the packer ordered the 16 so that these are
+    // columns 0..7 and 8..15)
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 * k));
+    const __m256 w0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, raw));
+    const __m256 w1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, raw));
+    for (int r = 0; r < R; ++r) {
+      const __m256 xr = _mm256_broadcast_ss(x + r * p.K + k);
+      lo[r] = _mm256_fmadd_ps(xr, w0, lo[r]);
+      hi[r] = _mm256_fmadd_ps(xr, w1, hi[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(y + r * y_stride + 16 * g, lo[r]);
+    _mm256_storeu_ps(y + r * y_stride + 16 * g + 8, hi[r]);
+  }
+}
+
 template <int R>
 void rows(const Proj& p, int64_t n, const float* x, const float* x_sums, float* y, int64_t y_stride) {
   if (p.kind == Q4) return rows_q4<R>(p, n, x, x_sums, y, y_stride);
   if (p.kind == Q8) return rows_q8<R>(p, n, x, y, y_stride);
+  if (p.kind == BF16) return rows_bf16<R>(p, n, x, y, y_stride);
   for (int r = 0; r < R; ++r) y[r * y_stride + n] = row_f32(p, n, x + r * p.K);
 }
 
@@ -346,7 +415,7 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
   RowsQ8 xq;
   const bool interleaved = p.kind == Q4X || p.kind == Q8X;
   TORCH_CHECK(act_q8 || !interleaved, "interleaved blocks run with 8-bit activations only");
-  const bool q8 = act_q8 && p.kind != F32;
+  const bool q8 = act_q8 && p.kind != F32 && p.kind != BF16 && p.kind != BF16X;  // dense kinds keep fp32 activations
   if (q8) {
     const int64_t blocks = p.K / 32;
     xq.codes.resize(M * p.K);
@@ -356,6 +425,17 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
       quantize_q8(x + r * p.K, p.K, xq.codes.data() + r * p.K, xq.d.data() + r * blocks, xq.d_sum.data() + r * blocks);
   } else if (p.kind == Q4) {
     for (int64_t r = 0; r < M; ++r) block_sums(x + r * p.K, p.K, x_sums + r * (p.K / 32));
+  }
+  if (p.kind == BF16X) {
+    at::parallel_for(0, p.N / 16, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) {
+        in_fours(M, [&](auto R, int64_t m) { group_bf16x<decltype(R)::value>(p, g, x + m * p.K, y + m * p.N, p.N); });
+        if (p.bias)
+          for (int64_t r = 0; r < M; ++r)
+            for (int64_t n = 16 * g; n < 16 * g + 16; ++n) y[r * p.N + n] += p.bias[n];
+      }
+    });
+    return;
   }
   if (interleaved) {
     at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
@@ -510,11 +590,19 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
   } else if (p.kind == Q8) {
     p.K = main.size(1);
     p.codes = reinterpret_cast<const uint8_t*>(main.data_ptr<int8_t>());
+  } else if (p.kind == BF16X) {  // [N / 16, K, 16]
+    TORCH_CHECK(main.dim() == 3 && main.size(2) == 16, "interleaved bf16 weight's shape");
+    p.N = main.size(0) * 16;
+    p.K = main.size(1);
+    p.half = reinterpret_cast<const uint16_t*>(main.data_ptr<at::BFloat16>());
+  } else if (p.kind == BF16) {
+    p.K = main.size(1);
+    p.half = reinterpret_cast<const uint16_t*>(main.data_ptr<at::BFloat16>());
   } else {
     p.K = main.size(1);
     p.dense = main.data_ptr<float>();
   }
-  if (p.kind != F32) p.scales = t[at + 1].data_ptr<float>();
+  if (p.kind != F32 && p.kind != BF16 && p.kind != BF16X) p.scales = t[at + 1].data_ptr<float>();
   if (t[at + 2].numel()) p.bias = t[at + 2].data_ptr<float>();
   return p;
 }
@@ -655,15 +743,17 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
   return {logits, states, last};
 }
 
-// y [M, N] = x [M, K] W^T for W as Q4 or Q8 blocks (kind, codes, scales as above): the products of a
-// verification pass over the same weights as the lean step, with the same per-row arithmetic.
+// y [M, N] = x [M, K] W^T for W as Q4 or Q8 blocks or a BF16 weight (kind, codes, scales as above; a BF16
+// weight's scales empty): the products of a pass over the same weights as the lean step, with the same per-row
+// arithmetic.
 torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, torch::Tensor scales, bool act_q8) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x float32 [M, K] expected");
-  TORCH_CHECK(kind == Q4 || kind == Q8 || kind == Q4X || kind == Q8X, "Q4 or Q8 blocks expected");
+  TORCH_CHECK(kind == Q4 || kind == Q8 || kind == Q4X || kind == Q8X || kind == BF16 || kind == BF16X,
+              "Q4 or Q8 blocks or a bf16 weight expected");
   x = x.contiguous();
   const std::vector<torch::Tensor> parts = {codes.contiguous(), scales.contiguous(), torch::empty({0})};
   Proj p = proj_of(kind, parts, 0);
-  TORCH_CHECK(x.size(1) == p.K && p.K % 32 == 0, "x's width does not match the blocks");
+  TORCH_CHECK(x.size(1) == p.K && (p.K % 32 == 0 || kind == BF16 || kind == BF16X), "x's width does not match the weight");
   const int64_t M = x.size(0);
   auto y = torch::empty({M, p.N}, x.options());
   std::vector<float> sums(M * (p.K / 32) + 1);

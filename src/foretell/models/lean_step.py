@@ -25,6 +25,9 @@ from foretell.models.quant import FUSED_MAX_ROWS, Int4Linear, Int8Linear, fp32_b
 
 Q4, Q8, F32 = 0, 1, 2  # projection kinds, as lean_decode.cpp numbers them
 Q4X, Q8X = 3, 4  # the same blocks with 8 output columns interleaved, for 8-bit activations (interleaved below)
+# A dense fp32 weight whose every value is a bf16 number (a model loaded from a bf16 checkpoint): the same values in
+# half the bytes, 16 output columns interleaved (BF16X, bf16_interleaved below) where the count allows
+BF16, BF16X = 5, 6
 # Passes of up to this many tokens (one-token steps, verification trees) run natively; longer ones (prompts) in
 # PyTorch, whose products are made for many rows.
 LEAN_MAX_ROWS = 32
@@ -115,8 +118,9 @@ def int4_blocks(layer: Int4Linear) -> tuple[torch.Tensor, torch.Tensor]:
     return q4_1_blocks(codes, scale, offset - 8 * scale)
 
 
-def projection(layer: nn.Module) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(kind, codes or dense weight, scales, bias) of one projection, as lean_decode.cpp reads them."""
+def projection(layer: nn.Module, bf16: bool = True) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(kind, codes or dense weight, scales, bias) of one projection, as lean_decode.cpp reads them. bf16: a dense
+    weight of bf16 numbers as bf16 (False: as fp32, for A/B runs)."""
     empty = torch.empty(0)
     kind = kind_of(layer)
     if isinstance(layer, BlockQ8Linear):
@@ -127,8 +131,21 @@ def projection(layer: nn.Module) -> tuple[int, torch.Tensor, torch.Tensor, torch
         main, scales = q4_blocks(layer)
     else:
         main, scales = layer.weight.detach(), empty
+        halved = main.bfloat16()
+        if bf16 and torch.equal(halved.float(), main):  # exactly bf16 numbers: stream half the bytes, the same values
+            kind, main = bf16_interleaved(halved)
     bias = empty if layer.bias is None else layer.bias.detach().float()
     return kind, main.contiguous(), scales.float().contiguous(), bias.contiguous()
+
+
+def bf16_interleaved(weight: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """A bf16 weight [N, K] in lean_decode.cpp's BF16X layout [N / 16, K, 16] where N allows (else BF16 as it is):
+    per input k the 16 columns' weights side by side, in the order (0-3, 8-11, 4-7, 12-15), which the kernel's two
+    unpacks of one 32-byte load turn into columns 0..7 and 8..15."""
+    N, K = weight.shape
+    if N % 16:
+        return BF16, weight.contiguous()
+    return BF16X, weight.view(N // 16, 2, 2, 4, K).permute(0, 4, 2, 1, 3).reshape(N // 16, K, 16).contiguous()
 
 
 def interleaved(kind: int, main: torch.Tensor, scales: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
@@ -146,13 +163,13 @@ def interleaved(kind: int, main: torch.Tensor, scales: torch.Tensor) -> tuple[in
     return Q8X, codes.view(groups, blocks, 256), scales.view(groups, 8, blocks).permute(0, 2, 1).contiguous()
 
 
-def lean_support(model) -> str | None:
-    """None where the lean step can run `model`, else why not (one line)."""
+def lean_support(model, as_float32: bool = False) -> str | None:
+    """None where the lean step can run `model` (as_float32: once converted to float32), else why not (one line)."""
     from foretell.kernels import lean_decode
     from foretell.models.transformer import RMSNorm
 
     c = model.config
-    if model.device.type != "cpu" or model.dtype != torch.float32:
+    if model.device.type != "cpu" or (model.dtype != torch.float32 and not as_float32):
         return "the lean step runs float32 models on CPU"
     if not model.uniform or c.qk_norm or c.sandwich_norms or c.attn_softcap or c.final_softcap:
         return "the lean step runs Llama-shaped layers (no sliding windows, q/k norms or soft-caps)"
@@ -177,6 +194,22 @@ def lean_support(model) -> str | None:
     return None
 
 
+def run_bf16_as_float32(model) -> bool:
+    """A bf16 model on a CPU whose bf16 matrix products are emulated (models/wide_linear.py) runs as float32
+    activations over its own bf16 weights, where the lean step suits it: converted to float32 in place (exact: a
+    bf16 is the top half of an fp32; PyTorch's passes, prompts, use that copy) while the lean step streams the
+    weights as bf16 (BF16X), half the bytes. A one-token step then costs about half of PyTorch's bf16 one, and a
+    verification pass of 8 tokens about 1.5 of it (docs/speed.md). Returns whether it converted."""
+    from foretell.models.wide_linear import fp32_wide_rows
+
+    if model.device.type != "cpu" or model.dtype != torch.bfloat16 or lean_support(model, as_float32=True):
+        return False
+    if fp32_wide_rows(torch.get_num_threads()) is None:  # native bf16: PyTorch's bf16 products are fast here
+        return False
+    model.float()
+    return True
+
+
 def kind_of(layer: nn.Module) -> int:
     if isinstance(layer, BlockQ8Linear) or (isinstance(layer, Int8Linear) and layer.in_features % 32 == 0):
         return Q8
@@ -189,22 +222,23 @@ def kind_of(layer: nn.Module) -> int:
     raise ValueError(f"the lean step has no kernel for {type(layer).__name__}")
 
 
-def packed_layer(first_norm: nn.Module, second_norm: nn.Module, projections,
-                 interleave: bool = False) -> tuple[list[torch.Tensor], list[int]]:
+def packed_layer(first_norm: nn.Module, second_norm: nn.Module, projections, interleave: bool = False,
+                 bf16: bool = True) -> tuple[list[torch.Tensor], list[int]]:
     """One decoder layer as lean_decode.cpp reads it: its two norms' weights, then (codes or dense, scales, bias) of
     each projection (qkv, o, gate_up, down); and the projections' kinds. interleave: blocks in the layout of
     8-bit activations (`interleaved`)."""
     tensors = [first_norm.weight.detach().float().contiguous(), second_norm.weight.detach().float().contiguous()]
     kinds = []
     for layer in projections:
-        kind, main, scales, bias = packed_projection(layer, interleave)
+        kind, main, scales, bias = packed_projection(layer, interleave, bf16)
         kinds.append(kind)
         tensors += [main, scales, bias]
     return tensors, kinds
 
 
-def packed_projection(layer: nn.Module, interleave: bool) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
-    kind, main, scales, bias = projection(layer)
+def packed_projection(layer: nn.Module, interleave: bool,
+                      bf16: bool = True) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    kind, main, scales, bias = projection(layer, bf16)
     if interleave:
         kind, main, scales = interleaved(kind, main, scales)
     return kind, main, scales, bias
@@ -239,8 +273,9 @@ class LeanStep:
     """The packed weights of one model and the call that runs a lean pass on them. Built once; int4 layers
     keep their blocks (a second copy of the codes next to PyTorch's kernel layout, which is opaque)."""
 
-    def __init__(self, model, act_q8: bool = False, interleave: bool = True):
+    def __init__(self, model, act_q8: bool = False, interleave: bool = True, bf16: bool = True):
         self.model = model
+        self.bf16 = bf16  # dense weights of bf16 numbers streamed as bf16 (False: as fp32, A/B runs)
         c = model.config
         self.heads, self.kv_heads, self.eps = c.num_attention_heads, c.num_key_value_heads, float(c.rms_norm_eps)
         self.max_rows = LEAN_MAX_ROWS
@@ -263,12 +298,17 @@ class LeanStep:
         for layer in self.model.layers:
             tensors, kinds = packed_layer(layer.input_layernorm, layer.post_attention_layernorm,
                                           (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj),
-                                          interleave)
+                                          interleave, self.bf16)
             self.tensors += tensors
             self.kinds += kinds
-        kind, *parts = packed_projection(self.model.lm_head, interleave)
+        kind, *parts = packed_projection(self.model.lm_head, interleave, self.bf16)
         self.kinds.append(kind)
         self.head = [self.model.norm.weight.detach().float().contiguous(), *parts]
+
+    @property
+    def streams_bf16(self) -> bool:
+        """Whether some dense weights are read as bf16 (they hold bf16 numbers)."""
+        return any(kind in (BF16, BF16X) for kind in self.kinds)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
                  tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,11 +35,14 @@ def split_target_quant(quant: str) -> tuple[str, bool]:
     return quant.removesuffix(ACTIVATION_Q8), quant.endswith(ACTIVATION_Q8) and quant in TARGET_QUANT_CHOICES
 
 
-def describe_target(quant: str, dtype: str) -> str:
-    """What a target runs as, for the line generate and serve print: "gguf weights, 8-bit activations"."""
+def describe_target(quant: str, dtype: str, model=None) -> str:
+    """What a target runs as, for the line generate and serve print: "gguf weights, 8-bit activations". model: the
+    loaded target, for a bf16 one that runs as float32 activations over its bf16 weights (lean_step)."""
     weights, act_q8 = split_target_quant(quant)
+    lean = getattr(model, "lean", None)
     if weights == "none":
-        return dtype
+        bf16_as_fp32 = str(dtype).removeprefix("torch.") == "bfloat16" and lean is not None and lean.streams_bf16
+        return "bf16 weights, float32 activations" if bf16_as_fp32 else dtype
     return f"{weights} weights, {'8-bit' if act_q8 else dtype} activations"
 
 

@@ -91,7 +91,7 @@ def run_serve(args: argparse.Namespace) -> None:
     name = args.served_model_name or Path(str(args.model).rstrip("/")).name
     app = create_app(pipeline, name, settings)
     chose = f": {why}; --drafter picks another" if why else ""
-    weights = describe_target(args.quant, args.dtype)
+    weights = describe_target(args.quant, args.dtype, pipeline.target.model)
     print(f"[foretell serve: model {name!r}, drafter {spec.describe()}{chose}, {weights}; "
           f"http://{args.host}:{args.port}/v1{', API key required' if settings.api_key else ''}]", file=sys.stderr)
     if args.host not in LOOPBACK and settings.api_key is None:

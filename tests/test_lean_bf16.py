@@ -1,0 +1,115 @@
+"""bf16 weights in the lean step (kernels/lean_decode.cpp kinds BF16 and BF16X; models/lean_step.py): dense weights
+holding bf16 numbers are streamed as bf16, and a bf16 target on a CPU whose bf16 products are emulated runs as
+float32 activations over them. Products match the dense fp32 ones, every row computes what it computes alone, and
+every drafter reproduces that target's plain greedy decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import PROMPTS, greedy_params
+from foretell.api import load
+from foretell.config import SpeculativeConfig
+from foretell.kernels import block_gemm, lean_decode
+from foretell.models import wide_linear
+from foretell.models.lean_step import BF16, BF16X, F32, LeanStep, bf16_interleaved
+from foretell.models.quant import describe_target
+
+pytestmark = pytest.mark.skipif(lean_decode() is None, reason="the lean step's kernel cannot be built on this machine")
+
+
+@pytest.mark.parametrize(("out", "cols"), [(48, 44), (40, 96)])
+def test_bf16_products_match_dense_and_the_one_row_sums(out, cols):
+    """1..9 rows times a bf16 weight, row layout (BF16, also with an input tail that is not a multiple of 8) and
+    16 columns interleaved (BF16X, where the output count allows): the fp32 product of the same values, and each row
+    bit for bit what it gives alone (a verification pass computes a one-token step's sums)."""
+    g = torch.Generator().manual_seed(out)
+    weight = torch.randn(out, cols, generator=g).bfloat16()
+    x = torch.randn(9, cols, generator=g)
+    want = x.double() @ weight.double().T
+    gemm = block_gemm()
+    kind, packed = bf16_interleaved(weight)
+    assert kind == (BF16X if out % 16 == 0 else BF16)
+    for layout, main in {BF16: weight, kind: packed}.items():
+        for rows in range(1, 10):
+            y = gemm(x[:rows], layout, main, torch.empty(0))
+            torch.testing.assert_close(y.double(), want[:rows], rtol=1e-5, atol=1e-4)
+            assert all(torch.equal(y[r], gemm(x[r:r + 1], layout, main, torch.empty(0))[0]) for r in range(rows))
+
+
+def test_only_weights_of_bf16_numbers_are_read_as_bf16(tiny_pair):
+    model = load(tiny_pair[0], "none", warm_up=False).target.model  # random fp32 weights: not bf16 numbers
+    assert model.lean is not None and not model.lean.streams_bf16 and set(model.lean.kinds) == {F32}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.bfloat16().float())
+    assert set(LeanStep(model).kinds) == {BF16X} and set(LeanStep(model, bf16=False).kinds) == {F32}
+
+
+def bf16_emulated(monkeypatch, rows: int | None = 8) -> None:
+    monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: rows)  # None: native bf16 products
+
+
+def test_a_bf16_target_runs_as_float32_over_its_bf16_weights_where_bf16_is_emulated(tiny_pair, monkeypatch):
+    bf16_emulated(monkeypatch)
+    reference = load(tiny_pair[0], "none", dtype="bfloat16", lean=False, warm_up=False).target.model
+    pipe = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False)
+    model = pipe.target.model
+    assert reference.dtype == torch.bfloat16 and model.dtype == torch.float32
+    assert model.lean is not None and model.lean.streams_bf16 and BF16X in model.lean.kinds
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(p, q.float()), name  # the same values, now with float32 activations
+    assert model.new_cache(8).k.dtype == torch.float32
+    assert describe_target("none", "bfloat16", model) == "bf16 weights, float32 activations"
+    assert describe_target("none", "bfloat16", reference) == "bfloat16"
+    bf16_emulated(monkeypatch, None)  # native bf16 products: the target stays bf16
+    assert load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model.dtype == torch.bfloat16
+
+
+def test_a_verification_pass_over_bf16_weights_computes_each_one_token_step(tiny_pair, monkeypatch):
+    bf16_emulated(monkeypatch)
+    model = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model
+    context, tokens = torch.tensor([1, 5, 9, 12]), torch.tensor([5, 9, 30, 7, 7, 3])
+    caches = [model.new_cache(32) for _ in range(2)]
+    for cache in caches:
+        model(context, torch.arange(4), cache)
+        cache.commit_prefix(4)
+    whole = model(tokens, torch.arange(4, 10), caches[0], hidden_layers=(1,))
+    for i, token in enumerate(tokens):
+        step = model(token[None], torch.tensor([4 + i]), caches[1], hidden_layers=(1,))
+        caches[1].commit_prefix(1)
+        assert torch.equal(step.logits[0], whole.logits[i]) and torch.equal(step.hidden[1][0], whole.hidden[1][i])
+
+
+def test_every_drafter_reproduces_plain_decoding_over_bf16_weights(tiny_pair, monkeypatch):
+    bf16_emulated(monkeypatch)
+    plain = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False)
+    assert plain.target.model.lean.streams_bf16
+    long_prompt = [(5 * i + 1) % 48 for i in range(45)]  # over the lean step's 32 rows: a PyTorch prefill
+    prompts = PROMPTS + [long_prompt]
+    expected = [plain.engine.generate(p, greedy_params()).tokens for p in prompts]
+    for spec in (SpeculativeConfig(gamma=3), SpeculativeConfig(method="draft-model", model=str(tiny_pair[1]), gamma=3),
+                 SpeculativeConfig(method="draft-tree", model=str(tiny_pair[1]))):
+        pipe = plain.with_speculative(spec)
+        for prompt, want in zip(prompts, expected):
+            assert pipe.engine.generate(prompt, greedy_params()).tokens == want, spec.method
+
+
+def test_an_eagle3_head_for_such_a_target_steps_natively_and_stays_exact(tiny_pair, tmp_path, monkeypatch):
+    """Drafters load with the target's float32 activations: an EAGLE-3 head gets its own lean step."""
+    from foretell.drafters.eagle_tree import Eagle3Drafter
+    from foretell.models.eagle3 import Eagle3Config, new_eagle3_head, save_eagle3_head
+    from foretell.models.loading import build_model
+
+    bf16_emulated(monkeypatch)
+    target = build_model(tiny_pair[0], torch.float32)
+    head = new_eagle3_head(target, Eagle3Config.for_target(target.config, draft_vocab_size=40), seed=1)
+    save_eagle3_head(head, tmp_path / "head")
+    spec = SpeculativeConfig(method="eagle3", model=str(tmp_path / "head"), draft_quant="auto")
+    pipe = load(tiny_pair[0], spec, dtype="bfloat16", warm_up=False)
+    drafter = pipe.engine.drafter
+    assert isinstance(drafter, Eagle3Drafter) and drafter.head.dtype == torch.float32 and drafter.head.lean is not None
+    plain = pipe.with_speculative("none")
+    for prompt in PROMPTS:
+        assert pipe.engine.generate(prompt, greedy_params(16)).tokens == plain.engine.generate(prompt, greedy_params(16)).tokens
