@@ -4,7 +4,9 @@
 
 Per target weight format (float32 activations, where the lean step runs; models/lean_step.py): one model, its
 passes timed with the lean step on and off in turn (the same weights, each with its own cache), median of
---repeats. Also times the same target in bf16 through PyTorch (what foretell ran before) for reference. A "-q8"
+--repeats. Also times the same target in bf16 through PyTorch (what foretell ran before) for reference, and, on a
+CPU whose bf16 products are emulated, the bf16 target as foretell now runs it there: float32 activations over its
+bf16 weights in the lean step. A "-q8"
 format (gguf-q8: 8-bit activations) times its lean passes against the same weights' float-activation lean passes
 and against its own blocks read one output column at a time (the layout before the column-interleaved one). A
 dense model whose weights are bf16 numbers (quant none from a bf16 checkpoint) also times its lean step reading them
@@ -61,8 +63,12 @@ def main() -> None:
             runs[f"{weights}, 8-bit activations ({quant}), lean step, row blocks"] = timer(q8, rows)
             runs[f"{weights}, 8-bit activations ({quant}), lean step"] = timer(q8, step)
         else:
-            bf16 = load(args.model, "none", dtype="bfloat16", quant=quant, warm_up=False).target.model
+            bf16 = load(args.model, "none", dtype="bfloat16", quant=quant, lean=False, warm_up=False).target.model
             runs[f"{quant}, bf16 activations, PyTorch"] = timer(bf16, None)
+            as_fp32 = load(args.model, "none", dtype="bfloat16", quant=quant, warm_up=False).target.model
+            if as_fp32.lean is not None and as_fp32.lean.streams_bf16:  # bf16's default where bf16 is emulated
+                runs[f"{quant}, bf16 weights, fp32 activations, lean step (bf16 target's default here)"] = timer(
+                    as_fp32, as_fp32.lean)
             model = load(args.model, "none", dtype="float32", quant=quant, warm_up=False).target.model
             reason = model.use_lean_step()
             if reason is not None:

@@ -47,8 +47,8 @@ def test_only_weights_of_bf16_numbers_are_read_as_bf16(tiny_pair):
     assert set(LeanStep(model).kinds) == {BF16X} and set(LeanStep(model, bf16=False).kinds) == {F32}
 
 
-def bf16_emulated(monkeypatch, rows: int | None = 8) -> None:
-    monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: rows)  # None: native bf16 products
+def bf16_emulated(monkeypatch, emulated: bool = True) -> None:
+    monkeypatch.setattr(wide_linear, "native_bf16", lambda: not emulated)
 
 
 def test_a_bf16_target_runs_as_float32_over_its_bf16_weights_where_bf16_is_emulated(tiny_pair, monkeypatch):
@@ -63,7 +63,8 @@ def test_a_bf16_target_runs_as_float32_over_its_bf16_weights_where_bf16_is_emula
     assert model.new_cache(8).k.dtype == torch.float32
     assert describe_target("none", "bfloat16", model) == "bf16 weights, float32 activations"
     assert describe_target("none", "bfloat16", reference) == "bfloat16"
-    bf16_emulated(monkeypatch, None)  # native bf16 products: the target stays bf16
+    assert load(tiny_pair[0], "none", dtype="bfloat16", lean=False, warm_up=False).target.model.lean is None
+    bf16_emulated(monkeypatch, False)  # native bf16 products: the target stays bf16
     assert load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model.dtype == torch.bfloat16
 
 
@@ -113,3 +114,26 @@ def test_an_eagle3_head_for_such_a_target_steps_natively_and_stays_exact(tiny_pa
     plain = pipe.with_speculative("none")
     for prompt in PROMPTS:
         assert pipe.engine.generate(prompt, greedy_params(16)).tokens == plain.engine.generate(prompt, greedy_params(16)).tokens
+
+
+def test_native_bf16_is_read_from_the_cpu_flags(tmp_path, monkeypatch):
+    for flags, native in (("fpu avx2 fma", False), ("fpu avx2 avx512f avx512_bf16", True), ("fpu amx_bf16", True)):
+        info = tmp_path / "cpuinfo"
+        info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        monkeypatch.setattr(wide_linear, "Path", lambda _: info)
+        assert wide_linear.native_bf16.__wrapped__() is native
+
+
+def test_a_batch_over_bf16_weights_decodes_each_request_as_alone(tiny_pair, monkeypatch):
+    """Batched passes over such a target run a lean pass per request (faster than one fp32 PyTorch pass over all):
+    each request's greedy output is its output alone."""
+    bf16_emulated(monkeypatch)
+    pipe = load(tiny_pair[0], SpeculativeConfig(gamma=3), dtype="bfloat16", warm_up=False)
+    params = greedy_params(12)
+    alone = [pipe.engine.generate(p, params).tokens for p in PROMPTS]
+    batch = pipe.batch_engine(max_batch=4)
+    got = [[] for _ in PROMPTS]
+    for i, prompt in enumerate(PROMPTS):
+        batch.submit(prompt, params, lambda c, i=i: got[i].extend(c.tokens), lambda e: pytest.fail(str(e)))
+    batch.run()
+    assert got == alone

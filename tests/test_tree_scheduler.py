@@ -154,3 +154,20 @@ def test_growth_limits_follow_recent_choices():
     assert sched.growth_limits() == (40, 6)
     sched.history.append(Choice(nodes=39, depth=6, width=3, expected_tokens=3.0, probe=True))
     assert sched.growth_limits(recent=1) == (40, 6)  # a probe alone says nothing: the caps
+
+
+def test_a_tree_grown_level_by_level_is_charged_its_levels_drafting():
+    """With expensive levels (an EAGLE-3 head's step per depth), a prefix is charged only the levels it reaches:
+    the choice is the rate-maximising prefix under that charge, shallower than with the whole drafting time sunk."""
+    scores, parents = chain(8, 0.7)
+    levels = [0.002 + 0.01 * d for d in range(8)]  # 10 ms a level after the first
+    sunk = AdaptiveTreeScheduler(curve(0.001), no_probes()).choose(scores, parents, levels[-1])
+    sched = AdaptiveTreeScheduler(curve(0.001), no_probes())
+    n = sched.choose(scores, parents, levels[-1], levels)
+
+    def rate(k):
+        expected = 1 + sum(math.exp(s) for s in scores[:k])
+        return expected / (levels[max(k, 1) - 1] + curve(0.001)(k + 1))
+
+    assert rate(n) == pytest.approx(max(rate(k) for k in range(0, 9)))
+    assert n < sunk == 8 and sched.history[-1].depth == n  # a chain: depth = nodes

@@ -97,10 +97,12 @@ class Eagle3Drafter(HookedTreeDrafter):
             return empty_proposal()
         t0 = time.perf_counter()
         root_state, root_q = self._feed_context(tokens)
-        nodes = self._grow(root_state, root_q, depth, len(tokens) - 2)
+        level_times = [time.perf_counter()]  # depth 1 is ready; _grow adds the time of each next level
+        nodes = self._grow(root_state, root_q, depth, len(tokens) - 2, level_times)
         keep = nodes.best(grow)
         if self.scheduler is not None:
-            keep = keep[: self._schedule([nodes.scores[i] for i in keep], self._parents(nodes, keep), t0)]
+            keep = keep[: self._schedule([nodes.scores[i] for i in keep], self._parents(nodes, keep), t0,
+                                         level_times)]
         return self._proposal(nodes, keep)
 
     # --- pieces --------------------------------------------------------------------------
@@ -117,9 +119,11 @@ class Eagle3Drafter(HookedTreeDrafter):
         self.cache.commit_prefix(n)
         return out[-1], self._q(logits[0])
 
-    def _grow(self, root_state: torch.Tensor, root_q: torch.Tensor, depth: int, last_row: int) -> _Nodes:
+    def _grow(self, root_state: torch.Tensor, root_q: torch.Tensor, depth: int, last_row: int,
+              level_times: list[float]) -> _Nodes:
         """EAGLE-2: expand the best `width` nodes of each new level, one head step per level. last_row: the
-        position of the last committed row (the one that drafted depth 1); a depth-d node's row sits d after it."""
+        position of the last committed row (the one that drafted depth 1); a depth-d node's row sits d after it.
+        Appends to level_times when each new level is ready (the scheduler charges a tree its levels' time)."""
         nodes = _Nodes()
         context = self.cache.length
         width = self.shape.width
@@ -135,6 +139,7 @@ class Eagle3Drafter(HookedTreeDrafter):
             for row, node in enumerate(expand):
                 states[node] = outputs[row]
                 level.extend(nodes.add_children(node, q[row], width))
+            level_times.append(time.perf_counter())
         self.cache.truncate(context)  # drop the tree rows; the next proposal feeds what was accepted
         return nodes
 

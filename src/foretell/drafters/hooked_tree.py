@@ -63,10 +63,13 @@ class HookedTreeDrafter(DrafterBase):
         self._pending = []
         return rows
 
-    def _schedule(self, scores: list[float], parents: list[int], t0: float) -> int:
+    def _schedule(self, scores: list[float], parents: list[int], t0: float,
+                  level_times: list[float] | None = None) -> int:
         """How many nodes of a best-first tree (any prefix is closed under ancestors) the scheduler keeps;
-        the kept ones are remembered for `verified`. t0: when the proposal started (its drafting time)."""
-        n = self.scheduler.choose(scores, parents, time.perf_counter() - t0)
+        the kept ones are remembered for `verified`. t0: when the proposal started (its drafting time);
+        level_times: when each level of a tree grown a level at a time was ready (perf_counter)."""
+        levels = None if level_times is None else [t - t0 for t in level_times]
+        n = self.scheduler.choose(scores, parents, time.perf_counter() - t0, levels)
         self._sent = (parents[:n], scores[:n])
         return n
 

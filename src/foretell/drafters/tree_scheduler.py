@@ -6,6 +6,10 @@ keeps the prefix of n nodes (n = 0: a plain pass) maximising expected tokens per
 
     rate(n) = (1 + sum of the n best node values) / (draft seconds + verify seconds(n + 1)),
 
+where a drafter that grows its tree a level at a time (EAGLE-3) charges a prefix only the drafting of the levels
+it reaches: deeper trees pay for their own head steps, so where a level costs as much as it brings the chosen
+depth, and with it next step's growth (`growth_limits`), stays shallow;
+
 where a node's value is its cumulative draft probability, calibrated per depth against how
 often nodes of that depth were really accepted, and verify seconds come from the target's
 measured cost curve, corrected online by the verification times the engine reports. The
@@ -99,21 +103,33 @@ class AdaptiveTreeScheduler:
                 self._seconds[tokens] = self.target(tokens) * self._correction[nearest]
         return self._seconds[tokens]
 
-    def choose(self, scores: list[float], parents: list[int], draft_seconds: float) -> int:
-        """How many of the best-first nodes to verify. scores: cumulative log-probabilities."""
+    def choose(self, scores: list[float], parents: list[int], draft_seconds: float,
+               level_seconds: list[float] | None = None) -> int:
+        """How many of the best-first nodes to verify. scores: cumulative log-probabilities. level_seconds: from a
+        drafter that grows a level at a time, its drafting time when level d was ready (level_seconds[d - 1]); a
+        prefix reaching depth d is charged that instead of the whole draft_seconds."""
         if not scores:
             return 0
         depth_of = node_depths(parents)
+
+        def drafting(depth: int) -> float:
+            if not level_seconds:
+                return draft_seconds
+            return level_seconds[min(max(depth, 1), len(level_seconds)) - 1]
+
         # n = 0 is a plain pass: where wide passes cost much more than one token (a CPU without a fast
-        # many-row matmul), no tree at all can be the fastest choice, the drafting time being spent either way.
+        # many-row matmul), no tree at all can be the fastest choice, the first level's drafting being spent
+        # either way.
         expected = best_expected = 1.0
-        best_n, best_rate = 0, 1.0 / (draft_seconds + self.verify_seconds(1))
+        best_n, best_rate = 0, 1.0 / (drafting(1) + self.verify_seconds(1))
         values: list[float] = []
+        deepest = 1
         for n, (score, depth, parent) in enumerate(zip(scores, depth_of, parents), start=1):
             # A node is reached only through its parent, so it is never worth more.
             values.append(min(math.exp(score) * self.calibration(depth), values[parent] if parent >= 0 else 1.0))
             expected += values[-1]
-            rate = expected / (draft_seconds + self.verify_seconds(n + 1))
+            deepest = max(deepest, depth)
+            rate = expected / (drafting(deepest) + self.verify_seconds(n + 1))
             if rate > best_rate:
                 best_n, best_rate, best_expected = n, rate, expected
         self._steps += 1

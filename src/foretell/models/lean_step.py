@@ -200,11 +200,11 @@ def run_bf16_as_float32(model) -> bool:
     bf16 is the top half of an fp32; PyTorch's passes, prompts, use that copy) while the lean step streams the
     weights as bf16 (BF16X), half the bytes. A one-token step then costs about half of PyTorch's bf16 one, and a
     verification pass of 8 tokens about 1.5 of it (docs/speed.md). Returns whether it converted."""
-    from foretell.models.wide_linear import fp32_wide_rows
+    from foretell.models import wide_linear
 
     if model.device.type != "cpu" or model.dtype != torch.bfloat16 or lean_support(model, as_float32=True):
         return False
-    if fp32_wide_rows(torch.get_num_threads()) is None:  # native bf16: PyTorch's bf16 products are fast here
+    if wide_linear.native_bf16():  # PyTorch's bf16 products are fast here
         return False
     model.float()
     return True

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +106,19 @@ def fp32_wide_rows(threads: int) -> int | None:
         if ratio[i] < 0.9 and ratio[i + 1] < 0.9:
             return rows
     return PROBE_ROWS[-1]
+
+
+@functools.cache
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively: AVX512-BF16 or AMX-BF16 among /proc/cpuinfo's flags (a fact, where
+    fp32_wide_rows is a timing that a busy machine can sway); where the flags cannot be read, fp32_wide_rows says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return bool({"avx512_bf16", "amx_bf16"} & set(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return fp32_wide_rows(torch.get_num_threads()) is None
 
 
 @functools.cache
