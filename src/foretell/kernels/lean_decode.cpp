@@ -14,7 +14,8 @@
 //   Q8: GGUF Q8_0 blocks of 32 inputs: codes int8 [N, K], d float [N, K / 32], w = d * code
 //   F32: a dense float weight [N, K]
 //   BF16: a dense bfloat16 weight [N, K] (a bf16 is the top half of an fp32: widened exactly in registers), half
-//         F32's bytes for the same values where a float32 model's weights are bf16 numbers (models/bf16_weights.py)
+//         F32's bytes for the same values where a float32 model's weights are bf16 numbers
+//   BF16X: the same with 16 output columns interleaved, [N / 16, K, 16] (lean_step.bf16_interleaved; group_bf16x)
 // and, with 8-bit activations only, the same blocks with 8 output columns interleaved (lean_step.interleaved;
 // group_q4x below says how):
 //   Q4X: codes uint8 [N / 8, K / 32, 128], scales float [N / 8, K / 32, 2, 8] (the 8 columns' d, then their m)
@@ -38,7 +39,7 @@ struct Proj {
   const uint8_t* codes = nullptr;  // Q4, Q8
   const float* scales = nullptr;   // Q4: dm pairs; Q8: d
   const float* dense = nullptr;    // F32
-  const uint16_t* half = nullptr;  // BF16
+  const uint16_t* half = nullptr;  // BF16, BF16X
   const float* bias = nullptr;     // optional [N]
 };
 
@@ -753,7 +754,8 @@ torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, tor
   x = x.contiguous();
   const std::vector<torch::Tensor> parts = {codes.contiguous(), scales.contiguous(), torch::empty({0})};
   Proj p = proj_of(kind, parts, 0);
-  TORCH_CHECK(x.size(1) == p.K && (p.K % 32 == 0 || kind == BF16 || kind == BF16X), "x's width does not match the weight");
+  TORCH_CHECK(x.size(1) == p.K && (p.K % 32 == 0 || kind == BF16 || kind == BF16X),
+              "x's width does not match the weight");
   const int64_t M = x.size(0);
   auto y = torch::empty({M, p.N}, x.options());
   std::vector<float> sums(M * (p.K / 32) + 1);
