@@ -104,6 +104,21 @@ def plain(tiny_pair):
     return load(tiny_pair[0], "none", warm_up=False)
 
 
+def assert_drafters_reproduce_plain(plain, draft_folder) -> None:
+    """Greedy decoding through prompt lookup, a draft model and a draft tree gives `plain`'s own tokens, also past a
+    45-token prompt (over the lean step's 32 rows)."""
+    from foretell.config import SpeculativeConfig
+
+    long_prompt = [(5 * i + 1) % 48 for i in range(45)]
+    prompts = PROMPTS + [long_prompt]
+    expected = [plain.engine.generate(p, greedy_params()).tokens for p in prompts]
+    for spec in (SpeculativeConfig(gamma=3), SpeculativeConfig(method="draft-model", model=str(draft_folder), gamma=3),
+                 SpeculativeConfig(method="draft-tree", model=str(draft_folder))):
+        pipe = plain.with_speculative(spec)
+        for prompt, want in zip(prompts, expected):
+            assert pipe.engine.generate(prompt, greedy_params()).tokens == want, spec.method
+
+
 def assert_greedy_equals_plain(plain, spec) -> None:
     """Greedy decoding of every prompt through `spec` gives plain decoding's tokens, with drafts verified."""
     params = greedy_params()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PROMPTS, greedy_params
+from conftest import PROMPTS, assert_drafters_reproduce_plain, greedy_params
 from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.kernels import block_gemm, lean_decode
@@ -87,14 +87,7 @@ def test_every_drafter_reproduces_plain_decoding_over_bf16_weights(tiny_pair, mo
     bf16_emulated(monkeypatch)
     plain = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False)
     assert plain.target.model.lean.streams_bf16
-    long_prompt = [(5 * i + 1) % 48 for i in range(45)]  # over the lean step's 32 rows: a PyTorch prefill
-    prompts = PROMPTS + [long_prompt]
-    expected = [plain.engine.generate(p, greedy_params()).tokens for p in prompts]
-    for spec in (SpeculativeConfig(gamma=3), SpeculativeConfig(method="draft-model", model=str(tiny_pair[1]), gamma=3),
-                 SpeculativeConfig(method="draft-tree", model=str(tiny_pair[1]))):
-        pipe = plain.with_speculative(spec)
-        for prompt, want in zip(prompts, expected):
-            assert pipe.engine.generate(prompt, greedy_params()).tokens == want, spec.method
+    assert_drafters_reproduce_plain(plain, tiny_pair[1])  # its long prompt: a PyTorch float32 prefill
 
 
 def test_an_eagle3_head_for_such_a_target_steps_natively_and_stays_exact(tiny_pair, tmp_path, monkeypatch):

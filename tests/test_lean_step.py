@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PROMPTS, greedy_params
+from conftest import PROMPTS, assert_drafters_reproduce_plain, greedy_params
 from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.kernels import lean_decode
@@ -228,15 +228,7 @@ def test_8_bit_activations_are_one_model_whatever_the_pass_width(tiny_pair):
 
 
 def test_every_drafter_reproduces_plain_decoding_with_8_bit_activations(tiny_pair):
-    plain = load(tiny_pair[0], "none", quant="int4-q8", warm_up=False)
-    long_prompt = [(5 * i + 1) % 48 for i in range(45)]  # a prompt over the lean step's 32 rows
-    prompts = PROMPTS + [long_prompt]
-    expected = [plain.engine.generate(p, greedy_params()).tokens for p in prompts]
-    for spec in (SpeculativeConfig(gamma=3), SpeculativeConfig(method="draft-model", model=str(tiny_pair[1]), gamma=3),
-                 SpeculativeConfig(method="draft-tree", model=str(tiny_pair[1]))):
-        pipe = plain.with_speculative(spec)
-        for prompt, want in zip(prompts, expected):
-            assert pipe.engine.generate(prompt, greedy_params()).tokens == want, spec.method
+    assert_drafters_reproduce_plain(load(tiny_pair[0], "none", quant="int4-q8", warm_up=False), tiny_pair[1])
 
 
 def test_8_bit_activations_need_the_lean_step(tiny_pair):
