@@ -130,3 +130,15 @@ def test_a_batch_over_bf16_weights_decodes_each_request_as_alone(tiny_pair, monk
         batch.submit(prompt, params, lambda c, i=i: got[i].extend(c.tokens), lambda e: pytest.fail(str(e)))
     batch.run()
     assert got == alone
+
+
+def test_foretell_cost_times_the_target_as_load_runs_it(tiny_pair, tmp_path, monkeypatch, capsys):
+    from foretell.cli import main
+
+    monkeypatch.setenv("FORETELL_CACHE", str(tmp_path / "cache"))
+    bf16_emulated(monkeypatch)
+    assert main(["cost", str(tiny_pair[0]), "--dtype", "bfloat16", "--plot", str(tmp_path / "c.png")]) == 0
+    assert "(lean step, bf16 weights, float32 activations)" in capsys.readouterr().out
+    assert main(["cost", str(tiny_pair[0]), "--dtype", "float32", "--plot", str(tmp_path / "d.png")]) == 0
+    out = capsys.readouterr().out
+    assert "(lean step)" in out and "bf16 weights" not in out

@@ -172,6 +172,7 @@ def cmd_cost(args) -> None:
     import torch
 
     from foretell.budget import cost_curve, plot_cost_curve
+    from foretell.models.lean_step import run_bf16_as_float32
     from foretell.models.loading import load_model
     from foretell.models.wide_linear import kernel_rows_of, widen_linears
 
@@ -180,10 +181,15 @@ def cmd_cost(args) -> None:
     curves = {}
     for name in args.models:
         loaded = load_model(name, args.dtype, args.device)
-        wide = widen_linears(loaded.model)  # as `load` runs it
+        # as `load` runs it: bf16 where it is emulated as float32 activations over the bf16 weights, else wide passes
+        as_float32 = run_bf16_as_float32(loaded.model)
+        wide = None if as_float32 else widen_linears(loaded.model)
+        loaded.model.use_lean_step()
         # Where bf16 is emulated, say which products the wide passes use (models/wide_linear.py).
         kernel = kernel_rows_of(loaded.model)
         paths = f" ({f'bf16 kernel for 2..{kernel} rows, ' if kernel else ''}fp32 from {wide} rows)" if wide else ""
+        if loaded.model.lean is not None:
+            paths += " (lean step, bf16 weights, float32 activations)" if as_float32 else " (lean step)"
         curves[f"{name} ({args.dtype})"] = curve = cost_curve(loaded.model, name)
         del loaded
         cells = " ".join(f"{n}:{s * 1000:.1f}" for n, s in zip(curve.sizes, curve.seconds))
