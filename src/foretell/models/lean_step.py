@@ -132,9 +132,8 @@ def projection(layer: nn.Module, bf16: bool = True) -> tuple[int, torch.Tensor, 
         main, scales = q4_blocks(layer)
     else:
         main, scales = layer.weight.detach(), empty
-        halved = main.bfloat16()
-        if bf16 and torch.equal(halved.float(), main):  # exactly bf16 numbers: stream half the bytes, the same values
-            kind, main = bf16_interleaved(halved)
+        if bf16 and torch.equal(main.bfloat16().float(), main):  # exactly bf16 numbers: half the bytes, same values
+            kind, main = bf16_interleaved(main.bfloat16())
     bias = empty if layer.bias is None else layer.bias.detach().float()
     return kind, main.contiguous(), scales.float().contiguous(), bias.contiguous()
 
@@ -305,11 +304,8 @@ class LeanStep:
         kind, *parts = packed_projection(self.model.lm_head, interleave, self.bf16)
         self.kinds.append(kind)
         self.head = [self.model.norm.weight.detach().float().contiguous(), *parts]
-
-    @property
-    def streams_bf16(self) -> bool:
-        """Whether some dense weights are read as bf16 (they hold bf16 numbers)."""
-        return any(kind in (BF16, BF16X) for kind in self.kinds)
+        # some dense weights are read as bf16 (they hold bf16 numbers); read per batched pass, so kept
+        self.streams_bf16 = any(kind in (BF16, BF16X) for kind in self.kinds)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
                  tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
