@@ -25,7 +25,7 @@ from foretell.api import load
 from foretell.models.lean_step import BF16, BF16X, LeanStep
 from foretell.models.quant import split_target_quant
 
-SIZES = (1, 2, 4, 8, 16, 32)
+SIZES = (1, 2, 4, 6, 7, 8, 16, 32)
 
 
 def timer(model, lean_step):

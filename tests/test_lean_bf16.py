@@ -21,18 +21,19 @@ pytestmark = pytest.mark.skipif(lean_decode() is None, reason="the lean step's k
 
 @pytest.mark.parametrize(("out", "cols"), [(48, 44), (40, 96)])
 def test_bf16_products_match_dense_and_the_one_row_sums(out, cols):
-    """1..9 rows times a bf16 weight, row layout (BF16, also with an input tail that is not a multiple of 8) and
-    16 columns interleaved (BF16X, where the output count allows): the fp32 product of the same values, and each row
-    bit for bit what it gives alone (a verification pass computes a one-token step's sums)."""
+    """1..13 rows times a bf16 weight, row layout (BF16, also with an input tail that is not a multiple of 8) and
+    16 columns interleaved (BF16X, where the output count allows; passes of up to 6 rows, so one to three of
+    them): the fp32 product of the same values, and each row bit for bit what it gives alone (a verification pass
+    computes a one-token step's sums)."""
     g = torch.Generator().manual_seed(out)
     weight = torch.randn(out, cols, generator=g).bfloat16()
-    x = torch.randn(9, cols, generator=g)
+    x = torch.randn(13, cols, generator=g)
     want = x.double() @ weight.double().T
     gemm = block_gemm()
     kind, packed = bf16_interleaved(weight)
     assert kind == (BF16X if out % 16 == 0 else BF16)
     for layout, main in {BF16: weight, kind: packed}.items():
-        for rows in range(1, 10):
+        for rows in range(1, 14):
             y = gemm(x[:rows], layout, main, torch.empty(0))
             torch.testing.assert_close(y.double(), want[:rows], rtol=1e-5, atol=1e-4)
             assert all(torch.equal(y[r], gemm(x[r:r + 1], layout, main, torch.empty(0))[0]) for r in range(rows))
