@@ -149,6 +149,31 @@ def test_block_products_match_dense_and_the_one_row_sums(kind, act_q8, layout):
         assert (gemm(x, kind, codes, scales, act_q8) - x @ w.T).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("cols", [96, 44])
+def test_int8_columns_match_dense_and_the_one_row_sums(cols):
+    """An int8 layer with a scale per output row (a drafter's Int8Linear) as I8X, 16 output columns interleaved,
+    times 1..13 rows (one to three passes), also for an input count that is no multiple of 8: the dense product of
+    its values, each row what it gives alone; Int8Linear's own product on CPU is that kernel's."""
+    from foretell.kernels import block_gemm
+    from foretell.models.lean_step import I8X, packed_projection
+    from foretell.models.quant import Int8Linear
+
+    g = torch.Generator().manual_seed(cols)
+    layer = Int8Linear.from_weight(torch.randn(48, cols, generator=g))
+    w = layer.weight_int8.double() * layer.scale.double()[:, None]
+    x = torch.randn(13, cols, generator=g)
+    kind, codes, scales, _ = packed_projection(layer, interleave=False)
+    assert kind == I8X and codes.shape == (3, cols, 16) and torch.equal(codes[1, :, 5], layer.weight_int8[21])
+    gemm = block_gemm()
+    for rows in range(1, 14):
+        y = gemm(x[:rows], kind, codes, scales)
+        torch.testing.assert_close(y.double(), x[:rows].double() @ w.T, rtol=1e-5, atol=1e-4)
+        assert all(torch.equal(y[r], gemm(x[r:r + 1], kind, codes, scales)[0]) for r in range(rows))
+    assert torch.equal(layer(x[:4]), gemm(x[:4], kind, codes, scales))
+    if cols % 32 == 0:  # 8-bit activations keep their blocks
+        assert packed_projection(layer, interleave=True)[0] != I8X
+
+
 def test_a_gguf_target_streams_its_q8_0_output_layer(tmp_path):
     """A GGUF with Q4_1 projections and a Q8_0 output layer (SmolLM2's file): the output layer keeps its blocks,
     the lean step reads them, and speculation reproduces the lean plain decoding."""

@@ -15,7 +15,9 @@
 //   F32: a dense float weight [N, K]
 //   BF16: a dense bfloat16 weight [N, K] (a bf16 is the top half of an fp32: widened exactly in registers), half
 //         F32's bytes for the same values where a float32 model's weights are bf16 numbers
-//   BF16X: the same with 16 output columns interleaved, [N / 16, K, 16] (lean_step.bf16_interleaved; group_bf16x)
+//   BF16X: the same with 16 output columns interleaved, [N / 16, K, 16] (lean_step.bf16_interleaved; group_x16)
+//   I8X: int8 weights with a scale per output column (a drafter's int8 layers, quant.Int8Linear), 16 output columns
+//        interleaved: codes int8 [N / 16, K, 16], scales float [N] (lean_step.int8_interleaved; group_x16)
 // and, with 8-bit activations only, the same blocks with 8 output columns interleaved (lean_step.interleaved;
 // group_q4x below says how):
 //   Q4X: codes uint8 [N / 8, K / 32, 128], scales float [N / 8, K / 32, 2, 8] (the 8 columns' d, then their m)
@@ -32,12 +34,12 @@
 
 namespace {
 
-enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2, Q4X = 3, Q8X = 4, BF16 = 5, BF16X = 6 };
+enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2, Q4X = 3, Q8X = 4, BF16 = 5, BF16X = 6, I8X = 7 };
 
 struct Proj {
   int64_t kind, N, K;
-  const uint8_t* codes = nullptr;  // Q4, Q8
-  const float* scales = nullptr;   // Q4: dm pairs; Q8: d
+  const uint8_t* codes = nullptr;  // Q4, Q8, I8X
+  const float* scales = nullptr;   // Q4: dm pairs; Q8: d; I8X: a scale per output column
   const float* dense = nullptr;    // F32
   const uint16_t* half = nullptr;  // BF16, BF16X
   const float* bias = nullptr;     // optional [N]
@@ -195,39 +197,53 @@ void rows_bf16(const Proj& p, int64_t n, const float* x, float* y, int64_t y_str
   }
 }
 
-// BF16X: a bf16 weight with 16 output columns interleaved, [N / 16, K, 16]: for each input k the 16 columns'
-// weights side by side. Each row's x[k] is broadcast and one FMA advances 8 columns: no horizontal sums, and the
-// weights' widening is paid once for all R rows. A row's sums run over k in one fixed order whatever R.
+// BF16X and I8X: 16 output columns interleaved, [N / 16, K, 16]: for each input k the 16 columns' weights side by
+// side. Each row's x[k] is broadcast and one FMA advances 8 columns: no horizontal sums, and the weights' widening
+// is paid once for all R rows. A row's sums run over k in one fixed order whatever R (I8X: then times the column's
+// scale).
 // next: the following group's weights (nullptr: none), fetched into L2 meanwhile (with the hardware prefetcher
 // alone a one-token step of SmolLM2-135M took ~10% longer on a 2-core EPYC). A pass streams each weight once
 // however many rows it carries, and the products of a few rows hide under the weights' arrival.
-template <int R>
-void group_bf16x(const Proj& p, int64_t g, const float* x, float* y, int64_t y_stride, const uint16_t* next) {
-  static_assert(R >= 1 && R <= 6, "12 accumulators, two weights, a broadcast and zero fill the 16 registers");
-  const uint16_t* w = p.half + g * p.K * 16;
+template <int R, bool INT8>
+void group_x16(const Proj& p, int64_t g, const float* x, float* y, int64_t y_stride, const void* next) {
+  static_assert(R >= 1 && R <= 6, "12 accumulators, two weights, a broadcast and one more fill the 16 registers");
+  constexpr int64_t bytes = INT8 ? 16 : 32;  // one input's 16 weights
+  const uint8_t* w = (INT8 ? p.codes : reinterpret_cast<const uint8_t*>(p.half)) + g * p.K * bytes;
   const int64_t K = p.K;
   // named accumulators, not arrays: GCC 12 kept arrays of them in memory, storing each one every k
   __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0, l4 = l0, h4 = l0,
          l5 = l0, h5 = l0;
   const __m256i zero = _mm256_setzero_si256();
+  const int64_t line_every = 64 / bytes;  // inputs a 64-byte line of the next group holds
   for (int64_t k = 0; k < K; ++k) {
-    if (next && !(k & 1)) _mm_prefetch(reinterpret_cast<const char*>(next + 16 * k), _MM_HINT_T1);  // a 64-byte line
-    // one load, two unpacks: a bf16 below 16 zero bits is its fp32 (the packer ordered the 16 so that these are
-    // columns 0..7 and 8..15)
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 * k));
-    const __m256 w0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, raw));
-    const __m256 w1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, raw));
-#define FORETELL_BF16X_ROW(r)                                  \
+    if (next && k % line_every == 0)
+      _mm_prefetch(static_cast<const char*>(next) + bytes * k, _MM_HINT_T1);
+    __m256 w0, w1;
+    if constexpr (INT8) {  // 16 codes: sign-extended and converted, columns 0..7 and 8..15
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + bytes * k));
+      w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+      w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(raw, 8)));
+    } else {  // one load, two unpacks: a bf16 below 16 zero bits is its fp32 (the packer ordered the 16 so that
+              // these are columns 0..7 and 8..15)
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + bytes * k));
+      w0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, raw));
+      w1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, raw));
+    }
+#define FORETELL_X16_ROW(r)                                    \
   if constexpr (R > r) {                                       \
     const __m256 xr = _mm256_broadcast_ss(x + r * K + k);      \
     l##r = _mm256_fmadd_ps(xr, w0, l##r);                      \
     h##r = _mm256_fmadd_ps(xr, w1, h##r);                      \
   }
-    FORETELL_BF16X_ROW(0) FORETELL_BF16X_ROW(1) FORETELL_BF16X_ROW(2)
-    FORETELL_BF16X_ROW(3) FORETELL_BF16X_ROW(4) FORETELL_BF16X_ROW(5)
-#undef FORETELL_BF16X_ROW
+    FORETELL_X16_ROW(0) FORETELL_X16_ROW(1) FORETELL_X16_ROW(2)
+    FORETELL_X16_ROW(3) FORETELL_X16_ROW(4) FORETELL_X16_ROW(5)
+#undef FORETELL_X16_ROW
   }
-  const __m256 lo[6] = {l0, l1, l2, l3, l4, l5}, hi[6] = {h0, h1, h2, h3, h4, h5};
+  __m256 lo[6] = {l0, l1, l2, l3, l4, l5}, hi[6] = {h0, h1, h2, h3, h4, h5};
+  if constexpr (INT8) {
+    const __m256 s0 = _mm256_loadu_ps(p.scales + 16 * g), s1 = _mm256_loadu_ps(p.scales + 16 * g + 8);
+    for (int r = 0; r < R; ++r) lo[r] = _mm256_mul_ps(lo[r], s0), hi[r] = _mm256_mul_ps(hi[r], s1);
+  }
   for (int r = 0; r < R; ++r) {
     _mm256_storeu_ps(y + r * y_stride + 16 * g, lo[r]);
     _mm256_storeu_ps(y + r * y_stride + 16 * g + 8, hi[r]);
@@ -449,7 +465,7 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
   RowsQ8 xq;
   const bool interleaved = p.kind == Q4X || p.kind == Q8X;
   TORCH_CHECK(act_q8 || !interleaved, "interleaved blocks run with 8-bit activations only");
-  const bool q8 = act_q8 && p.kind != F32 && p.kind != BF16 && p.kind != BF16X;  // dense kinds keep fp32 activations
+  const bool q8 = act_q8 && (p.kind == Q4 || p.kind == Q8 || interleaved);  // others keep fp32 activations
   if (q8) {
     const int64_t blocks = p.K / 32;
     xq.codes.resize(M * p.K);
@@ -460,12 +476,18 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
   } else if (p.kind == Q4) {
     for (int64_t r = 0; r < M; ++r) block_sums(x + r * p.K, p.K, x_sums + r * (p.K / 32));
   }
-  if (p.kind == BF16X) {
+  if (p.kind == BF16X || p.kind == I8X) {
+    const bool int8 = p.kind == I8X;
+    const uint8_t* base = int8 ? p.codes : reinterpret_cast<const uint8_t*>(p.half);
+    const int64_t group_bytes = p.K * (int8 ? 16 : 32);
     at::parallel_for(0, p.N / 16, 4, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; ++g) {
-        const uint16_t* next = g + 1 < p.N / 16 ? p.half + (g + 1) * p.K * 16 : nullptr;
+        const void* next = g + 1 < p.N / 16 ? base + (g + 1) * group_bytes : nullptr;
         in_sixes(M, [&](auto R, int64_t m) {
-          group_bf16x<decltype(R)::value>(p, g, x + m * p.K, y + m * p.N, p.N, next);
+          if (int8)
+            group_x16<decltype(R)::value, true>(p, g, x + m * p.K, y + m * p.N, p.N, next);
+          else
+            group_x16<decltype(R)::value, false>(p, g, x + m * p.K, y + m * p.N, p.N, next);
         });
         if (p.bias)
           for (int64_t r = 0; r < M; ++r)
@@ -632,6 +654,11 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
     p.N = main.size(0) * 16;
     p.K = main.size(1);
     p.half = reinterpret_cast<const uint16_t*>(main.data_ptr<at::BFloat16>());
+  } else if (p.kind == I8X) {  // [N / 16, K, 16]
+    TORCH_CHECK(main.dim() == 3 && main.size(2) == 16, "interleaved int8 weight's shape");
+    p.N = main.size(0) * 16;
+    p.K = main.size(1);
+    p.codes = reinterpret_cast<const uint8_t*>(main.data_ptr<int8_t>());
   } else if (p.kind == BF16) {
     p.K = main.size(1);
     p.half = reinterpret_cast<const uint16_t*>(main.data_ptr<at::BFloat16>());
@@ -780,17 +807,17 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
   return {logits, states, last};
 }
 
-// y [M, N] = x [M, K] W^T for W as Q4 or Q8 blocks or a BF16 weight (kind, codes, scales as above; a BF16
-// weight's scales empty): the products of a pass over the same weights as the lean step, with the same per-row
+// y [M, N] = x [M, K] W^T for W as Q4 or Q8 blocks, a BF16 weight or I8X columns (kind, codes, scales as above;
+// a BF16 weight's scales empty): the products of a pass over the same weights as the lean step, with the same per-row
 // arithmetic.
 torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, torch::Tensor scales, bool act_q8) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x float32 [M, K] expected");
-  TORCH_CHECK(kind == Q4 || kind == Q8 || kind == Q4X || kind == Q8X || kind == BF16 || kind == BF16X,
-              "Q4 or Q8 blocks or a bf16 weight expected");
+  TORCH_CHECK(kind == Q4 || kind == Q8 || kind == Q4X || kind == Q8X || kind == BF16 || kind == BF16X || kind == I8X,
+              "Q4 or Q8 blocks, a bf16 weight or interleaved int8 columns expected");
   x = x.contiguous();
   const std::vector<torch::Tensor> parts = {codes.contiguous(), scales.contiguous(), torch::empty({0})};
   Proj p = proj_of(kind, parts, 0);
-  TORCH_CHECK(x.size(1) == p.K && (p.K % 32 == 0 || kind == BF16 || kind == BF16X),
+  TORCH_CHECK(x.size(1) == p.K && (p.K % 32 == 0 || kind == BF16 || kind == BF16X || kind == I8X),
               "x's width does not match the weight");
   const int64_t M = x.size(0);
   auto y = torch::empty({M, p.N}, x.options());

@@ -29,6 +29,8 @@ Q4X, Q8X = 3, 4  # the same blocks with 8 output columns interleaved, for 8-bit 
 # A dense fp32 weight whose every value is a bf16 number (a model loaded from a bf16 checkpoint): the same values in
 # half the bytes, 16 output columns interleaved (BF16X, bf16_interleaved below) where the count allows
 BF16, BF16X = 5, 6
+# an int8 layer with a scale per output row (quant.Int8Linear, drafters' int8), 16 output columns interleaved
+I8X = 7
 # Passes of up to this many tokens (one-token steps, verification trees) run natively; longer ones (prompts) in
 # PyTorch, whose products are made for many rows.
 LEAN_MAX_ROWS = 32
@@ -238,6 +240,9 @@ def packed_layer(first_norm: nn.Module, second_norm: nn.Module, projections, int
 
 def packed_projection(layer: nn.Module, interleave: bool,
                       bf16: bool = True) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if not interleave and isinstance(layer, Int8Linear) and layer.columns16() is not None:
+        bias = torch.empty(0) if layer.bias is None else layer.bias.detach().float().contiguous()
+        return I8X, layer.columns16(), layer.scale.float().contiguous(), bias
     kind, main, scales, bias = projection(layer, bf16)
     if interleave:
         kind, main, scales = interleaved(kind, main, scales)

@@ -75,6 +75,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)  # [out], the model dtype
         self.register_buffer("bias", bias)
         self.block_scales: torch.Tensor | None = None  # the scale per 32-input block, for fp32_block_gemm
+        self.codes_by_16: torch.Tensor | None = None  # the codes 16 output columns interleaved (columns16)
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
@@ -97,6 +98,17 @@ class Int8Linear(nn.Module):
             self.block_scales = self.scale.float()[:, None].expand(-1, self.in_features // 32).contiguous()
         return self.block_scales
 
+    def columns16(self) -> torch.Tensor | None:
+        """int8 [out / 16, in, 16]: per input, 16 output columns' codes side by side (lean_decode.cpp's I8X, which
+        multiplies any number of inputs and streams each code once for all rows of a pass); None where the output
+        count is not a multiple of 16. Made once, beside the row-major codes that other paths read."""
+        if self.out_features % 16:
+            return None
+        if self.codes_by_16 is None:
+            out, n_in = self.weight_int8.shape
+            self.codes_by_16 = self.weight_int8.view(out // 16, 16, n_in).transpose(1, 2).contiguous()
+        return self.codes_by_16
+
     def select_rows(self, rows: torch.Tensor) -> Int8Linear:
         """The layer restricted to some output rows (a hot vocabulary of an output layer)."""
         rows = rows.to(self.weight_int8.device)
@@ -107,8 +119,12 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        gemm = fp32_block_gemm(flat) if self.in_features % 32 == 0 else None
-        if gemm is not None:  # PyTorch's int8 kernel has no fast fp32 path
+        gemm = fp32_block_gemm(flat)
+        if gemm is not None and self.columns16() is not None:  # PyTorch's int8 kernel has no fast fp32 path
+            from foretell.models.lean_step import I8X
+
+            y = gemm(flat.contiguous(), I8X, self.columns16(), self.scale.float())
+        elif gemm is not None and self.in_features % 32 == 0:  # the same codes as blocks of 32 (Q8)
             y = gemm(flat.contiguous(), 1, self.weight_int8, self.scales_by_block())
         elif flat.device.type == "cpu" and flat.shape[0] <= FUSED_MAX_ROWS:
             y = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), self.weight_int8, self.scale.to(x.dtype))
