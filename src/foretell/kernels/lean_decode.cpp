@@ -17,7 +17,7 @@
 //         F32's bytes for the same values where a float32 model's weights are bf16 numbers
 //   BF16X: the same with 16 output columns interleaved, [N / 16, K, 16] (lean_step.bf16_interleaved; group_x16)
 //   I8X: int8 weights with a scale per output column (a drafter's int8 layers, quant.Int8Linear), 16 output columns
-//        interleaved: codes int8 [N / 16, K, 16], scales float [N] (lean_step.int8_interleaved; group_x16)
+//        interleaved: codes int8 [N / 16, K, 16], scales float [N] (Int8Linear.columns16; group_x16)
 // and, with 8-bit activations only, the same blocks with 8 output columns interleaved (lean_step.interleaved;
 // group_q4x below says how):
 //   Q4X: codes uint8 [N / 8, K / 32, 128], scales float [N / 8, K / 32, 2, 8] (the 8 columns' d, then their m)
@@ -206,7 +206,7 @@ void rows_bf16(const Proj& p, int64_t n, const float* x, float* y, int64_t y_str
 // however many rows it carries, and the products of a few rows hide under the weights' arrival.
 template <int R, bool INT8>
 void group_x16(const Proj& p, int64_t g, const float* x, float* y, int64_t y_stride, const void* next) {
-  static_assert(R >= 1 && R <= 6, "12 accumulators, two weights, a broadcast and one more fill the 16 registers");
+  static_assert(R >= 1 && R <= 6, "12 sums, two weights, a broadcast and zero (or the codes) fill 16 registers");
   constexpr int64_t bytes = INT8 ? 16 : 32;  // one input's 16 weights
   const uint8_t* w = (INT8 ? p.codes : reinterpret_cast<const uint8_t*>(p.half)) + g * p.K * bytes;
   const int64_t K = p.K;
@@ -808,8 +808,8 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
 }
 
 // y [M, N] = x [M, K] W^T for W as Q4 or Q8 blocks, a BF16 weight or I8X columns (kind, codes, scales as above;
-// a BF16 weight's scales empty): the products of a pass over the same weights as the lean step, with the same per-row
-// arithmetic.
+// a BF16 weight's scales empty): the products of a pass over the same weights as the lean step, with the same
+// per-row arithmetic.
 torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, torch::Tensor scales, bool act_q8) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x float32 [M, K] expected");
   TORCH_CHECK(kind == Q4 || kind == Q8 || kind == Q4X || kind == Q8X || kind == BF16 || kind == BF16X || kind == I8X,
