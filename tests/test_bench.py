@@ -115,6 +115,12 @@ def test_report_tables_and_plots(bench_setup, tmp_path):
     plain_line = next(line for line in report.splitlines() if line.startswith("| plain |"))
     assert "1.00x" in plain_line and "| 2/2 |" in plain_line
     assert "Peak RSS" in report
+    # where the time goes: drafting and verification per target pass, from each row's own counters
+    rows = read_rows(tmp_path / RESULTS)
+    drafted = [r for r in rows if r["method"] != "plain"]
+    assert all(r["draft_seconds"] > 0 and r["verify_seconds"] > 0 for r in drafted)
+    assert all(r["draft_seconds"] + r["verify_seconds"] <= r["seconds"] for r in rows)
+    assert "draft / verify ms a pass" in report
     for png in ("speedup.png", "acceptance.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
 

@@ -30,6 +30,8 @@ class MethodSummary:
     greedy_equal: tuple[int, int] = (0, 0)  # (equal, compared)
     pass_rate: float | None = None  # share of passes with drafts that accepted >= 1 draft token
     wasted: float | None = None  # draft tokens verified but not accepted / draft tokens verified
+    draft_ms: float | None = None  # drafting time per target pass (foretell methods; None for peers)
+    verify_ms: float | None = None  # the target's verification time per pass
 
 
 def prompt_key(row: dict) -> tuple[str, str]:
@@ -81,6 +83,13 @@ def monitoring(rows: list[dict]) -> tuple[float | None, float | None]:
     return pass_rate, (1.0 - accepted / verified if verified else None)
 
 
+def ms_per_pass(rows: list[dict], key: str) -> float | None:
+    """A time the rows report (draft_seconds, verify_seconds) per target pass, in ms (None where none reports it)."""
+    rows = [r for r in rows if r.get(key) is not None and r.get("target_passes")]
+    passes = sum(r["target_passes"] for r in rows)
+    return 1000 * sum(r[key] for r in rows) / passes if passes else None
+
+
 def summarize_group(rows: list[dict]) -> list[MethodSummary]:
     by_method: dict[str, list[dict]] = {}
     for r in rows:
@@ -100,6 +109,7 @@ def summarize_group(rows: list[dict]) -> list[MethodSummary]:
             greedy_equal=(sum(compared), len(compared)),
         ))
         out[-1].pass_rate, out[-1].wasted = monitoring(mrows)
+        out[-1].draft_ms, out[-1].verify_ms = ms_per_pass(mrows, "draft_seconds"), ms_per_pass(mrows, "verify_seconds")
     return out
 
 
@@ -120,15 +130,16 @@ def _fmt(x: float | None, digits: int = 2, suffix: str = "") -> str:
 def markdown_table(summaries: list[MethodSummary]) -> str:
     lines = [
         "| method | prompts | tok/s | speedup | tau | drafts verified / pass | acceptance by position | pass rate | wasted "
-        "| memory MB | greedy = plain |",
-        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| draft / verify ms a pass | memory MB | greedy = plain |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for s in summaries:
         acc = " ".join(f"{a:.2f}" for a in s.acceptance[:SHOWN_POSITIONS]) or "–"
         equal = f"{s.greedy_equal[0]}/{s.greedy_equal[1]}" if s.greedy_equal[1] else "–"
+        timing = "–" if s.draft_ms is None else f"{s.draft_ms:.1f} / {_fmt(s.verify_ms, 1)}"
         lines.append(f"| {s.method} | {s.prompts} | {s.tokens_per_s:.1f} | {_fmt(s.speedup, 2, 'x')} | "
                      f"{_fmt(s.tau)} | {_fmt(s.verified_per_pass, 1)} | {acc} | {_fmt(s.pass_rate)} | {_fmt(s.wasted)} | "
-                     f"{s.memory_mb:.1f} | {equal} |")
+                     f"{timing} | {s.memory_mb:.1f} | {equal} |")
     return "\n".join(lines)
 
 
@@ -251,7 +262,9 @@ def write_report(out_dir: Path) -> Path:
         parts += [f"## {name}", "", markdown_table(summaries), ""]
     parts += budget_section(groups[OVERALL], (summary.get("settings") or {}).get("tree_budget"))
     parts += ["Pass rate: share of target passes with drafts that accepted at least one draft token; wasted: "
-              "draft tokens the target verified but did not accept, over all it verified (seed 003's monitoring).", ""]
+              "draft tokens the target verified but did not accept, over all it verified (seed 003's monitoring). "
+              "Draft / verify ms a pass: the drafter's time and the target's verification time per target pass "
+              "(plain decoding: its one-token steps).", ""]
     parts += ["![speedup](speedup.png)", "", "![acceptance](acceptance.png)", ""]
     report = out_dir / "report.md"
     report.write_text("\n".join(parts))

@@ -21,7 +21,7 @@ from foretell.errors import ForetellError
 RESULTS = "results.jsonl"
 # Counters the report sums over rows (verification pass rate, wasted share, lossy, result cache).
 MONITOR_KEYS = ("draft_passes", "passes_with_accepted", "draft_tokens_verified", "lossy_accepted",
-                "cache_steps", "cache_hits", "cache_useful")
+                "cache_steps", "cache_hits", "cache_useful", "draft_seconds", "verify_seconds")
 SUMMARY = "bench.json"
 
 
@@ -94,7 +94,7 @@ def make_row(prompt: dict, method, tokens: list[int], stats: dict, seconds: floa
         "memory_mb": round(method.memory_bytes() / 2**20, 2),
         "tokens": tokens,
         # monitoring counters (foretell methods): pass rate, wasted share, lossy and result-cache counts
-        **{k: stats[k] for k in MONITOR_KEYS if k in stats},
+        **{k: round(stats[k], 5) if isinstance(stats[k], float) else stats[k] for k in MONITOR_KEYS if k in stats},
     }
 
 
