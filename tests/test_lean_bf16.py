@@ -100,6 +100,8 @@ def test_an_eagle3_head_for_such_a_target_steps_natively_and_stays_exact(tiny_pa
     bf16_emulated(monkeypatch)
     target = build_model(tiny_pair[0], torch.float32)
     head = new_eagle3_head(target, Eagle3Config.for_target(target.config, draft_vocab_size=40), seed=1)
+    with torch.no_grad():  # as a head trained in bf16: its fc then runs in the column kernel
+        head.fc.weight.copy_(head.fc.weight.bfloat16().float())
     save_eagle3_head(head, tmp_path / "head")
     spec = SpeculativeConfig(method="eagle3", model=str(tmp_path / "head"), draft_quant="auto")
     pipe = load(tiny_pair[0], spec, dtype="bfloat16", warm_up=False)
@@ -108,6 +110,12 @@ def test_an_eagle3_head_for_such_a_target_steps_natively_and_stays_exact(tiny_pa
     plain = pipe.with_speculative("none")
     for prompt in PROMPTS:
         assert pipe.engine.generate(prompt, greedy_params(16)).tokens == plain.engine.generate(prompt, greedy_params(16)).tokens
+    # fc (bf16 numbers, a multiple of 16 outputs here) runs in the column kernel: PyTorch's product up to rounding
+    head = drafter.head
+    assert head.lean.fc is not None
+    features = torch.randn(5, head.fc.in_features)
+    with torch.inference_mode():
+        torch.testing.assert_close(head.fuse(features), head.fc(features), rtol=1e-5, atol=1e-5)
 
 
 def test_native_bf16_is_read_from_the_cpu_flags(tmp_path, monkeypatch):

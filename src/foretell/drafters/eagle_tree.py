@@ -50,10 +50,14 @@ class _Nodes:
     def add_children(self, parent: int, q: torch.Tensor, width: int) -> list[int]:
         """The top-`width` columns of q [V_draft] as children of `parent` (-1: the root); zero-probability ones skipped."""
         top = torch.topk(q, min(width, q.shape[-1]))
+        return self.add_top(parent, top.values.tolist(), top.indices.tolist())
+
+    def add_top(self, parent: int, probs: list[float], columns: list[int]) -> list[int]:
+        """Children of `parent` from a top-k already taken (probabilities descending, their columns)."""
         base = self.scores[parent] if parent >= 0 else 0.0
         depth = self.depths[parent] + 1 if parent >= 0 else 1
         added = []
-        for p, column in zip(top.values.tolist(), top.indices.tolist()):
+        for p, column in zip(probs, columns):
             if p <= 0.0:
                 break
             self.columns.append(column)
@@ -112,7 +116,7 @@ class Eagle3Drafter(HookedTreeDrafter):
         features = self._take_pending()
         start, n = self.cache.length, features.shape[0]
         head = self.head
-        hidden = head.fc(features.to(head.dtype))
+        hidden = head.fuse(features)
         next_tokens = torch.tensor(tokens[start + 1 :], dtype=torch.long, device=head.device)
         positions = torch.arange(start, start + n, device=head.device)
         out, logits = head.step_and_logits(next_tokens, hidden, positions, self.cache, last_only=True)
@@ -135,10 +139,12 @@ class Eagle3Drafter(HookedTreeDrafter):
                 break
             outputs, logits = self._step_nodes(nodes, expand, states, last_row)
             q = self._q(logits)
+            top = torch.topk(q, min(width, q.shape[-1]))  # every expanded node's children at once
+            probs, columns = top.values.tolist(), top.indices.tolist()
             level = []
             for row, node in enumerate(expand):
                 states[node] = outputs[row]
-                level.extend(nodes.add_children(node, q[row], width))
+                level.extend(nodes.add_top(node, probs[row], columns[row]))
             level_times.append(time.perf_counter())
         self.cache.truncate(context)  # drop the tree rows; the next proposal feeds what was accepted
         return nodes

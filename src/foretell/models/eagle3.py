@@ -195,6 +195,14 @@ class Eagle3Head(DrafterModule):
             self.lean = LeanEagle3Step(self, act_q8)
         return reason
 
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """fc of target features [..., F] -> [..., H] (in the lean step's column kernel where it runs)."""
+        if self.lean is not None and not torch.is_grad_enabled() and features.dim() == 2:
+            fused = self.lean.fuse(features)
+            if fused is not None:
+                return fused
+        return self.fc(features.to(self.device, self.dtype))
+
     @property
     def vocab_ids(self) -> torch.Tensor:
         """[draft_vocab_size] the target id of each lm_head column."""

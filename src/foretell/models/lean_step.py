@@ -364,9 +364,20 @@ class LeanEagle3Step:
         self.head = [head.norm.weight.detach().float().contiguous(), *parts]
         self.side_norm = m.input_layernorm.weight.detach().float().contiguous()
         self.heads, self.kv_heads, self.eps = c.num_attention_heads, c.num_key_value_heads, float(c.rms_norm_eps)
-        from foretell.kernels import lean_decode
+        from foretell.kernels import block_gemm, lean_decode
 
         self.kernel = lean_decode()
+        # fc, once a pass over the rows committed since the last: in the column kernel where its weights pack to
+        # one (bf16 numbers, or int8): PyTorch's float32 product of a few rows cost ~1 ms a pass here
+        kind, *parts = packed_projection(head.fc, interleave=False)
+        self.fc = (block_gemm(), kind, parts[0], parts[1]) if kind in (BF16X, I8X) and head.fc.bias is None else None
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor | None:
+        """fc of target features [T, F] through the column kernel, or None where fc did not pack to it."""
+        if self.fc is None or features.shape[0] > FUSED_MAX_ROWS:
+            return None
+        gemm, kind, main, scales = self.fc
+        return gemm(features.float().contiguous(), kind, main, scales)
 
     def __call__(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache,
                  tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
