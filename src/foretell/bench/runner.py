@@ -19,7 +19,8 @@ from typing import Callable
 from foretell.errors import ForetellError
 
 RESULTS = "results.jsonl"
-# Counters the report sums over rows (verification pass rate, wasted share, lossy, result cache).
+# Counters the report sums over rows (verification pass rate, wasted share, lossy, result cache; drafting and
+# verification seconds per pass).
 MONITOR_KEYS = ("draft_passes", "passes_with_accepted", "draft_tokens_verified", "lossy_accepted",
                 "cache_steps", "cache_hits", "cache_useful", "draft_seconds", "verify_seconds")
 SUMMARY = "bench.json"
@@ -93,7 +94,7 @@ def make_row(prompt: dict, method, tokens: list[int], stats: dict, seconds: floa
         "greedy_equal_to_plain": None if plain_tokens is None else tokens == plain_tokens,
         "memory_mb": round(method.memory_bytes() / 2**20, 2),
         "tokens": tokens,
-        # monitoring counters (foretell methods): pass rate, wasted share, lossy and result-cache counts
+        # monitoring counters (foretell methods): pass rate, wasted share, lossy and result-cache counts, timings
         **{k: round(stats[k], 5) if isinstance(stats[k], float) else stats[k] for k in MONITOR_KEYS if k in stats},
     }
 
