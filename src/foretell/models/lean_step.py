@@ -134,8 +134,9 @@ def projection(layer: nn.Module, bf16: bool = True) -> tuple[int, torch.Tensor, 
         main, scales = q4_blocks(layer)
     else:
         main, scales = layer.weight.detach(), empty
-        if bf16 and torch.equal(main.bfloat16().float(), main):  # exactly bf16 numbers: half the bytes, same values
-            kind, main = bf16_interleaved(main.bfloat16())
+        halved = main.bfloat16()
+        if bf16 and torch.equal(halved.float(), main):  # exactly bf16 numbers: half the bytes, same values
+            kind, main = bf16_interleaved(halved)
     bias = empty if layer.bias is None else layer.bias.detach().float()
     return kind, main.contiguous(), scales.float().contiguous(), bias.contiguous()
 
