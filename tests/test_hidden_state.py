@@ -465,6 +465,9 @@ def test_save_load_round_trip(plain, tmp_path, tiny_pair):
     # Through the public API: hidden_draft=PATH picks the hidden-state drafter.
     pipe = load(tiny_pair[0], SpeculativeConfig(method='hidden-state', model=str(tmp_path / "hd"), draft_quant="none"), warm_up=False)
     assert pipe.engine.drafter.name == "hidden-state"
+    from foretell.kernels import lean_decode
+
+    assert (pipe.engine.drafter.draft.lean is not None) == (lean_decode() is not None)  # steps natively as its target
     for prompt in PROMPTS:
         assert pipe.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
 
@@ -485,6 +488,41 @@ def test_int8_draft_keeps_greedy_exact_and_leaves_the_target_alone(plain, tmp_pa
     # "none" (the API's default) keeps every projection as it was.
     kept = load(tiny_pair[0], SpeculativeConfig(method='hidden-state', model=str(tmp_path / "hd"), draft_quant="none"), warm_up=False)
     assert isinstance(kept.engine.drafter.draft.layer.qkv_proj, torch.nn.Linear)
+
+
+@pytest.mark.parametrize("quant", ["none", "int8"])
+def test_lean_draft_steps_match_pytorch_and_decode_exactly(plain, quant):
+    """The draft's native step (models/lean_step.LeanHiddenStep): context rows then a chain of its own predictions
+    give PyTorch's predictions, cache and logits up to rounding (the output layer in the column kernel, its hot rows
+    being bf16 numbers), and greedy decoding with it equals plain decoding."""
+    from foretell.kernels import lean_decode
+
+    if lean_decode() is None:
+        pytest.skip("the lean step's kernel cannot be built on this machine")
+    hot = HotVocab(torch.arange(8, 40), 48)  # 32 rows: the column kernel takes 16 at a time
+    draft = make_draft(plain.target.model, rank=8, seed=7, hot=hot).quantize(quant)
+    with torch.no_grad():  # the hot rows are the draft's own copy: make them bf16 numbers, as a bf16 target's are
+        draft.shared.lm_head.weight.copy_(draft.shared.lm_head.weight.bfloat16().float())
+    assert draft.use_lean_step() is None and draft.lean.output is not None
+    lean = draft.lean
+    hidden = torch.randn(5, draft.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    results = {}
+    for on in (True, False):
+        draft.lean = lean if on else None
+        cache = draft.new_cache(16)
+        with torch.inference_mode():
+            chain = [draft.step(hidden, cache)[-1:]]
+            cache.commit_prefix(5)
+            for _ in range(3):
+                chain.append(draft.step(chain[-1], cache))
+                cache.commit_prefix(1)
+            chain = torch.cat(chain)
+            results[on] = (chain, draft.logits(chain), cache.k[:, :, :, :8].clone(), cache.v[:, :, :, :8].clone())
+    for got, want in zip(results[True], results[False]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    draft.lean = lean
+    assert_greedy_equals_plain(plain, plain.with_drafter(HiddenStateDrafter(draft)))
+    assert draft.use_lean_step(False) is None and draft.lean is None
 
 
 def test_load_errors(plain, tmp_path, tiny_pair):

@@ -103,8 +103,8 @@ class DrafterWeights:
         from foretell.models.hidden_draft import load_hidden_draft
 
         folder = self.folder(model, "hidden-state")
-        return self._once(("hidden", folder, hot_vocab, quant), lambda: widened(load_hidden_draft(
-            folder, self.target.model, self.hot_vocab(hot_vocab)).quantize(quant), self.target.model))
+        return self._once(("hidden", folder, hot_vocab, quant), lambda: lean_drafter(widened(load_hidden_draft(
+            folder, self.target.model, self.hot_vocab(hot_vocab)).quantize(quant), self.target.model), self.target.model))
 
     def eagle3_head(self, model: str, quant: str = "none"):
         """An EAGLE-3 head: foretell's folder, an EAGLE-3 checkpoint in the engines' layout, or a shipped name;
@@ -113,8 +113,8 @@ class DrafterWeights:
 
         folder = self.folder(model, "eagle3")
         return self._once(("eagle3", folder, quant),
-                          lambda: lean_head(widened(load_eagle3_head(folder, self.target.model).quantize(quant),
-                                                    self.target.model), self.target.model))
+                          lambda: lean_drafter(widened(load_eagle3_head(folder, self.target.model).quantize(quant),
+                                                       self.target.model), self.target.model))
 
     def target_cost(self) -> CostCurve:
         """The target's forward cost by verified tokens on this machine (measured once, then cached on disk)."""
@@ -136,14 +136,19 @@ def widened(module, target: torch.nn.Module):
     return module
 
 
-def lean_head(head, target):
-    """An EAGLE-3 head steps natively (models/lean_step.py) where its target does (load(..., lean=True) on a float32
-    CPU target): a tree level's step and logits in one call instead of ~30 PyTorch operations. With 8-bit
-    activations in the target, in the head too (its int8 projections, 8 output columns at a time)."""
+def lean_drafter(module, target):
+    """An EAGLE-3 head or hidden-state draft steps natively (models/lean_step.py) where its target does
+    (load(..., lean=True) on a float32 CPU target): a step in one call instead of ~30 PyTorch operations. With 8-bit
+    activations in the target, in an EAGLE-3 head too (its int8 projections, 8 output columns at a time)."""
+    from foretell.models.eagle3 import Eagle3Head
+
     lean = getattr(target, "lean", None)
     if lean is not None:
-        head.use_lean_step(act_q8=lean.act_q8)
-    return head
+        if isinstance(module, Eagle3Head):
+            module.use_lean_step(act_q8=lean.act_q8)
+        else:
+            module.use_lean_step()
+    return module
 
 
 def build_drafter(spec: SpeculativeConfig, weights: DrafterWeights) -> tuple[Drafter | None, DraftLengthPolicy]:

@@ -678,7 +678,7 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
 // the new keys and values go to slots slot..slot+T-1; visible: bool [T, slot + T], which slots each new token
 // attends to (empty: all committed ones and the new ones up to itself). layers: per layer 2 norms then 4
 // projections (qkv, o, gate_up, down) as (codes or dense, scales, bias); head: the final norm, then the output
-// projection; kinds: the projections' kinds, 4 a layer then the head's.
+// projection (or the final norm alone: no logits); kinds: the projections' kinds, 4 a layer then the head's.
 // side, side_norm (empty: none): EAGLE-3's head, whose one layer reads q, k and v from [norm(side), norm(x)] (the
 // token embeddings beside the hidden states) and keeps x as its residual.
 // Returns (logits [T, V], states [L + 1, T, H]: the embeddings, each layer's output but the last, the final normed
@@ -703,8 +703,12 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
   TORCH_CHECK(D % 8 == 0, "the lean step's attention reads head sizes that are multiples of 8");
   TORCH_CHECK(visible.numel() == 0 || (visible.scalar_type() == at::kBool && visible.size(0) == T &&
                                        visible.size(1) == keys), "visible: bool [T, slot + T] expected");
-  TORCH_CHECK(static_cast<int64_t>(layers.size()) == L * 14 && static_cast<int64_t>(kinds.size()) == L * 4 + 1,
-              "14 tensors and 4 kinds a layer expected");
+  // head = [final norm] alone (and no head kind): no output projection, empty logits (a hidden-state draft's chain
+  // steps, whose logits come from one product over the whole chain afterwards)
+  const bool has_head = head.size() > 1;
+  TORCH_CHECK(static_cast<int64_t>(layers.size()) == L * 14 &&
+                  static_cast<int64_t>(kinds.size()) == L * 4 + (has_head ? 1 : 0) && !head.empty(),
+              "14 tensors and 4 kinds a layer, then the final norm and the head's projection (with its kind) expected");
   const bool has_side = side.numel() > 0;
   TORCH_CHECK(!has_side || (side.scalar_type() == at::kFloat && side.dim() == 2 && side.size(0) == T &&
                             side.size(1) == H && side_norm.numel() == H),
@@ -800,6 +804,7 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
   std::copy(h.begin(), h.end(), last.data_ptr<float>());
   for (int64_t t = 0; t < T; ++t) rms_norm(h.data() + t * H, head[0].data_ptr<float>(), H, eps, normed.data() + t * H);
   std::copy(normed.begin(), normed.end(), st + L * T * H);
+  if (!has_head) return {torch::empty({T, 0}, x.options()), states, last};
   Proj p_head = proj_of(kinds[L * 4], head, 1);
   sums.resize(T * (p_head.K / 32 + 1));
   auto logits = torch::empty({T, p_head.N}, x.options());

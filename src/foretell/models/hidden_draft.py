@@ -125,7 +125,19 @@ class HiddenDraft(DrafterModule):
             lm_head = hot.head(target.lm_head) if hot is not None else target.lm_head
         self.shared = SharedParts(target.embed_tokens, lm_head, hot, target.config.final_softcap)
         self.rotary = RotaryTables(config.head_dim, config.rope_theta, None, 0)
+        self.lean = None  # use_lean_step(): a step in one native call, the chain's logits in the column kernel
         self.to(dtype=target.dtype, device=target.device)
+
+    def use_lean_step(self, on: bool = True) -> str | None:
+        """Run steps natively where the draft suits the lean step (float32 on CPU); returns why not otherwise.
+        Packs the weights as they are now: call after quantize() and set_draft_vocab()."""
+        from foretell.models.lean_step import LeanHiddenStep, hidden_lean_support
+
+        self.lean = None
+        reason = hidden_lean_support(self) if on else None
+        if on and reason is None:
+            self.lean = LeanHiddenStep(self)
+        return reason
 
     def set_draft_vocab(self, ids: torch.Tensor, target: Transformer) -> None:
         """Make `ids` (ascending, distinct target ids) the draft's own vocabulary: its output layer becomes those
@@ -167,6 +179,8 @@ class HiddenDraft(DrafterModule):
             raise ValueError("the hidden-state draft needs at least one row per step")
         cache.check_room(T)
         positions = torch.arange(start, start + T, device=self.device)
+        if self.lean is not None and not torch.is_grad_enabled():
+            return self.lean(hidden, positions, cache)
         mask = None  # one row sees the whole cache
         if T > 1:
             causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
@@ -175,6 +189,10 @@ class HiddenDraft(DrafterModule):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] predicted states -> [..., V_out] float32 logits (V_out: hot ids, or the vocabulary)."""
+        if self.lean is not None and not torch.is_grad_enabled() and hidden.dim() == 2:
+            out = self.lean.logits(hidden)  # (the lean step takes no draft with a soft-cap)
+            if out is not None:
+                return out
         out = self.shared.lm_head(hidden.to(self.dtype))
         if self.shared.final_softcap is not None:
             out = softcap(out, self.shared.final_softcap)

@@ -328,25 +328,59 @@ class LeanStep:
 
 def head_lean_support(head) -> str | None:
     """None where the lean step can run an EAGLE-3 head (models/eagle3.py), else why not."""
+    m = head.midlayer
+    return drafter_lean_support(head, (m.input_layernorm, m.hidden_norm, m.post_attention_layernorm, head.norm),
+                                (m.qkv_proj, m.o_proj, m.gate_up_proj, m.down_proj, head.lm_head))
+
+
+def hidden_lean_support(draft) -> str | None:
+    """None where the lean step can run a hidden-state draft's layer (models/hidden_draft.py), else why not."""
+    if draft.shared.final_softcap is not None:
+        return "the lean step runs output layers without a soft-cap"
+    layer = draft.layer
+    if layer.q_norm is not None or layer.attn_output_norm is not None or layer.attn_softcap is not None \
+            or layer.rotary_dim is not None or layer.scale is not None or layer.act is not F.silu:
+        return "the lean step runs Llama-shaped layers (no q/k or sandwich norms or soft-caps, full rotary, SiLU)"
+    return drafter_lean_support(draft, (layer.input_layernorm, layer.post_attention_layernorm, draft.norm),
+                                (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
+
+
+def drafter_lean_support(module, norms, projections) -> str | None:
+    """None where the lean step can run a drafter module with these norms and projections, else why not."""
     from foretell.kernels import lean_decode
     from foretell.models.transformer import RMSNorm
 
-    if head.device.type != "cpu" or head.dtype != torch.float32:
-        return "the lean step runs float32 heads on CPU"
-    if head.config.head_dim % 8:
-        return f"the lean step runs head sizes that are multiples of 8, not {head.config.head_dim}"
-    m = head.midlayer
-    norms = (m.input_layernorm, m.hidden_norm, m.post_attention_layernorm, head.norm)
+    if module.device.type != "cpu" or module.dtype != torch.float32:
+        return "the lean step runs float32 drafters on CPU"
+    if module.config.head_dim % 8:
+        return f"the lean step runs head sizes that are multiples of 8, not {module.config.head_dim}"
     if any(type(n) is not RMSNorm for n in norms):
         return "the lean step runs plain RMSNorm"
     try:
-        for layer in (m.qkv_proj, m.o_proj, m.gate_up_proj, m.down_proj, head.lm_head):
+        for layer in projections:
             kind_of(layer)
     except ValueError as e:
         return str(e)
     if lean_decode() is None:
         return "the lean step's kernel is not built here"
     return None
+
+
+def column_product(layer: nn.Module):
+    """(block_gemm, kind, packed weight, scales) where `layer` packs to the column kernel (bf16 numbers or int8, no
+    bias), else None: a few rows through it cost little more than one (kernels/lean_decode.cpp, group_x16)."""
+    from foretell.kernels import block_gemm
+
+    kind, main, scales, bias = packed_projection(layer, interleave=False)
+    return (block_gemm(), kind, main, scales) if kind in (BF16X, I8X) and not bias.numel() else None
+
+
+def run_column_product(packed, rows: torch.Tensor) -> torch.Tensor | None:
+    """rows [T, K] @ W^T through column_product's packing, or None where it did not pack or T is past the kernel."""
+    if packed is None or rows.shape[0] > FUSED_MAX_ROWS:
+        return None
+    gemm, kind, main, scales = packed
+    return gemm(rows.float().contiguous(), kind, main, scales)
 
 
 class LeanEagle3Step:
@@ -365,20 +399,16 @@ class LeanEagle3Step:
         self.head = [head.norm.weight.detach().float().contiguous(), *parts]
         self.side_norm = m.input_layernorm.weight.detach().float().contiguous()
         self.heads, self.kv_heads, self.eps = c.num_attention_heads, c.num_key_value_heads, float(c.rms_norm_eps)
-        from foretell.kernels import block_gemm, lean_decode
+        from foretell.kernels import lean_decode
 
         self.kernel = lean_decode()
         # fc, once a pass over the rows committed since the last: in the column kernel where its weights pack to
         # one (bf16 numbers, or int8): PyTorch's float32 product of a few rows cost ~1 ms a pass here
-        kind, *parts = packed_projection(head.fc, interleave=False)
-        self.fc = (block_gemm(), kind, parts[0], parts[1]) if kind in (BF16X, I8X) and head.fc.bias is None else None
+        self.fc = column_product(head.fc)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor | None:
         """fc of target features [T, F] through the column kernel, or None where fc did not pack to it."""
-        if self.fc is None or features.shape[0] > FUSED_MAX_ROWS:
-            return None
-        gemm, kind, main, scales = self.fc
-        return gemm(features.float().contiguous(), kind, main, scales)
+        return run_column_product(self.fc, features)
 
     def __call__(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache,
                  tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -388,3 +418,35 @@ class LeanEagle3Step:
         logits, _, last = run_chunked(self.kernel, LEAN_MAX_ROWS, hidden.float().contiguous(), cos, sin, cache,
                                       tree_mask, weights, side=embeds.float().contiguous(), side_norm=self.side_norm)
         return last, logits
+
+
+class LeanHiddenStep:
+    """A hidden-state draft's step (its decoder layer and output norm over hidden rows) in one native call, and its
+    output layer over a whole chain in the column kernel. The chain's steps need no logits on the way (they feed
+    the predicted states back), so the output layer, larger than the draft's layer, runs once over all of them.
+    Only drafts come out of it, so its rounding can move acceptance, never exactness."""
+
+    def __init__(self, draft):
+        layer = draft.layer
+        c = draft.config
+        self.draft = draft
+        self.tensors, self.kinds = packed_layer(layer.input_layernorm, layer.post_attention_layernorm,
+                                                (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
+        self.head = [draft.norm.weight.detach().float().contiguous()]  # the final norm alone: no logits
+        self.heads, self.kv_heads, self.eps = c.num_attention_heads, c.num_key_value_heads, float(c.rms_norm_eps)
+        self.output = column_product(draft.shared.lm_head)
+        from foretell.kernels import lean_decode
+
+        self.kernel = lean_decode()
+
+    def __call__(self, hidden: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """HiddenDraft.step's rows (causal among themselves): the predicted (normed) states [T, H]."""
+        cos, sin = self.draft.rotary(positions, int(positions.max()), torch.float32)
+        weights = (self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps, False)
+        _, states, _ = run_chunked(self.kernel, LEAN_MAX_ROWS, hidden.float().contiguous(), cos, sin, cache, None,
+                                   weights)
+        return states[-1]
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor | None:
+        """The output layer over predicted states [T, H] in the column kernel, or None where it did not pack."""
+        return run_column_product(self.output, states)
