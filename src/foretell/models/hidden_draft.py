@@ -212,8 +212,8 @@ class HiddenDraft(DrafterModule):
     def quantize(self, mode: str) -> "HiddenDraft":
         """Store the draft's decoder-layer projections as int8 per `mode` (models/quant.py; "auto" = int8
         on CPU). Lossless for decoding (drafts only propose); inference only (int8 weights do not train).
-        The output layer stays as it is: on CPU its hot rows over a few rows ran slower as int8
-        (benchmarks/hidden_draft_step.py), and without a hot vocabulary it is the target's own.
+        The output layer stays as it is: its hot rows are the target's (bf16 numbers, which the lean step's column
+        kernel streams as such, use_lean_step), and without a hot vocabulary it is the target's own.
         """
         if resolve_quant(mode, self.device, self.dtype) == "int8":
             quantize_int8(self.layer)
