@@ -210,8 +210,49 @@ def test_save_load_round_trip(plain, tmp_path, tiny_pair):
     # Through the public API: head=PATH picks the parallel-head drafter.
     pipe = load(tiny_pair[0], SpeculativeConfig(method='parallel-head', model=str(tmp_path / "head")), warm_up=False)
     assert pipe.engine.drafter.name == "parallel-head"
+    from foretell.kernels import lean_decode
+
+    assert (pipe.engine.drafter.head.lean is not None) == (lean_decode() is not None)  # steps natively as its target
     for prompt in PROMPTS:
         assert pipe.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
+
+
+def test_lean_forward_matches_pytorch_and_decodes_exactly(plain):
+    """The head's native forward (models/lean_step.LeanDraftLayers; fuse and its hot output rows in the column
+    kernel, being bf16 numbers): context rows with placeholders, twice, give PyTorch's logits and cache up to
+    rounding, and greedy decoding with it equals plain decoding."""
+    from foretell.hot_vocab import HotVocab
+    from foretell.kernels import lean_decode
+
+    if lean_decode() is None:
+        pytest.skip("the lean step's kernel cannot be built on this machine")
+    target = plain.target.model
+    config = ParallelHeadConfig.for_target(target.config, num_layers=2, fuse_layers=(0, 2))
+    head = new_parallel_head(target, config, seed=3, hot=HotVocab(torch.arange(8, 40), 48))
+    with torch.no_grad():  # the hot rows are the head's own copy; bf16 numbers, as a shipped head's weights are
+        for weight in (head.fuse.weight, head.shared.lm_head.weight):
+            weight.copy_(weight.bfloat16().float())
+    assert head.use_lean_step() is None and head.lean.fuse is not None and head.lean.output is not None
+    lean = head.lean
+    g = torch.Generator().manual_seed(0)
+    features = torch.randn(7, len(config.fuse_layers) * config.hidden_size, generator=g)
+    next_tokens = torch.tensor([3, 9, 11, 4, 20, 7, 1])
+    results = {}
+    for on in (True, False):
+        head.lean = lean if on else None
+        cache = head.new_cache(16)
+        with torch.inference_mode():
+            first = head(features[:5], next_tokens[:5], cache, num_placeholders=3, full_vocab=False)
+            cache.commit_prefix(5)
+            second = head(features[5:], next_tokens[5:], cache, num_placeholders=2)
+        results[on] = (first, second, cache.k[:, :, :, :7].clone(), cache.v[:, :, :, :7].clone())
+    for got, want in zip(results[True], results[False]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    head.lean = lean
+    spec = plain.with_drafter(ParallelHeadDrafter(head, HeadTreeShape(max_nodes=10, depth=4, width=3)))
+    for prompt in PROMPTS:
+        assert spec.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
+    assert head.use_lean_step(False) is None and head.lean is None
 
 
 def test_load_errors(plain, tmp_path, tiny_pair):

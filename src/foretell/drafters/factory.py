@@ -96,8 +96,9 @@ class DrafterWeights:
 
         folder = self.folder(model, "parallel-head")
         return self._once(("head", folder, hot_vocab),
-                          lambda: widened(load_parallel_head(folder, self.target.model, self.hot_vocab(hot_vocab)),
-                                          self.target.model))
+                          lambda: lean_drafter(widened(load_parallel_head(folder, self.target.model,
+                                                                          self.hot_vocab(hot_vocab)),
+                                                       self.target.model), self.target.model))
 
     def hidden_draft(self, model: str, hot_vocab: int, quant: str):
         from foretell.models.hidden_draft import load_hidden_draft
@@ -137,8 +138,8 @@ def widened(module, target: torch.nn.Module):
 
 
 def lean_drafter(module, target):
-    """An EAGLE-3 head or hidden-state draft steps natively (models/lean_step.py) where its target does
-    (load(..., lean=True) on a float32 CPU target): a step in one call instead of ~30 PyTorch operations. With 8-bit
+    """An EAGLE-3 head, hidden-state draft or parallel head steps natively (models/lean_step.py) where its target
+    does (load(..., lean=True) on a float32 CPU target): a step in one call instead of ~30 PyTorch operations. With 8-bit
     activations in the target, in an EAGLE-3 head too (its int8 projections, 8 output columns at a time)."""
     from foretell.models.eagle3 import Eagle3Head
 

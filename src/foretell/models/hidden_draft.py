@@ -131,12 +131,12 @@ class HiddenDraft(DrafterModule):
     def use_lean_step(self, on: bool = True) -> str | None:
         """Run steps natively where the draft suits the lean step (float32 on CPU); returns why not otherwise.
         Packs the weights as they are now: call after quantize() and set_draft_vocab()."""
-        from foretell.models.lean_step import LeanHiddenStep, hidden_lean_support
+        from foretell.models.lean_step import LeanDraftLayers, layers_lean_support
 
         self.lean = None
-        reason = hidden_lean_support(self) if on else None
+        reason = layers_lean_support(self, [self.layer], self.norm, self.shared.final_softcap) if on else None
         if on and reason is None:
-            self.lean = LeanHiddenStep(self)
+            self.lean = LeanDraftLayers([self.layer], self.norm, self.shared.lm_head, self.config, self.rotary)
         return reason
 
     def set_draft_vocab(self, ids: torch.Tensor, target: Transformer) -> None:

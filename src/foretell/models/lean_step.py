@@ -333,16 +333,18 @@ def head_lean_support(head) -> str | None:
                                 (m.qkv_proj, m.o_proj, m.gate_up_proj, m.down_proj, head.lm_head))
 
 
-def hidden_lean_support(draft) -> str | None:
-    """None where the lean step can run a hidden-state draft's layer (models/hidden_draft.py), else why not."""
-    if draft.shared.final_softcap is not None:
+def layers_lean_support(module, layers, final_norm, final_softcap) -> str | None:
+    """None where the lean step can run a drafter module's decoder layers (models/transformer.DecoderLayer) and
+    final norm (LeanDraftLayers: a hidden-state draft, a parallel head), else why not."""
+    if final_softcap is not None:
         return "the lean step runs output layers without a soft-cap"
-    layer = draft.layer
-    if layer.q_norm is not None or layer.attn_output_norm is not None or layer.attn_softcap is not None \
-            or layer.rotary_dim is not None or layer.scale is not None or layer.act is not F.silu:
-        return "the lean step runs Llama-shaped layers (no q/k or sandwich norms or soft-caps, full rotary, SiLU)"
-    return drafter_lean_support(draft, (layer.input_layernorm, layer.post_attention_layernorm, draft.norm),
-                                (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
+    for layer in layers:
+        if layer.q_norm is not None or layer.attn_output_norm is not None or layer.attn_softcap is not None \
+                or layer.rotary_dim is not None or layer.scale is not None or layer.act is not F.silu:
+            return "the lean step runs Llama-shaped layers (no q/k or sandwich norms or soft-caps, full rotary, SiLU)"
+    norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)] + [final_norm]
+    projections = [p for layer in layers for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+    return drafter_lean_support(module, norms, projections)
 
 
 def drafter_lean_support(module, norms, projections) -> str | None:
@@ -420,33 +422,37 @@ class LeanEagle3Step:
         return last, logits
 
 
-class LeanHiddenStep:
-    """A hidden-state draft's step (its decoder layer and output norm over hidden rows) in one native call, and its
-    output layer over a whole chain in the column kernel. The chain's steps need no logits on the way (they feed
-    the predicted states back), so the output layer, larger than the draft's layer, runs once over all of them.
-    Only drafts come out of it, so its rounding can move acceptance, never exactness."""
+class LeanDraftLayers:
+    """A drafter's decoder layers and final norm (a hidden-state draft's one layer, a parallel head's) in one native
+    call, and its output layer in the column kernel, run separately: the drafter needs logits for some rows only (a
+    hidden-state chain feeds its predictions back and scores them all at the end; a parallel head scores its last
+    context row and its placeholders), and its output layer is larger than its layers. Only drafts come out of it,
+    so its rounding can move acceptance, never exactness."""
 
-    def __init__(self, draft):
-        layer = draft.layer
-        c = draft.config
-        self.draft = draft
-        self.tensors, self.kinds = packed_layer(layer.input_layernorm, layer.post_attention_layernorm,
-                                                (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
-        self.head = [draft.norm.weight.detach().float().contiguous()]  # the final norm alone: no logits
-        self.heads, self.kv_heads, self.eps = c.num_attention_heads, c.num_key_value_heads, float(c.rms_norm_eps)
-        self.output = column_product(draft.shared.lm_head)
+    def __init__(self, layers, final_norm, output_layer, config, rotary):
+        self.tensors, self.kinds = [], []
+        for layer in layers:
+            tensors, kinds = packed_layer(layer.input_layernorm, layer.post_attention_layernorm,
+                                          (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
+            self.tensors += tensors
+            self.kinds += kinds
+        self.head = [final_norm.weight.detach().float().contiguous()]  # the final norm alone: no logits
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.eps = float(config.rms_norm_eps)
+        self.rotary = rotary
+        self.output = column_product(output_layer)
         from foretell.kernels import lean_decode
 
         self.kernel = lean_decode()
 
-    def __call__(self, hidden: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        """HiddenDraft.step's rows (causal among themselves): the predicted (normed) states [T, H]."""
-        cos, sin = self.draft.rotary(positions, int(positions.max()), torch.float32)
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """Rows x [T, H] after the cache's length (causal among themselves; writes their slots): the final-normed
+        outputs [T, H]."""
+        cos, sin = self.rotary(positions, int(positions.max()), torch.float32)
         weights = (self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps, False)
-        _, states, _ = run_chunked(self.kernel, LEAN_MAX_ROWS, hidden.float().contiguous(), cos, sin, cache, None,
-                                   weights)
+        _, states, _ = run_chunked(self.kernel, LEAN_MAX_ROWS, x.float().contiguous(), cos, sin, cache, None, weights)
         return states[-1]
 
     def logits(self, states: torch.Tensor) -> torch.Tensor | None:
-        """The output layer over predicted states [T, H] in the column kernel, or None where it did not pack."""
+        """The output layer over normed rows [T, H] in the column kernel, or None where it did not pack."""
         return run_column_product(self.output, states)

@@ -122,7 +122,21 @@ class ParallelHead(DrafterModule):
         self.layers = nn.ModuleList(DecoderLayer(layer_config) for _ in range(config.num_layers))
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.rotary = RotaryTables(config.head_dim, config.rope_theta, None, 0)
+        self.lean = None  # use_lean_step(): its layers in one native call, fuse and logits in the column kernel
         self.to(dtype=target.dtype, device=target.device)
+
+    def use_lean_step(self, on: bool = True) -> str | None:
+        """Run forwards natively where the head suits the lean step (float32 on CPU); returns why not otherwise.
+        Packs the weights as they are now. A forward in PyTorch cost ~15 ms here (its layer over a few rows, and
+        8192 output rows over its depths), against ~1 ms of arithmetic."""
+        from foretell.models.lean_step import LeanDraftLayers, column_product, layers_lean_support
+
+        self.lean = None
+        reason = layers_lean_support(self, list(self.layers), self.norm, self.shared.final_softcap) if on else None
+        if on and reason is None:
+            self.lean = LeanDraftLayers(self.layers, self.norm, self.shared.lm_head, self.config, self.rotary)
+            self.lean.fuse = column_product(self.fuse)
+        return reason
 
     @property
     def cache_layers(self) -> int:
@@ -138,7 +152,14 @@ class ParallelHead(DrafterModule):
     def context_inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """Input rows [..., H] from target features at i and the (frozen) embedding of token i + 1."""
         embedded = self.shared.embed_tokens(next_tokens).detach()
-        return self.fuse(torch.cat([features.to(self.dtype), embedded], dim=-1))
+        rows = torch.cat([features.to(self.dtype), embedded], dim=-1)
+        if self.lean is not None and not torch.is_grad_enabled() and rows.dim() == 2:
+            from foretell.models.lean_step import run_column_product
+
+            fused = run_column_product(self.lean.fuse, rows)
+            if fused is not None:
+                return fused
+        return self.fuse(rows)
 
     def _run_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, mask) -> torch.Tensor:
         cos, sin = self.rope(positions)
@@ -149,7 +170,9 @@ class ParallelHead(DrafterModule):
     def logits(self, x: torch.Tensor, full_vocab: bool = True) -> torch.Tensor:
         """[..., H] normed rows -> [..., V] float32 logits over the full vocabulary (-inf off a hot set);
         with full_vocab=False over the head's own vocabulary (`vocab_ids`), which skips the expansion."""
-        out = self.shared.lm_head(x)
+        out = self.lean.logits(x) if self.lean is not None and not torch.is_grad_enabled() and x.dim() == 2 else None
+        if out is None:
+            out = self.shared.lm_head(x)
         if self.shared.final_softcap is not None:
             out = softcap(out, self.shared.final_softcap)
         out = out.float()
@@ -179,6 +202,8 @@ class ParallelHead(DrafterModule):
         T, start = x.shape[0], cache.length
         cache.check_room(T)
         positions = torch.arange(start, start + T, device=self.device)
+        if self.lean is not None and not torch.is_grad_enabled():
+            return self.logits(self.lean(x, positions, cache)[n - 1 :], full_vocab)
         mask = None  # one row sees the whole cache
         if T > 1:
             causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
