@@ -22,6 +22,16 @@ from foretell.models.shipped import ship_drafter
 SAVED = {"parallel-head": "head", "hidden-state": "draft", "eagle3": "head"}  # the saved drafter's folder in a training run
 
 
+def bench_figures(folder: str, method: str) -> dict:
+    """A bench run's speedup and tau for `method`, per group (overall, each dataset and category)."""
+    from foretell.bench.report import summarize
+    from foretell.bench.runner import RESULTS, read_rows
+
+    groups = summarize(read_rows(Path(folder) / RESULTS))
+    return {"folder": folder, "method": method, "speedup_tau": {
+        group: next(([s.speedup, s.tau] for s in rows if s.method == method), None) for group, rows in groups.items()}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="the training run folder (its --out)")
@@ -47,13 +57,7 @@ def main() -> None:
         "heldout": json.loads((run / "eval.json").read_text()),
     }
     if args.bench:
-        from foretell.bench.report import summarize
-        from foretell.bench.runner import RESULTS, read_rows
-
-        groups = summarize(read_rows(Path(args.bench) / RESULTS))
-        made_by["bench"] = {"folder": args.bench, "method": args.bench_method, "speedup_tau": {
-            group: next(([s.speedup, s.tau] for s in rows if s.method == args.bench_method), None)
-            for group, rows in groups.items()}}
+        made_by["bench"] = bench_figures(args.bench, args.bench_method)
     target = load_model(args.target)
     out = ship_drafter(run / SAVED[args.kind], args.name, args.kind, args.target, target.model, speculative, made_by,
                        default=args.default, storage=args.storage)

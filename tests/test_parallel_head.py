@@ -232,7 +232,7 @@ def test_lean_forward_matches_pytorch_and_decodes_exactly(plain):
     with torch.no_grad():  # the hot rows are the head's own copy; bf16 numbers, as a shipped head's weights are
         for weight in (head.fuse.weight, head.shared.lm_head.weight):
             weight.copy_(weight.bfloat16().float())
-    assert head.use_lean_step() is None and head.lean.fuse is not None and head.lean.output is not None
+    assert head.use_lean_step() is None and head.lean.input_layer is not None and head.lean.output is not None
     lean = head.lean
     g = torch.Generator().manual_seed(0)
     features = torch.randn(7, len(config.fuse_layers) * config.hidden_size, generator=g)

@@ -55,6 +55,27 @@ def test_the_default_shipped_drafter_of_a_target(shipped, tiny_pair, tmp_path):
     assert default_speculative("another-model", tmp_path / "cache", root)[0].method == "prompt-lookup"
 
 
+def test_one_default_a_target_and_make_default_moves_it(shipped, tiny_pair, tmp_path):
+    """Shipping a second default unmarks the first; make_default moves the mark back, records the bench figures,
+    and leaves the weights' checksums valid."""
+    from foretell.models.shipped import make_default, verified_folder
+
+    target, root = shipped
+    saved = save_parallel_head(new_parallel_head(target.model, ParallelHeadConfig.for_target(target.config), seed=4),
+                               tmp_path / "run2" / "head")
+    ship_drafter(saved, "tiny-head-2", "parallel-head", str(tiny_pair[0]), target.model, SPEC,
+                 {"command": "another test"}, default=True, root=root)
+    defaults = lambda: [m.name for m in shipped_manifests(root) if m.default]  # noqa: E731
+    assert defaults() == ["tiny-head-2"]
+    figures = {"folder": "runs/x", "method": "tiny-head", "speedup_tau": {"overall": [1.3, 2.1]}}
+    assert make_default("tiny-head", figures, root).made_by["bench"] == figures
+    assert defaults() == ["tiny-head"]
+    assert Manifest.read(root / "tiny-head").made_by["command"] == "a test"  # the rest kept
+    for name in ("tiny-head", "tiny-head-2"):
+        verified_folder(name, "parallel-head", target.model, root)
+    assert default_speculative(str(tiny_pair[0]), tmp_path / "cache", root)[0].model == "tiny-head"
+
+
 def test_a_damaged_or_misused_shipped_drafter_is_refused(shipped, tiny_pair):
     target, root = shipped
     folder = root / "tiny-head"

@@ -429,7 +429,9 @@ class LeanDraftLayers:
     context row and its placeholders), and its output layer is larger than its layers. Only drafts come out of it,
     so its rounding can move acceptance, never exactness."""
 
-    def __init__(self, layers, final_norm, output_layer, config, rotary):
+    def __init__(self, layers, final_norm, output_layer, config, rotary, input_layer: nn.Module | None = None):
+        """input_layer: a projection the drafter's input rows come from (a parallel head's fuse), run in the column
+        kernel too where it packs to it (`input`)."""
         self.tensors, self.kinds = [], []
         for layer in layers:
             tensors, kinds = packed_layer(layer.input_layernorm, layer.post_attention_layernorm,
@@ -441,6 +443,7 @@ class LeanDraftLayers:
         self.eps = float(config.rms_norm_eps)
         self.rotary = rotary
         self.output = column_product(output_layer)
+        self.input_layer = None if input_layer is None else column_product(input_layer)
         from foretell.kernels import lean_decode
 
         self.kernel = lean_decode()
@@ -456,3 +459,7 @@ class LeanDraftLayers:
     def logits(self, states: torch.Tensor) -> torch.Tensor | None:
         """The output layer over normed rows [T, H] in the column kernel, or None where it did not pack."""
         return run_column_product(self.output, states)
+
+    def input(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """The input layer over rows [T, K] in the column kernel, or None where it did not pack (or there is none)."""
+        return run_column_product(self.input_layer, rows)

@@ -129,13 +129,13 @@ class ParallelHead(DrafterModule):
         """Run forwards natively where the head suits the lean step (float32 on CPU); returns why not otherwise.
         Packs the weights as they are now. A forward in PyTorch cost ~15 ms here (its layer over a few rows, and
         8192 output rows over its depths), against ~1 ms of arithmetic."""
-        from foretell.models.lean_step import LeanDraftLayers, column_product, layers_lean_support
+        from foretell.models.lean_step import LeanDraftLayers, layers_lean_support
 
         self.lean = None
         reason = layers_lean_support(self, list(self.layers), self.norm, self.shared.final_softcap) if on else None
         if on and reason is None:
-            self.lean = LeanDraftLayers(self.layers, self.norm, self.shared.lm_head, self.config, self.rotary)
-            self.lean.fuse = column_product(self.fuse)
+            self.lean = LeanDraftLayers(self.layers, self.norm, self.shared.lm_head, self.config, self.rotary,
+                                        input_layer=self.fuse)
         return reason
 
     @property
@@ -153,13 +153,9 @@ class ParallelHead(DrafterModule):
         """Input rows [..., H] from target features at i and the (frozen) embedding of token i + 1."""
         embedded = self.shared.embed_tokens(next_tokens).detach()
         rows = torch.cat([features.to(self.dtype), embedded], dim=-1)
-        if self.lean is not None and not torch.is_grad_enabled() and rows.dim() == 2:
-            from foretell.models.lean_step import run_column_product
-
-            fused = run_column_product(self.lean.fuse, rows)
-            if fused is not None:
-                return fused
-        return self.fuse(rows)
+        fused = self.lean.input(rows) if self.lean is not None and not torch.is_grad_enabled() and rows.dim() == 2 \
+            else None
+        return self.fuse(rows) if fused is None else fused
 
     def _run_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, mask) -> torch.Tensor:
         cos, sin = self.rope(positions)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -129,6 +129,28 @@ def default_shipped(target_name: str, root: Path = SHIPPED_DIR) -> Manifest | No
     return next((m for m in shipped_manifests(root) if m.default and m.target.name == target_name), None)
 
 
+def make_default(name: str, bench: dict | None = None, root: Path = SHIPPED_DIR) -> Manifest:
+    """Mark the shipped drafter `name` its target's default, and no other drafter of that target; `bench` (the run
+    that found it the fastest) goes into its manifest's made_by. Only manifests change: the weights' checksums
+    stay valid."""
+    chosen = Manifest.read(root / name)
+    for manifest in shipped_manifests(root):
+        if manifest.target.name != chosen.target.name:
+            continue
+        made_by = {**manifest.made_by, "bench": bench} if manifest.name == name and bench else manifest.made_by
+        updated = replace(manifest, default=manifest.name == name, made_by=made_by)
+        if updated != manifest:
+            write_manifest(updated, root / manifest.name)
+    return Manifest.read(root / name)
+
+
+def write_manifest(manifest: Manifest, folder: Path) -> None:
+    """Write the manifest whole or not at all (a temporary file, then a rename)."""
+    staging = folder / (MANIFEST + ".partial")
+    staging.write_text(json.dumps(asdict(manifest), indent=2) + "\n")
+    staging.replace(folder / MANIFEST)
+
+
 def ship_drafter(source: Path, name: str, kind: str, target_name: str, target_model, speculative: dict,
                  made_by: dict, default: bool = False, root: Path = SHIPPED_DIR, storage: str = "bf16") -> Path:
     """Copy a saved drafter folder into the package as `name`, with its manifest. storage "bf16": weights in bf16;
@@ -162,4 +184,6 @@ def ship_drafter(source: Path, name: str, kind: str, target_name: str, target_mo
     (staging / MANIFEST).write_text(json.dumps(asdict(manifest), indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
+    if default:  # one default a target
+        make_default(name, root=root)
     return out
