@@ -138,7 +138,7 @@ def widened(module, target: torch.nn.Module):
 
 
 def lean_drafter(module, target):
-    """An EAGLE-3 head, hidden-state draft or parallel head steps natively (models/lean_step.py) where its target
+    """An EAGLE-3 head, hidden-state draft or parallel head steps natively (models/lean_drafters.py) where its target
     does (load(..., lean=True) on a float32 CPU target): a step in one call instead of ~30 PyTorch operations. With 8-bit
     activations in the target, in an EAGLE-3 head too (its int8 projections, 8 output columns at a time)."""
     from foretell.models.eagle3 import Eagle3Head

@@ -180,14 +180,14 @@ class Eagle3Head(DrafterModule):
         self.shared = SharedEmbedding(target.embed_tokens)
         # The target's RoPE, its scaling included; the tables grow with the positions asked for.
         self.rotary = RotaryTables(config.head_dim, config.rope_theta, config.scaling(), config.max_position_embeddings)
-        self.lean = None  # use_lean_step(): a step and its logits in one native call (models/lean_step.py)
+        self.lean = None  # use_lean_step(): a step and its logits in one native call (models/lean_drafters.py)
         self.to(dtype=target.dtype, device=target.device)
 
     def use_lean_step(self, on: bool = True, act_q8: bool = False) -> str | None:
         """Run steps natively where the head suits the lean step (float32 on CPU); returns why not otherwise.
         Packs the weights as they are now: call after quantize(). act_q8: 8-bit activations in its int8 projections
         (drafts only propose, so this moves acceptance, never the output)."""
-        from foretell.models.lean_step import LeanEagle3Step, head_lean_support
+        from foretell.models.lean_drafters import LeanEagle3Step, head_lean_support
 
         self.lean = None
         reason = head_lean_support(self) if on else None

@@ -131,7 +131,7 @@ class HiddenDraft(DrafterModule):
     def use_lean_step(self, on: bool = True) -> str | None:
         """Run steps natively where the draft suits the lean step (float32 on CPU); returns why not otherwise.
         Packs the weights as they are now: call after quantize() and set_draft_vocab()."""
-        from foretell.models.lean_step import LeanDraftLayers, layers_lean_support
+        from foretell.models.lean_drafters import LeanDraftLayers, layers_lean_support
 
         self.lean = None
         reason = layers_lean_support(self, [self.layer], self.norm, self.shared.final_softcap) if on else None

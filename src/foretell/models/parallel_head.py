@@ -129,7 +129,7 @@ class ParallelHead(DrafterModule):
         """Run forwards natively where the head suits the lean step (float32 on CPU); returns why not otherwise.
         Packs the weights as they are now. A forward in PyTorch cost ~15 ms here (its layer over a few rows, and
         8192 output rows over its depths), against ~1 ms of arithmetic."""
-        from foretell.models.lean_step import LeanDraftLayers, layers_lean_support
+        from foretell.models.lean_drafters import LeanDraftLayers, layers_lean_support
 
         self.lean = None
         reason = layers_lean_support(self, list(self.layers), self.norm, self.shared.final_softcap) if on else None
