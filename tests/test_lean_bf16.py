@@ -48,6 +48,24 @@ def test_only_weights_of_bf16_numbers_are_read_as_bf16(tiny_pair):
     assert set(LeanStep(model).kinds) == {BF16X} and set(LeanStep(model, bf16=False).kinds) == {F32}
 
 
+def test_one_bf16_packing_a_weight_shared_by_target_and_drafter(tiny_pair):
+    """A drafter reading the target's own output layer (no hot vocabulary) reuses the target's packing of it rather
+    than a second copy; a changed weight is packed anew."""
+    from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head
+
+    model = load(tiny_pair[0], "none", warm_up=False).target.model
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.bfloat16().float())
+    step = LeanStep(model)
+    head = new_parallel_head(model, ParallelHeadConfig.for_target(model.config))
+    assert head.use_lean_step() is None and head.lean.output is not None
+    assert head.lean.output[2].data_ptr() == step.head[1].data_ptr()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)  # still bf16 numbers, new values
+    assert LeanStep(model).head[1].data_ptr() != step.head[1].data_ptr()
+
+
 def bf16_emulated(monkeypatch, emulated: bool = True) -> None:
     monkeypatch.setattr(wide_linear, "native_bf16", lambda: not emulated)
 

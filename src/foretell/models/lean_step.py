@@ -134,11 +134,25 @@ def projection(layer: nn.Module, bf16: bool = True) -> tuple[int, torch.Tensor, 
         main, scales = q4_blocks(layer)
     else:
         main, scales = layer.weight.detach(), empty
-        halved = main.bfloat16()
-        if bf16 and torch.equal(halved.float(), main):  # exactly bf16 numbers: half the bytes, same values
-            kind, main = bf16_interleaved(halved)
+        packed = as_bf16(layer) if bf16 else None
+        if packed is not None:  # exactly bf16 numbers: half the bytes, same values
+            kind, main = packed
     bias = empty if layer.bias is None else layer.bias.detach().float()
     return kind, main.contiguous(), scales.float().contiguous(), bias.contiguous()
+
+
+def as_bf16(layer: nn.Module) -> tuple[int, torch.Tensor] | None:
+    """A dense layer's weight packed as bf16 (bf16_interleaved) where every value is a bf16 number, else None. Kept
+    on the layer for its current values, so that the packings of one weight share one copy: a target's output layer
+    in its lean step and a drafter sharing it (a head or hidden-state draft without a hot vocabulary)."""
+    weight = layer.weight.detach()
+    key = (weight.data_ptr(), weight._version, tuple(weight.shape))
+    cached = layer.__dict__.get("_bf16_packing")
+    if cached is None or cached[0] != key:
+        halved = weight.bfloat16()
+        cached = (key, bf16_interleaved(halved) if torch.equal(halved.float(), weight) else None)
+        layer.__dict__["_bf16_packing"] = cached
+    return cached[1]
 
 
 def bf16_interleaved(weight: torch.Tensor) -> tuple[int, torch.Tensor]:
