@@ -113,6 +113,11 @@ class _BlockKeys:
         self.k, self.v = k, v
         return k, v
 
+    def block_views(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `end` keys and values: DecoderLayer's one-row attention reads a real cache in whole blocks
+        (KVCache.block_views), and a block of one row comes here (a sequence with a single anchor)."""
+        return self.k[:, :, :end], self.v[:, :, :end]
+
 
 def unroll(draft: HiddenDraft, hidden: torch.Tensor, steps: int) -> torch.Tensor:
     """HiddenDraft.forward_training's [B, T, steps, H], in `steps` layer passes instead of steps^2 / 2:
