@@ -34,15 +34,26 @@ def main() -> None:
     groups = [summarize(rows) for rows in all_rows]
     methods = [s.method for s in groups[0][OVERALL] if s.method != "plain"]
     head = " | ".join(f"{m} (T={t:g})" for t in temps for m in methods)
-    print(f"| category | prompts | {head} |")
-    print("|---|---:|" + "---:|" * (len(methods) * len(temps)))
+    prefill = all("prefill_seconds" in r for r in all_rows[0])  # rows since 2026-12-02 carry it
+    print(f"| category | prompts | {head} |" + (" plain: prompt tokens, prefill share |" if prefill else ""))
+    print("|---|---:|" + "---:|" * (len(methods) * len(temps) + prefill))
     for category in groups[0]:
         by = [{s.method: s for s in g.get(category, [])} for g in groups]
         prompts = by[0]["plain"].prompts if "plain" in by[0] else 0
         name = "**overall**" if category == OVERALL else label(all_rows[0], category)
         cells = " | ".join(cell(b.get(m)) for b in by for m in methods)
+        if prefill:
+            cells += " | " + prefill_cell(all_rows[0], None if category == OVERALL else category)
         print(f"| {name} | {prompts} | {cells} |")
-    print("\nEach cell: speedup over plain decoding in the same run / tau (tokens per target pass).")
+    print("\nEach cell: speedup over plain decoding in the same run / tau (tokens per target pass)."
+          + (" Last column: plain decoding's mean prompt length and the share of its time spent on the prompt,"
+             " which no drafter shortens." if prefill else ""))
+
+
+def prefill_cell(rows: list[dict], category: str | None) -> str:
+    plain = [r for r in rows if r["method"] == "plain" and category in (None, r["category"])]
+    tokens = sum(r["prompt_tokens"] for r in plain) / len(plain)
+    return f"{tokens:.0f}, {sum(r['prefill_seconds'] for r in plain) / sum(r['seconds'] for r in plain):.0%}"
 
 
 if __name__ == "__main__":

@@ -121,6 +121,9 @@ def test_report_tables_and_plots(bench_setup, tmp_path):
     assert all(r["draft_seconds"] > 0 and r["verify_seconds"] > 0 for r in drafted)
     assert all(r["draft_seconds"] + r["verify_seconds"] <= r["seconds"] for r in rows)
     assert "draft / verify ms a pass" in report
+    # and the prompt, which no drafter speeds up: its length and prefill time
+    assert all(r["prompt_tokens"] == len(encode(next(p["prompt"] for p in prompts if p["id"] == r["id"])))
+               and 0 < r["prefill_seconds"] < r["seconds"] for r in rows)
     for png in ("speedup.png", "acceptance.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
 

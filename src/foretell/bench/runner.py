@@ -20,9 +20,10 @@ from foretell.errors import ForetellError
 
 RESULTS = "results.jsonl"
 # Counters the report sums over rows (verification pass rate, wasted share, lossy, result cache; drafting and
-# verification seconds per pass).
+# verification seconds per pass), and the prompt's length and prefill time (the share of a run no drafter speeds up).
 MONITOR_KEYS = ("draft_passes", "passes_with_accepted", "draft_tokens_verified", "lossy_accepted",
-                "cache_steps", "cache_hits", "cache_useful", "draft_seconds", "verify_seconds")
+                "cache_steps", "cache_hits", "cache_useful", "draft_seconds", "verify_seconds", "prompt_tokens",
+                "prefill_seconds")
 SUMMARY = "bench.json"
 
 
