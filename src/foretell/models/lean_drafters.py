@@ -59,7 +59,10 @@ def column_product(layer: nn.Module):
     bias), else None: a few rows through it cost little more than one (kernels/lean_decode.cpp, group_x16)."""
     from foretell.kernels import block_gemm
 
-    kind, main, scales, bias = packed_projection(layer, interleave=False)
+    try:
+        kind, main, scales, bias = packed_projection(layer, interleave=False)
+    except ValueError:  # a layer type the kernel does not read: PyTorch's product serves it
+        return None
     return (block_gemm(), kind, main, scales) if kind in (BF16X, I8X) and not bias.numel() else None
 
 
