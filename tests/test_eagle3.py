@@ -95,6 +95,32 @@ def test_lean_head_steps_match_pytorch_and_decode_exactly(plain, quant):
     assert_greedy_equals_plain(plain, plain.with_drafter(Eagle3Drafter(head)))
 
 
+def test_lean_head_scores_only_the_last_row_when_asked(plain):
+    """Feeding context rows needs the last row's logits only: the native step then runs the layer alone and the
+    output layer (int8 columns) over that row; outputs, cache and logits match PyTorch's up to rounding."""
+    from foretell.kernels import lean_decode
+
+    if lean_decode() is None:
+        pytest.skip("the lean step's kernel cannot be built on this machine")
+    head = make_head(plain.target.model, seed=8, draft_ids=torch.arange(4, 36)).quantize("int8")  # 32 columns
+    assert head.use_lean_step() is None and head.lean.output is not None
+    lean = head.lean
+    hidden = torch.randn(6, head.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    tokens = torch.tensor([3, 9, 11, 4, 20, 7])
+    results = {}
+    for on in (True, False):
+        head.lean = lean if on else None
+        cache = head.new_cache(16)
+        with torch.inference_mode():
+            out, logits = head.step_and_logits(tokens, hidden, torch.arange(6), cache, last_only=True)
+        assert logits.shape == (1, 32)
+        results[on] = (out, logits, cache.k[:, :, :, :6].clone())
+    for got, want in zip(results[True], results[False]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    head.lean = lean
+    assert_greedy_equals_plain(plain, plain.with_drafter(Eagle3Drafter(head)))
+
+
 def test_a_configured_head_steps_natively_on_a_float32_target(plain, tmp_path, tiny_pair):
     from foretell.kernels import lean_decode
 

@@ -520,6 +520,13 @@ def test_lean_draft_steps_match_pytorch_and_decode_exactly(plain, quant):
             results[on] = (chain, draft.logits(chain), cache.k[:, :, :, :8].clone(), cache.v[:, :, :, :8].clone())
     for got, want in zip(results[True], results[False]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    prompt_rows = torch.randn(lean.max_rows + 8, draft.config.hidden_size)  # past the lean step's rows: PyTorch's
+    with torch.inference_mode():  # matrix products, faster for a prompt
+        outs = []
+        for on in (True, False):
+            draft.lean = lean if on else None
+            outs.append(draft.step(prompt_rows, draft.new_cache(64)))
+    assert torch.equal(*outs)
     draft.lean = lean
     assert_greedy_equals_plain(plain, plain.with_drafter(HiddenStateDrafter(draft)))
     assert draft.use_lean_step(False) is None and draft.lean is None

@@ -271,10 +271,9 @@ class Eagle3Head(DrafterModule):
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """step(), then the draft logits of its rows (only the last row's with last_only, where that saves time):
         in one native call where use_lean_step() took."""
-        if self.lean is not None and not torch.is_grad_enabled():
+        if self.lean is not None and not torch.is_grad_enabled() and tokens.shape[0] <= self.lean.max_rows:
             cache.check_room(tokens.shape[0])
-            out, logits = self.lean(self.embed(tokens), hidden, positions, cache, tree_mask)
-            return out, logits[-1:] if last_only else logits
+            return self.lean(self.embed(tokens), hidden, positions, cache, tree_mask, last_only)
         out = self.step(tokens, hidden, positions, cache, tree_mask)
         return out, self.logits(out[-1:] if last_only else out)
 

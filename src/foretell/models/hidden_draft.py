@@ -179,7 +179,7 @@ class HiddenDraft(DrafterModule):
             raise ValueError("the hidden-state draft needs at least one row per step")
         cache.check_room(T)
         positions = torch.arange(start, start + T, device=self.device)
-        if self.lean is not None and not torch.is_grad_enabled():
+        if self.lean is not None and not torch.is_grad_enabled() and T <= self.lean.max_rows:
             return self.lean(hidden, positions, cache)
         mask = None  # one row sees the whole cache
         if T > 1:

@@ -93,22 +93,33 @@ class LeanEagle3Step:
         from foretell.kernels import lean_decode
 
         self.kernel = lean_decode()
+        self.max_rows = LEAN_MAX_ROWS  # longer passes (a prompt's rows) run faster as PyTorch's matrix products
         # fc, once a pass over the rows committed since the last: in the column kernel where its weights pack to
         # one (bf16 numbers, or int8): PyTorch's float32 product of a few rows cost ~1 ms a pass here
         self.fc = column_product(head.fc)
+        # the output layer alone, for passes that need one row's logits (the context fed after a verification, the
+        # whole prompt after a prefill): every row's would cost a product over 8192 columns each; with 8-bit
+        # activations the kernel's own product keeps them
+        self.output = None if act_q8 else column_product(head.lm_head)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor | None:
         """fc of target features [T, F] through the column kernel, or None where fc did not pack to it."""
         return run_column_product(self.fc, features)
 
     def __call__(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache,
-                 tree_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eagle3Head.step's rows: returns (outputs [T, H] before the final norm, draft logits [T, V])."""
+                 tree_mask: torch.Tensor | None, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eagle3Head.step's rows: returns (outputs [T, H] before the final norm, draft logits [T, V], or the last
+        row's [1, V] with last_only)."""
         cos, sin = self.head_module.rotary(positions, int(positions.max()), torch.float32)
-        weights = (self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps, self.act_q8)
-        logits, _, last = run_chunked(self.kernel, LEAN_MAX_ROWS, hidden.float().contiguous(), cos, sin, cache,
-                                      tree_mask, weights, side=embeds.float().contiguous(), side_norm=self.side_norm)
-        return last, logits
+        headless = last_only and self.output is not None and hidden.shape[0] > 1
+        head, kinds = (self.head[:1], self.kinds[:-1]) if headless else (self.head, self.kinds)
+        weights = (self.tensors, head, kinds, self.heads, self.kv_heads, self.eps, self.act_q8)
+        logits, states, last = run_chunked(self.kernel, LEAN_MAX_ROWS, hidden.float().contiguous(), cos, sin, cache,
+                                           tree_mask, weights, side=embeds.float().contiguous(),
+                                           side_norm=self.side_norm)
+        if headless:
+            return last, run_column_product(self.output, states[-1][-1:])
+        return last, logits[-1:] if last_only else logits
 
 
 class LeanDraftLayers:
@@ -133,6 +144,7 @@ class LeanDraftLayers:
         self.rotary = rotary
         self.output = column_product(output_layer)
         self.input_layer = None if input_layer is None else column_product(input_layer)
+        self.max_rows = LEAN_MAX_ROWS  # longer passes (a prompt's rows) run faster as PyTorch's matrix products
         from foretell.kernels import lean_decode
 
         self.kernel = lean_decode()

@@ -198,7 +198,7 @@ class ParallelHead(DrafterModule):
         T, start = x.shape[0], cache.length
         cache.check_room(T)
         positions = torch.arange(start, start + T, device=self.device)
-        if self.lean is not None and not torch.is_grad_enabled():
+        if self.lean is not None and not torch.is_grad_enabled() and T <= self.lean.max_rows:
             return self.logits(self.lean(x, positions, cache)[n - 1 :], full_vocab)
         mask = None  # one row sees the whole cache
         if T > 1:
