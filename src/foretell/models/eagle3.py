@@ -197,7 +197,7 @@ class Eagle3Head(DrafterModule):
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """fc of target features [..., F] -> [..., H] (in the lean step's column kernel where it runs)."""
-        if self.lean is not None and not torch.is_grad_enabled() and features.dim() == 2:
+        if self.native() and features.dim() == 2:
             fused = self.lean.fuse(features)
             if fused is not None:
                 return fused
@@ -271,7 +271,7 @@ class Eagle3Head(DrafterModule):
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """step(), then the draft logits of its rows (only the last row's with last_only, where that saves time):
         in one native call where use_lean_step() took."""
-        if self.lean is not None and not torch.is_grad_enabled() and tokens.shape[0] <= self.lean.max_rows:
+        if self.native(tokens.shape[0]):
             cache.check_room(tokens.shape[0])
             return self.lean(self.embed(tokens), hidden, positions, cache, tree_mask, last_only)
         out = self.step(tokens, hidden, positions, cache, tree_mask)

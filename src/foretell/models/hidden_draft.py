@@ -179,7 +179,7 @@ class HiddenDraft(DrafterModule):
             raise ValueError("the hidden-state draft needs at least one row per step")
         cache.check_room(T)
         positions = torch.arange(start, start + T, device=self.device)
-        if self.lean is not None and not torch.is_grad_enabled() and T <= self.lean.max_rows:
+        if self.native(T):
             return self.lean(hidden, positions, cache)
         mask = None  # one row sees the whole cache
         if T > 1:
@@ -189,7 +189,7 @@ class HiddenDraft(DrafterModule):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] predicted states -> [..., V_out] float32 logits (V_out: hot ids, or the vocabulary)."""
-        if self.lean is not None and not torch.is_grad_enabled() and hidden.dim() == 2:
+        if self.native() and hidden.dim() == 2:
             out = self.lean.logits(hidden)  # (the lean step takes no draft with a soft-cap)
             if out is not None:
                 return out

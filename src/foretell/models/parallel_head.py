@@ -153,8 +153,7 @@ class ParallelHead(DrafterModule):
         """Input rows [..., H] from target features at i and the (frozen) embedding of token i + 1."""
         embedded = self.shared.embed_tokens(next_tokens).detach()
         rows = torch.cat([features.to(self.dtype), embedded], dim=-1)
-        fused = self.lean.input(rows) if self.lean is not None and not torch.is_grad_enabled() and rows.dim() == 2 \
-            else None
+        fused = self.lean.input(rows) if self.native() and rows.dim() == 2 else None
         return self.fuse(rows) if fused is None else fused
 
     def _run_layers(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, mask) -> torch.Tensor:
@@ -166,7 +165,7 @@ class ParallelHead(DrafterModule):
     def logits(self, x: torch.Tensor, full_vocab: bool = True) -> torch.Tensor:
         """[..., H] normed rows -> [..., V] float32 logits over the full vocabulary (-inf off a hot set);
         with full_vocab=False over the head's own vocabulary (`vocab_ids`), which skips the expansion."""
-        out = self.lean.logits(x) if self.lean is not None and not torch.is_grad_enabled() and x.dim() == 2 else None
+        out = self.lean.logits(x) if self.native() and x.dim() == 2 else None
         if out is None:
             out = self.shared.lm_head(x)
         if self.shared.final_softcap is not None:
@@ -198,7 +197,7 @@ class ParallelHead(DrafterModule):
         T, start = x.shape[0], cache.length
         cache.check_room(T)
         positions = torch.arange(start, start + T, device=self.device)
-        if self.lean is not None and not torch.is_grad_enabled() and T <= self.lean.max_rows:
+        if self.native(T):
             return self.logits(self.lean(x, positions, cache)[n - 1 :], full_vocab)
         mask = None  # one row sees the whole cache
         if T > 1:
