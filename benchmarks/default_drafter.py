@@ -21,13 +21,10 @@ def main() -> None:
     if figures["speedup_tau"].get("overall") is None:
         raise SystemExit(f"{args.bench} has no rows of method {args.name}: run the bench with it first")
     chosen = make_default(args.name, figures)
-    ranking = {m.name: figures_of(args.bench, m.name) for m in shipped_manifests() if m.target == chosen.target}
+    ranking = {m.name: bench_figures(args.bench, m.name)["speedup_tau"].get("overall")
+               for m in shipped_manifests() if m.target == chosen.target}
     print(f"{chosen.name} is now the default drafter of {chosen.target.name}; overall speedup, tau in {args.bench}: "
           + ", ".join(f"{name} {value}" for name, value in ranking.items()))
-
-
-def figures_of(folder: str, name: str):
-    return bench_figures(folder, name)["speedup_tau"].get("overall")
 
 
 if __name__ == "__main__":
