@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import PROMPTS, assert_drafters_reproduce_plain, greedy_params
 from foretell.api import load
@@ -83,8 +84,34 @@ def test_a_bf16_target_runs_as_float32_over_its_bf16_weights_where_bf16_is_emula
     assert describe_target("none", "bfloat16", model) == "bf16 weights, float32 activations"
     assert describe_target("none", "bfloat16", reference) == "bfloat16"
     assert load(tiny_pair[0], "none", dtype="bfloat16", lean=False, warm_up=False).target.model.lean is None
-    bf16_emulated(monkeypatch, False)  # native bf16 products: the target stays bf16
-    assert load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model.dtype == torch.bfloat16
+
+
+def test_where_bf16_is_native_the_passes_the_lean_step_does_not_take_multiply_in_bf16(tiny_pair, monkeypatch):
+    """On an AMX / AVX512-BF16 CPU the target runs as float32 activations over its bf16 weights too (the lean step
+    beats PyTorch's bf16 step 3x there), and its prompts keep bf16 products on a bf16 copy of each weight."""
+    bf16_emulated(monkeypatch, False)
+    monkeypatch.setattr(wide_linear, "bf16_wide_rows", lambda threads: 8)
+    model = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model
+    assert model.dtype == torch.float32 and model.lean is not None and model.lean.streams_bf16
+    assert wide_linear.bf16_rows_of(model) == 8
+    proj = model.layers[0].gate_up_proj
+    assert isinstance(proj, wide_linear.Bf16ProductLinear) and proj.weight_bf16.dtype == torch.bfloat16
+    x = torch.randn(12, proj.in_features)
+    with torch.inference_mode():
+        wide, narrow = proj(x), proj(x[:7])
+    assert wide.dtype == torch.float32 and torch.equal(wide, F.linear(x.bfloat16(), proj.weight_bf16).float())
+    assert torch.equal(narrow, F.linear(x[:7], proj.weight))  # fewer rows: float32, as before
+    monkeypatch.setattr(wide_linear, "bf16_wide_rows", lambda threads: None)  # where bf16 products do not pay
+    model = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model
+    assert model.dtype == torch.float32 and wide_linear.bf16_rows_of(model) == 0
+
+
+def test_where_bf16_is_native_every_drafter_reproduces_plain_decoding(tiny_pair, monkeypatch):
+    bf16_emulated(monkeypatch, False)
+    monkeypatch.setattr(wide_linear, "bf16_wide_rows", lambda threads: 8)
+    plain = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False)
+    assert plain.target.model.lean.streams_bf16 and wide_linear.bf16_rows_of(plain.target.model) == 8
+    assert_drafters_reproduce_plain(plain, tiny_pair[1])  # its long prompt: a prefill in bf16 products
 
 
 def test_a_verification_pass_over_bf16_weights_computes_each_one_token_step(tiny_pair, monkeypatch):

@@ -237,7 +237,10 @@ def test_foretell_cost_says_which_products_the_wide_passes_use(tiny_pair, tmp_pa
     from foretell.models import wide_linear
 
     monkeypatch.setenv("FORETELL_CACHE", str(tmp_path / "cache"))  # a fresh cost curve, not a cached one
-    monkeypatch.setattr(wide_linear, "native_bf16", lambda: True)  # else bf16 runs as float32 (test_lean_bf16)
+    from foretell.models import lean_step
+
+    monkeypatch.setattr(lean_step, "run_bf16_as_float32", lambda model: False)  # as for a target the lean step
+    # does not suit: it stays bf16 (else bf16 runs as float32, test_lean_bf16)
     monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: 12)
     monkeypatch.setattr(wide_linear, "kernel_rows", lambda threads: 0)
     assert main(["cost", str(tiny_pair[0]), "--dtype", "bfloat16", "--plot", str(tmp_path / "c.png")]) == 0

@@ -103,10 +103,11 @@ def load(
     still reproduces that model's plain decoding exactly.
     compile: torch.compile the target's per-layer blocks (opt-in; compiled during warm-up; see
     benchmarks/compile_ab.py for whether it pays on your machine).
-    wide_fp32: a bf16 target on a CPU without native bf16 matmul runs in float32 activations over its bf16 weights
-    where the lean step suits it (with lean; models/lean_step.run_bf16_as_float32: steps and verification stream
-    the bf16 weights, prompts use an exact fp32 copy), else its passes of many rows (prompts, draft trees) in fp32
-    on an exact fp32 copy of its weights where that is faster here (models/wide_linear.py).
+    wide_fp32: a bf16 target on CPU runs in float32 activations over its bf16 weights where the lean step suits
+    it (with lean; models/lean_step.run_bf16_as_float32: steps and verification stream the bf16 weights, prompts
+    use an exact fp32 copy, or a bf16 one where bf16 products are native), else, on a CPU without native bf16
+    matmul, its passes of many rows (prompts, draft trees) in fp32 on an exact fp32 copy of its weights where that
+    is faster here (models/wide_linear.py).
     bf16_kernel: with wide_fp32, passes of a few rows (draft trees) run foretell's bf16 kernel where it is built and
     faster here (kernels/bf16_gemm.cpp); False keeps PyTorch's products (A/B runs).
     lean: passes of up to 32 tokens (plain decoding's steps, verification) run in one native call where the target
@@ -130,7 +131,7 @@ def load(
         keep_gguf_quantization(loaded.model, gguf)
     else:
         quantize_target(loaded.model, quant)
-    # bf16 where bf16 products are emulated: float32 activations over the bf16 weights, which the lean step streams
+    # bf16: float32 activations over the bf16 weights, which the lean step streams
     as_float32 = wide_fp32 and lean and not compile and quant == "none" and run_bf16_as_float32(loaded.model)
     if wide_fp32 and not as_float32:
         widen_linears(loaded.model, kernel=None if bf16_kernel else 0)

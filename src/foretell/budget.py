@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from foretell.models.transformer import RUNTIME_VERSION, Transformer
-from foretell.models.wide_linear import kernel_rows_of, wide_rows_of
+from foretell.models.wide_linear import bf16_rows_of, kernel_rows_of, wide_rows_of
 
 DEFAULT_SIZES = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -75,6 +75,7 @@ def machine_key(model: Transformer, model_name: str) -> dict:
         "compiled": model.compiled,
         "wide_rows": wide_rows_of(model),  # bf16 passes of this many rows or more run in fp32 (models/wide_linear.py)
         "kernel_rows": kernel_rows_of(model),  # and of 2..this many rows in foretell's bf16 kernel
+        "bf16_rows": bf16_rows_of(model),  # float32 passes of this many rows or more multiply in bf16 (native bf16)
         "lean": model.lean is not None,  # one-token steps in one native call (models/lean_step.py)
         "act_q8": model.lean is not None and model.lean.act_q8,  # with 8-bit activations
         "lean_bf16": model.lean is not None and model.lean.streams_bf16,  # dense weights read as bf16

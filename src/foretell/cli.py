@@ -174,7 +174,7 @@ def cmd_cost(args) -> None:
     from foretell.budget import cost_curve, plot_cost_curve
     from foretell.models.lean_step import run_bf16_as_float32
     from foretell.models.loading import load_model
-    from foretell.models.wide_linear import kernel_rows_of, widen_linears
+    from foretell.models.wide_linear import bf16_rows_of, kernel_rows_of, widen_linears
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -190,6 +190,8 @@ def cmd_cost(args) -> None:
         paths = f" ({f'bf16 kernel for 2..{kernel} rows, ' if kernel else ''}fp32 from {wide} rows)" if wide else ""
         if loaded.model.lean is not None:
             paths += " (lean step, bf16 weights, float32 activations)" if as_float32 else " (lean step)"
+        if bf16_rows_of(loaded.model):
+            paths += f" (bf16 products from {bf16_rows_of(loaded.model)} rows)"
         curves[f"{name} ({args.dtype})"] = curve = cost_curve(loaded.model, name)
         del loaded
         cells = " ".join(f"{n}:{s * 1000:.1f}" for n, s in zip(curve.sizes, curve.seconds))

@@ -10,8 +10,8 @@ weights (prompts) it agrees up to summation order, as PyTorch passes of differen
 Where it applies: a CPU model in float32 whose layers are Llama-shaped (RMSNorm, SiLU MLP, full rotary, no
 soft-caps, sliding windows or q/k norms; biases allowed), with projections stored as the file's Q4_1 blocks or
 foretell's int4 (Int4Linear), GGUF Q8_0 blocks (BlockQ8Linear), foretell's int8 (Int8Linear: one scale a row,
-so every block of a row has it) or dense fp32 (read as bf16 where every value is a bf16 number: a bf16 target on a
-CPU that emulates bf16 products runs so, run_bf16_as_float32). `lean_support` says why not
+so every block of a row has it) or dense fp32 (read as bf16 where every value is a bf16 number: a bf16 target on
+CPU runs so, run_bf16_as_float32). `lean_support` says why not
 otherwise; the step is then simply not used.
 """
 
@@ -23,6 +23,7 @@ from torch import nn
 
 from foretell.models.gguf_quant import q4_1_blocks
 from foretell.models.quant import FUSED_MAX_ROWS, Int4Linear, Int8Linear, fp32_block_gemm
+from foretell.models.wide_linear import Bf16ProductLinear
 
 Q4, Q8, F32 = 0, 1, 2  # projection kinds, as lean_decode.cpp numbers them
 Q4X, Q8X = 3, 4  # the same blocks with 8 output columns interleaved, for 8-bit activations (interleaved below)
@@ -212,18 +213,19 @@ def lean_support(model, as_float32: bool = False) -> str | None:
 
 
 def run_bf16_as_float32(model) -> bool:
-    """A bf16 model on a CPU whose bf16 matrix products are emulated (models/wide_linear.py) runs as float32
-    activations over its own bf16 weights, where the lean step suits it: converted to float32 in place (exact: a
-    bf16 is the top half of an fp32; PyTorch's passes, prompts, use that copy) while the lean step streams the
-    weights as bf16 (BF16X), half the bytes. A one-token step of SmolLM2 then cost 0.37x of PyTorch's bf16 one
-    here, and a pass of 8 tokens 1.8x a one-token step (docs/speed.md). Returns whether it converted."""
+    """A bf16 model on CPU runs as float32 activations over its own bf16 weights, where the lean step suits it:
+    converted to float32 in place (exact: a bf16 is the top half of an fp32) while the lean step streams the
+    weights as bf16 (BF16X), half the bytes. Where bf16 products are emulated (AVX2), a one-token step of SmolLM2
+    then cost 0.37x of PyTorch's bf16 one, and a pass of 8 tokens 1.8x a one-token step; where they are native
+    (AMX), 0.32x (10.5 against 33 ms), so there too, and the passes the lean step does not take (prompts, batched
+    steps) keep bf16 products on a bf16 copy (wide_linear.Bf16ProductLinear), 2-3x faster than fp32 there
+    (docs/speed.md). Elsewhere PyTorch's passes use the float32 weights. Returns whether it converted."""
     from foretell.models import wide_linear
 
     if model.device.type != "cpu" or model.dtype != torch.bfloat16 or lean_support(model, as_float32=True):
         return False
-    if wide_linear.native_bf16():  # PyTorch's bf16 products are fast here
-        return False
     model.float()
+    wide_linear.bf16_wide_products(model)  # only where bf16 is native and pays
     return True
 
 
@@ -234,7 +236,7 @@ def kind_of(layer: nn.Module) -> int:
         if layer.group != 32:
             raise ValueError("the lean step reads int4 groups of 32")
         return Q4
-    if type(layer) is nn.Linear:
+    if type(layer) is nn.Linear or isinstance(layer, Bf16ProductLinear):
         return F32
     raise ValueError(f"the lean step has no kernel for {type(layer).__name__}")
 

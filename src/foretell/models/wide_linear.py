@@ -166,6 +166,72 @@ def widen_linears(model: nn.Module, wide_rows: int | None = None, kernel: int | 
     return wide_rows
 
 
+class Bf16ProductLinear(nn.Linear):
+    """A float32 nn.Linear whose weight holds bf16 numbers (a bf16 target run as float32 activations over its bf16
+    weights, lean_step.run_bf16_as_float32) on a CPU that multiplies bf16 natively: its passes of `bf16_rows` rows
+    or more (prompts, batched steps) multiply in bf16 on a bf16 copy of the weight, as the bf16 model did. There
+    AMX / AVX512-BF16 make them 2-3x faster than fp32 (a 256-token prompt of SmolLM2-135M: 184 ms against 401 ms on
+    a 2-core AMX CPU), while the lean step, which takes passes of up to 32 rows, keeps fp32 activations. Same
+    weight and bias objects, so ties hold and the lean step still packs them."""
+
+    def __init__(self, linear: nn.Linear, bf16_rows: int):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.bf16_rows = bf16_rows
+        self.register_buffer("weight_bf16", linear.weight.detach().bfloat16(), persistent=False)
+        self.register_buffer("bias_bf16", None if linear.bias is None else linear.bias.detach().bfloat16(),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if rows < self.bf16_rows or torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        return F.linear(x.bfloat16(), self.weight_bf16, self.bias_bf16).to(x.dtype)
+
+
+@functools.cache
+def bf16_wide_rows(threads: int) -> int | None:
+    """The fewest rows from which a bf16 product of a weight of bf16 numbers clearly beats its fp32 product on this
+    CPU (two probed widths in a row under 0.9x), or None where it never does. Measured once in ~1 s."""
+    weights = [torch.randn(PROBE_SHAPE, dtype=torch.bfloat16) for _ in range(PROBE_MATRICES)]
+    weights_fp32 = [w.float() for w in weights]
+    ratio = []
+    for rows in PROBE_ROWS:
+        x = torch.randn(rows, PROBE_SHAPE[1])
+        bf16, fp32 = _paired_seconds(lambda: [F.linear(x.bfloat16(), w).float() for w in weights],
+                                     lambda: [F.linear(x, w) for w in weights_fp32])
+        ratio.append(bf16 / fp32)
+    for i, rows in enumerate(PROBE_ROWS[:-1]):
+        if ratio[i] < 0.9 and ratio[i + 1] < 0.9:
+            return rows
+    return None
+
+
+def bf16_wide_products(model: nn.Module, bf16_rows: int | None = None) -> int | None:
+    """Make every float32 nn.Linear of a CPU `model` whose weight holds bf16 numbers a Bf16ProductLinear (in place)
+    where this CPU multiplies bf16 natively and that pays; returns the row threshold (None: nothing changed).
+    bf16_rows: force it (tests) instead of measuring."""
+    params = list(model.parameters())
+    if not params or params[0].device.type != "cpu" or params[0].dtype != torch.float32:
+        return None
+    if bf16_rows is None:
+        bf16_rows = bf16_wide_rows(torch.get_num_threads()) if native_bf16() else None
+    if bf16_rows is None:
+        return None
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            w = getattr(child, "weight", None)
+            if type(child) is nn.Linear and w.dtype == torch.float32 and torch.equal(w, w.bfloat16().float()):
+                setattr(parent, name, Bf16ProductLinear(child, bf16_rows))
+    return bf16_rows
+
+
+def bf16_rows_of(model: nn.Module) -> int:
+    """The model's Bf16ProductLinear threshold, 0 if it has none (a cost curve key)."""
+    return next((m.bf16_rows for m in model.modules() if isinstance(m, Bf16ProductLinear)), 0)
+
+
 def wide_rows_of(model: nn.Module) -> int:
     """The model's WideLinear threshold, 0 if it has none (a cost curve key: the curve differs)."""
     return next((m.wide_rows for m in model.modules() if isinstance(m, WideLinear)), 0)
