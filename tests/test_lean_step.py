@@ -265,3 +265,33 @@ def test_8_bit_activations_need_the_lean_step(tiny_pair):
         load(tiny_pair[0], "none", quant="gguf-q8", lean=False, warm_up=False)
     with pytest.raises(ForetellError, match="unknown target quantization 'none-q8'"):
         load(tiny_pair[0], "none", quant="none-q8", warm_up=False)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_column_products_on_avx512_give_avx2s_bits(int8):
+    """BF16X and I8X products of 1..35 rows (up to three passes of 16 on AVX-512, six of 6 on AVX2): the same bits
+    on both paths, so a machine's verification passes and one-token steps agree whichever it takes."""
+    from foretell.kernels import block_gemm, lean_module
+    from foretell.models.lean_step import bf16_interleaved, packed_projection
+    from foretell.models.quant import Int8Linear
+
+    module = lean_module()
+    if not module.lean_avx512(True):
+        pytest.skip("this CPU has no AVX-512")
+    g = torch.Generator().manual_seed(7)
+    weight = torch.randn(96, 200, generator=g)
+    if int8:
+        kind, main, scales, _ = packed_projection(Int8Linear.from_weight(weight), interleave=False)
+    else:
+        (kind, main), scales = bf16_interleaved(weight.bfloat16()), torch.empty(0)
+    x = torch.randn(35, 200, generator=g)
+    gemm = block_gemm()
+    try:
+        for rows in range(1, 36):
+            wide = gemm(x[:rows], kind, main, scales)
+            module.lean_avx512(False)
+            narrow = gemm(x[:rows], kind, main, scales)
+            module.lean_avx512(True)
+            assert torch.equal(wide, narrow), rows
+    finally:
+        module.lean_avx512(True)
