@@ -136,13 +136,16 @@ def test_every_drafter_reproduces_plain_decoding_over_bf16_weights(tiny_pair, mo
     assert_drafters_reproduce_plain(plain, tiny_pair[1])  # its long prompt: a PyTorch float32 prefill
 
 
-def test_an_eagle3_head_for_such_a_target_steps_natively_and_stays_exact(tiny_pair, tmp_path, monkeypatch):
-    """Drafters load with the target's float32 activations: an EAGLE-3 head gets its own lean step."""
+@pytest.mark.parametrize("emulated", [True, False])
+def test_an_eagle3_head_for_such_a_target_steps_natively_and_stays_exact(tiny_pair, tmp_path, monkeypatch, emulated):
+    """Drafters load with the target's float32 activations: an EAGLE-3 head gets its own lean step, and where bf16
+    is native its long passes (prompt feeds) multiply in bf16 as the target's do."""
     from foretell.drafters.eagle_tree import Eagle3Drafter
     from foretell.models.eagle3 import Eagle3Config, new_eagle3_head, save_eagle3_head
     from foretell.models.loading import build_model
 
-    bf16_emulated(monkeypatch)
+    bf16_emulated(monkeypatch, emulated)
+    monkeypatch.setattr(wide_linear, "bf16_wide_rows", lambda threads: 8)
     target = build_model(tiny_pair[0], torch.float32)
     head = new_eagle3_head(target, Eagle3Config.for_target(target.config, draft_vocab_size=40), seed=1)
     with torch.no_grad():  # as a head trained in bf16: its fc then runs in the column kernel
@@ -152,6 +155,7 @@ def test_an_eagle3_head_for_such_a_target_steps_natively_and_stays_exact(tiny_pa
     pipe = load(tiny_pair[0], spec, dtype="bfloat16", warm_up=False)
     drafter = pipe.engine.drafter
     assert isinstance(drafter, Eagle3Drafter) and drafter.head.dtype == torch.float32 and drafter.head.lean is not None
+    assert isinstance(drafter.head.fc, wide_linear.Bf16ProductLinear) is not emulated  # fc: weights of bf16 numbers
     plain = pipe.with_speculative("none")
     for prompt in PROMPTS:
         assert pipe.engine.generate(prompt, greedy_params(16)).tokens == plain.engine.generate(prompt, greedy_params(16)).tokens

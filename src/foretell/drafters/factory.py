@@ -140,9 +140,13 @@ def widened(module, target: torch.nn.Module):
 def lean_drafter(module, target):
     """An EAGLE-3 head, hidden-state draft or parallel head steps natively (models/lean_drafters.py) where its target
     does (load(..., lean=True) on a float32 CPU target): a step in one call instead of ~30 PyTorch operations. With 8-bit
-    activations in the target, in an EAGLE-3 head too (its int8 projections, 8 output columns at a time)."""
+    activations in the target, in an EAGLE-3 head too (its int8 projections, 8 output columns at a time). Where the
+    target's long passes multiply in bf16 (native bf16 CPUs), the drafter's (its prompt feeds) do too."""
     from foretell.models.eagle3 import Eagle3Head
+    from foretell.models.wide_linear import bf16_rows_of, bf16_wide_products
 
+    if bf16_rows_of(target):
+        bf16_wide_products(module, bf16_rows_of(target))
     lean = getattr(target, "lean", None)
     if lean is not None:
         if isinstance(module, Eagle3Head):
