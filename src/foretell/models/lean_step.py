@@ -217,7 +217,7 @@ def run_bf16_as_float32(model) -> bool:
     converted to float32 in place (exact: a bf16 is the top half of an fp32) while the lean step streams the
     weights as bf16 (BF16X), half the bytes. Where bf16 products are emulated (AVX2), a one-token step of SmolLM2
     then cost 0.37x of PyTorch's bf16 one, and a pass of 8 tokens 1.8x a one-token step; where they are native
-    (AMX), 0.32x (10.5 against 33 ms), so there too, and the passes the lean step does not take (prompts, batched
+    (AMX), 0.32x (11.2 against 35.4 ms), so there too, and the passes the lean step does not take (prompts, batched
     steps) keep bf16 products on a bf16 copy (wide_linear.Bf16ProductLinear), 2-3x faster than fp32 there
     (docs/speed.md). Elsewhere PyTorch's passes use the float32 weights. Returns whether it converted."""
     from foretell.models import wide_linear

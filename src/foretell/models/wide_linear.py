@@ -18,6 +18,9 @@ of different widths already do. The thresholds are measured once per process (`f
 `kernel_rows`); None means bf16 is as fast as fp32 everywhere (native bf16), and nothing is
 replaced. The copy costs 4 bytes more per weight: ~0.5 GB for SmolLM2-135M. fp32 and other dtypes
 are untouched, so fp32 exactness tests do not see this.
+
+The mirror case, Bf16ProductLinear: on a CPU with native bf16 products a bf16 target runs as float32 activations in
+the lean step (lean_step.run_bf16_as_float32), and its passes of many rows multiply in bf16 on a bf16 copy.
 """
 
 from __future__ import annotations
@@ -169,10 +172,10 @@ def widen_linears(model: nn.Module, wide_rows: int | None = None, kernel: int | 
 class Bf16ProductLinear(nn.Linear):
     """A float32 nn.Linear whose weight holds bf16 numbers (a bf16 target run as float32 activations over its bf16
     weights, lean_step.run_bf16_as_float32) on a CPU that multiplies bf16 natively: its passes of `bf16_rows` rows
-    or more (prompts, batched steps) multiply in bf16 on a bf16 copy of the weight, as the bf16 model did. There
-    AMX / AVX512-BF16 make them 2-3x faster than fp32 (a 256-token prompt of SmolLM2-135M: 184 ms against 401 ms on
-    a 2-core AMX CPU), while the lean step, which takes passes of up to 32 rows, keeps fp32 activations. Same
-    weight and bias objects, so ties hold and the lean step still packs them."""
+    or more (prompts, batched steps) multiply in bf16 on a bf16 copy of the weight (2 bytes more a weight), as the
+    bf16 model did. There AMX / AVX512-BF16 make them ~2x faster than fp32 (a 512-token prompt of SmolLM2-135M: 301
+    against 570 ms on a 2-core AMX CPU, benchmarks/native_bf16_ab.py), while the lean step, which takes passes of up
+    to 32 rows, keeps fp32 activations. Same weight and bias objects, so ties hold and the lean step packs them."""
 
     def __init__(self, linear: nn.Linear, bf16_rows: int):
         nn.Module.__init__(self)
