@@ -90,10 +90,9 @@ def test_where_bf16_is_native_the_passes_the_lean_step_does_not_take_multiply_in
     """On an AMX / AVX512-BF16 CPU the target runs as float32 activations over its bf16 weights too (the lean step
     beats PyTorch's bf16 step 3x there), and its prompts keep bf16 products on a bf16 copy of each weight."""
     bf16_emulated(monkeypatch, False)
-    monkeypatch.setattr(wide_linear, "bf16_wide_rows", lambda threads: 8)
     model = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model
     assert model.dtype == torch.float32 and model.lean is not None and model.lean.streams_bf16
-    assert wide_linear.bf16_rows_of(model) == 8
+    assert wide_linear.bf16_rows_of(model) == wide_linear.BF16_PRODUCT_ROWS
     proj = model.layers[0].gate_up_proj
     assert isinstance(proj, wide_linear.Bf16ProductLinear) and proj.weight_bf16.dtype == torch.bfloat16
     x = torch.randn(12, proj.in_features)
@@ -101,16 +100,16 @@ def test_where_bf16_is_native_the_passes_the_lean_step_does_not_take_multiply_in
         wide, narrow = proj(x), proj(x[:7])
     assert wide.dtype == torch.float32 and torch.equal(wide, F.linear(x.bfloat16(), proj.weight_bf16).float())
     assert torch.equal(narrow, F.linear(x[:7], proj.weight))  # fewer rows: float32, as before
-    monkeypatch.setattr(wide_linear, "bf16_wide_rows", lambda threads: None)  # where bf16 products do not pay
+    bf16_emulated(monkeypatch)  # where bf16 is emulated the float32 model keeps float32 products
     model = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model
     assert model.dtype == torch.float32 and wide_linear.bf16_rows_of(model) == 0
 
 
 def test_where_bf16_is_native_every_drafter_reproduces_plain_decoding(tiny_pair, monkeypatch):
     bf16_emulated(monkeypatch, False)
-    monkeypatch.setattr(wide_linear, "bf16_wide_rows", lambda threads: 8)
     plain = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False)
-    assert plain.target.model.lean.streams_bf16 and wide_linear.bf16_rows_of(plain.target.model) == 8
+    model = plain.target.model
+    assert model.lean.streams_bf16 and wide_linear.bf16_rows_of(model) == wide_linear.BF16_PRODUCT_ROWS
     assert_drafters_reproduce_plain(plain, tiny_pair[1])  # its long prompt: a prefill in bf16 products
 
 
@@ -145,7 +144,6 @@ def test_an_eagle3_head_for_such_a_target_steps_natively_and_stays_exact(tiny_pa
     from foretell.models.loading import build_model
 
     bf16_emulated(monkeypatch, emulated)
-    monkeypatch.setattr(wide_linear, "bf16_wide_rows", lambda threads: 8)
     target = build_model(tiny_pair[0], torch.float32)
     head = new_eagle3_head(target, Eagle3Config.for_target(target.config, draft_vocab_size=40), seed=1)
     with torch.no_grad():  # as a head trained in bf16: its fc then runs in the column kernel

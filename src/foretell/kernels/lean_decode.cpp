@@ -292,56 +292,29 @@ __attribute__((target("avx512f"))) void group_x16_avx512(const Proj& p, int64_t 
   }
 }
 
-// run(R, m) over M rows in as few passes of at most 16 rows as may be, of balanced sizes (group_x16_avx512's)
-template <class Run>
-void in_sixteens(int64_t M, Run run) {
-  const int64_t passes = (M + 15) / 16;
-  for (int64_t i = 0, m = 0; i < passes; ++i) {
-    const int64_t R = (M - m) / (passes - i);
-    switch (R) {
-      case 1: run(std::integral_constant<int, 1>(), m); break;
-      case 2: run(std::integral_constant<int, 2>(), m); break;
-      case 3: run(std::integral_constant<int, 3>(), m); break;
-      case 4: run(std::integral_constant<int, 4>(), m); break;
-      case 5: run(std::integral_constant<int, 5>(), m); break;
-      case 6: run(std::integral_constant<int, 6>(), m); break;
-      case 7: run(std::integral_constant<int, 7>(), m); break;
-      case 8: run(std::integral_constant<int, 8>(), m); break;
-      case 9: run(std::integral_constant<int, 9>(), m); break;
-      case 10: run(std::integral_constant<int, 10>(), m); break;
-      case 11: run(std::integral_constant<int, 11>(), m); break;
-      case 12: run(std::integral_constant<int, 12>(), m); break;
-      case 13: run(std::integral_constant<int, 13>(), m); break;
-      case 14: run(std::integral_constant<int, 14>(), m); break;
-      case 15: run(std::integral_constant<int, 15>(), m); break;
-      default: run(std::integral_constant<int, 16>(), m); break;
-    }
-    m += R;
-  }
-}
-
 bool lean_avx512(bool on) {
   avx512_on = on && __builtin_cpu_supports("avx512f");
   return avx512_on;
 }
 
-// run(R, m) over M rows in as few passes of at most 6 rows as may be, of balanced sizes (R a compile-time count):
-// 12 accumulators, two weights, a broadcast and zero fill AVX2's 16 registers. Each pass past the first adds its
-// products without hiding them under the weights' arrival (benchmarks/lean_ab.py on a 2-core EPYC: a pass of 4
-// tokens cost 1.1x a one-token step, 6 tokens 1.3x, 7 tokens 1.7x).
-template <class Run>
-void in_sixes(int64_t M, Run run) {
-  const int64_t passes = (M + 5) / 6;
+// run(R, m) for the pass size R (a compile-time count, 1..N)
+template <int N, class Run>
+void with_rows(int64_t R, Run& run, int64_t m) {
+  if constexpr (N > 1)
+    if (R < N) return with_rows<N - 1>(R, run, m);
+  run(std::integral_constant<int, N>(), m);
+}
+
+// run(R, m) over M rows in as few passes of at most MAX rows as may be, of balanced sizes (R a compile-time
+// count). AVX2 (MAX 6): 12 accumulators, two weights, a broadcast and zero fill its 16 registers; each pass past
+// the first adds its products without hiding them under the weights' arrival (benchmarks/lean_ab.py on a 2-core
+// EPYC: a pass of 4 tokens cost 1.1x a one-token step, 6 tokens 1.3x, 7 tokens 1.7x). AVX-512: MAX 16.
+template <int MAX, class Run>
+void in_passes(int64_t M, Run run) {
+  const int64_t passes = (M + MAX - 1) / MAX;
   for (int64_t i = 0, m = 0; i < passes; ++i) {
     const int64_t R = (M - m) / (passes - i);  // the remaining rows shared out, larger passes last
-    switch (R) {
-      case 1: run(std::integral_constant<int, 1>(), m); break;
-      case 2: run(std::integral_constant<int, 2>(), m); break;
-      case 3: run(std::integral_constant<int, 3>(), m); break;
-      case 4: run(std::integral_constant<int, 4>(), m); break;
-      case 5: run(std::integral_constant<int, 5>(), m); break;
-      default: run(std::integral_constant<int, 6>(), m); break;
-    }
+    with_rows<MAX>(R, run, m);
     m += R;
   }
 }
@@ -559,14 +532,14 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
       for (int64_t g = begin; g < end; ++g) {
         const void* next = g + 1 < p.N / 16 ? base + (g + 1) * group_bytes : nullptr;
         if (avx512_on)
-          in_sixteens(M, [&](auto R, int64_t m) {
+          in_passes<16>(M, [&](auto R, int64_t m) {
             if (int8)
               group_x16_avx512<decltype(R)::value, true>(p, g, x + m * p.K, y + m * p.N, p.N, next);
             else
               group_x16_avx512<decltype(R)::value, false>(p, g, x + m * p.K, y + m * p.N, p.N, next);
           });
         else
-          in_sixes(M, [&](auto R, int64_t m) {
+          in_passes<6>(M, [&](auto R, int64_t m) {
             if (int8)
               group_x16<decltype(R)::value, true>(p, g, x + m * p.K, y + m * p.N, p.N, next);
             else
