@@ -190,8 +190,9 @@ def cmd_cost(args) -> None:
         paths = f" ({f'bf16 kernel for 2..{kernel} rows, ' if kernel else ''}fp32 from {wide} rows)" if wide else ""
         if loaded.model.lean is not None:
             paths += " (lean step, bf16 weights, float32 activations)" if as_float32 else " (lean step)"
-        if bf16_rows_of(loaded.model):
-            paths += f" (bf16 products from {bf16_rows_of(loaded.model)} rows)"
+        bf16_rows = bf16_rows_of(loaded.model)
+        if bf16_rows:
+            paths += f" (bf16 products from {bf16_rows} rows)"
         curves[f"{name} ({args.dtype})"] = curve = cost_curve(loaded.model, name)
         del loaded
         cells = " ".join(f"{n}:{s * 1000:.1f}" for n, s in zip(curve.sizes, curve.seconds))

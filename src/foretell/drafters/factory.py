@@ -145,8 +145,9 @@ def lean_drafter(module, target):
     from foretell.models.eagle3 import Eagle3Head
     from foretell.models.wide_linear import bf16_rows_of, bf16_wide_products
 
-    if bf16_rows_of(target):
-        bf16_wide_products(module, bf16_rows_of(target))
+    rows = bf16_rows_of(target)
+    if rows:
+        bf16_wide_products(module, rows)
     lean = getattr(target, "lean", None)
     if lean is not None:
         if isinstance(module, Eagle3Head):

@@ -218,14 +218,14 @@ def run_bf16_as_float32(model) -> bool:
     weights as bf16 (BF16X), half the bytes. Where bf16 products are emulated (AVX2), a one-token step of SmolLM2
     then cost 0.37x of PyTorch's bf16 one, and a pass of 8 tokens 1.8x a one-token step; where they are native
     (AMX), 0.32x (11.2 against 35.4 ms), so there too, and the passes the lean step does not take (prompts, batched
-    steps) keep bf16 products on a bf16 copy (wide_linear.Bf16ProductLinear), 2-3x faster than fp32 there
+    steps) keep bf16 products on a bf16 copy (wide_linear.Bf16ProductLinear), ~2x faster than fp32 there
     (docs/speed.md). Elsewhere PyTorch's passes use the float32 weights. Returns whether it converted."""
     from foretell.models import wide_linear
 
     if model.device.type != "cpu" or model.dtype != torch.bfloat16 or lean_support(model, as_float32=True):
         return False
     model.float()
-    wide_linear.bf16_wide_products(model)  # only where bf16 is native and pays
+    wide_linear.bf16_wide_products(model)  # only where bf16 products are native
     return True
 
 
