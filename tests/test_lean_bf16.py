@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from conftest import PROMPTS, assert_drafters_reproduce_plain, greedy_params
 from foretell.api import load
 from foretell.config import SpeculativeConfig
-from foretell.kernels import block_gemm, lean_decode
+from foretell.kernels import amx_products, block_gemm, lean_decode
 from foretell.models import wide_linear
-from foretell.models.lean_step import BF16, BF16X, F32, LeanStep, bf16_interleaved
+from foretell.models.lean_step import BF16, BF16A, BF16X, F32, LeanStep, bf16_interleaved
 from foretell.models.quant import describe_target
 
 pytestmark = pytest.mark.skipif(lean_decode() is None, reason="the lean step's kernel cannot be built on this machine")
@@ -113,9 +113,12 @@ def test_where_bf16_is_native_every_drafter_reproduces_plain_decoding(tiny_pair,
     assert_drafters_reproduce_plain(plain, tiny_pair[1])  # its long prompt: a prefill in bf16 products
 
 
-def test_a_verification_pass_over_bf16_weights_computes_each_one_token_step(tiny_pair, monkeypatch):
-    bf16_emulated(monkeypatch)
+@pytest.mark.parametrize("emulated", [True, False])
+def test_a_verification_pass_over_bf16_weights_computes_each_one_token_step(tiny_pair, monkeypatch, emulated):
+    """Also where bf16 is native: on a CPU with AMX the lean passes then multiply on its tiles (BF16A)."""
+    bf16_emulated(monkeypatch, emulated)
     model = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model
+    assert model.lean.amx is (not emulated and amx_products())
     context, tokens = torch.tensor([1, 5, 9, 12]), torch.tensor([5, 9, 30, 7, 7, 3])
     caches = [model.new_cache(32) for _ in range(2)]
     for cache in caches:
@@ -157,12 +160,16 @@ def test_an_eagle3_head_for_such_a_target_steps_natively_and_stays_exact(tiny_pa
     plain = pipe.with_speculative("none")
     for prompt in PROMPTS:
         assert pipe.engine.generate(prompt, greedy_params(16)).tokens == plain.engine.generate(prompt, greedy_params(16)).tokens
-    # fc (bf16 numbers, a multiple of 16 outputs here) runs in the column kernel: PyTorch's product up to rounding
+    # fc (bf16 numbers, a multiple of 16 outputs here) runs in the column kernel: PyTorch's product up to rounding,
+    # of bf16-rounded inputs where it multiplies on AMX tiles (a bf16 model's products)
     head = drafter.head
     assert head.lean.fc is not None
     features = torch.randn(5, head.fc.in_features)
+    amx = head.lean.fc[1] == BF16A
+    assert amx is (not emulated and amx_products())
     with torch.inference_mode():
-        torch.testing.assert_close(head.fuse(features), head.fc(features), rtol=1e-5, atol=1e-5)
+        expected = F.linear(features.bfloat16().float(), head.fc.weight) if amx else head.fc(features)
+        torch.testing.assert_close(head.fuse(features), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_native_bf16_is_read_from_the_cpu_flags(tmp_path, monkeypatch):

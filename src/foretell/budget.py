@@ -79,6 +79,7 @@ def machine_key(model: Transformer, model_name: str) -> dict:
         "lean": model.lean is not None,  # one-token steps in one native call (models/lean_step.py)
         "act_q8": model.lean is not None and model.lean.act_q8,  # with 8-bit activations
         "lean_bf16": model.lean is not None and model.lean.streams_bf16,  # dense weights read as bf16
+        "lean_amx": model.lean is not None and model.lean.amx,  # bf16 products on AMX tiles
         "runtime": RUNTIME_VERSION,  # a faster forward makes old curves stale
     }
 

@@ -43,6 +43,13 @@ def lean_decode():
     return None if module is None else module.lean_decode
 
 
+def amx_products() -> bool:
+    """Whether a bf16 model's lean passes multiply on AMX tiles here (lean_decode.cpp's BF16A: where the CPU has
+    AMX and Linux grants its tile state; lean_amx(False) turns it off for A/B runs)."""
+    module = lean_module()
+    return module is not None and module.amx_enabled()
+
+
 def block_gemm():
     """(x fp32 [M, K], kind, codes, scales) -> fp32 [M, N] for Q4_1 / Q8_0 blocks, or None where not built here."""
     module = lean_module()

@@ -18,6 +18,9 @@
 //   BF16X: the same with 16 output columns interleaved, [N / 16, K, 16] (lean_step.bf16_interleaved; group_x16)
 //   I8X: int8 weights with a scale per output column (a drafter's int8 layers, quant.Int8Linear), 16 output columns
 //        interleaved: codes int8 [N / 16, K, 16], scales float [N] (Int8Linear.columns16; group_x16)
+//   BF16A: a bf16 model's weight (bf16 products: activations rounded to bf16, fp32 sums) in AMX's tile layout,
+//          [N / 16, K / 2, 32]: per 16 output columns and pair of inputs, the columns' two weights side by side
+//          (lean_step.amx_tiles; tiles_amx)
 // and, with 8-bit activations only, the same blocks with 8 output columns interleaved (lean_step.interleaved;
 // group_q4x below says how):
 //   Q4X: codes uint8 [N / 8, K / 32, 128], scales float [N / 8, K / 32, 2, 8] (the 8 columns' d, then their m)
@@ -25,6 +28,9 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -34,14 +40,14 @@
 
 namespace {
 
-enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2, Q4X = 3, Q8X = 4, BF16 = 5, BF16X = 6, I8X = 7 };
+enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2, Q4X = 3, Q8X = 4, BF16 = 5, BF16X = 6, I8X = 7, BF16A = 8 };
 
 struct Proj {
   int64_t kind, N, K;
   const uint8_t* codes = nullptr;  // Q4, Q8, I8X
   const float* scales = nullptr;   // Q4: dm pairs; Q8: d; I8X: a scale per output column
   const float* dense = nullptr;    // F32
-  const uint16_t* half = nullptr;  // BF16, BF16X
+  const uint16_t* half = nullptr;  // BF16, BF16X, BF16A
   const float* bias = nullptr;     // optional [N]
 };
 
@@ -297,6 +303,130 @@ bool lean_avx512(bool on) {
   return avx512_on;
 }
 
+// BF16A on AMX (Intel's tile unit, where the CPU has it and Linux grants the tile state): a bf16 model's products
+// as bf16 matrix products do them, activations rounded to bf16 (to nearest even) and fp32 sums, 16 rows by 16
+// columns by 32 inputs an instruction. A tile's element sums its row's inputs in an order that does not depend on
+// the tile's other rows, and the 32-input chunks come in one fixed order, so a row gets the same bits whatever the
+// pass's width; with ~16x the products of AVX-512's FMAs a cycle, a pass of 16 or 32 rows costs about what
+// streaming the weights once does (benchmarks/amx_ab.py).
+bool amx_granted() {
+  static const bool granted = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+                              syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return granted;
+}
+
+bool amx_on = amx_granted();
+
+bool lean_amx(bool on) {
+  amx_on = on && amx_granted();
+  return amx_on;
+}
+
+struct TileConfig {  // ldtilecfg's 64 bytes, palette 1
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+inline uint16_t bf16_rounded(float f) {  // round to nearest even (no NaNs reach a projection)
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+// Columns 16g .. 16(g + G) - 1 of R rows of bf16 activations xb [R, K] into y (R rows, y_stride apart; `valid` of
+// them kept, through a scratch tile when fewer than R). Tiles: 0..G-1 the sums, 4 the activations, 5..7 the weights.
+template <int G>
+__attribute__((target("amx-tile,amx-bf16"))) void tiles_amx(const Proj& p, int64_t g, const uint16_t* xb,
+                                                             int64_t R, int64_t valid, float* y, int64_t y_stride) {
+  const int64_t K = p.K, chunks = K / 32;
+  const uint16_t* w = p.half + g * K * 16;  // group g's tiles, 512 bf16 a 32-input chunk
+  const int64_t group = K * 16;
+  _tile_zero(0);
+  if constexpr (G > 1) _tile_zero(1);
+  if constexpr (G > 2) _tile_zero(2);
+  if constexpr (G > 3) _tile_zero(3);
+  for (int64_t c = 0; c < chunks; ++c) {
+    _tile_loadd(4, xb + 32 * c, K * 2);
+    _tile_loadd(5, w + 512 * c, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (G > 1) {
+      _tile_loadd(6, w + group + 512 * c, 64);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    if constexpr (G > 2) {
+      _tile_loadd(7, w + 2 * group + 512 * c, 64);
+      _tile_dpbf16ps(2, 4, 7);
+    }
+    if constexpr (G > 3) {
+      _tile_loadd(5, w + 3 * group + 512 * c, 64);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  float scratch[16 * 16];
+  const bool direct = valid == R;
+  const int64_t stride = direct ? y_stride * 4 : 64;
+  auto out = [&](int j) { return direct ? y + 16 * (g + j) : scratch; };
+  auto keep = [&](int j) {  // a partial pass's valid rows, from the scratch tile
+    if (!direct)
+      for (int64_t r = 0; r < valid; ++r) std::copy(scratch + 16 * r, scratch + 16 * r + 16, y + r * y_stride + 16 * (g + j));
+  };
+  _tile_stored(0, out(0), stride);
+  keep(0);
+  if constexpr (G > 1) {
+    _tile_stored(1, out(1), stride);
+    keep(1);
+  }
+  if constexpr (G > 2) {
+    _tile_stored(2, out(2), stride);
+    keep(2);
+  }
+  if constexpr (G > 3) {
+    _tile_stored(3, out(3), stride);
+    keep(3);
+  }
+}
+
+// The tile shapes for passes of R rows (a thread's state: each thread of a product loads them, then releases them)
+__attribute__((target("amx-tile"))) void load_tiles(int64_t R) {
+  TileConfig config;
+  for (int t = 0; t < 5; ++t) config.rows[t] = uint8_t(R), config.colsb[t] = 64;  // the sums; R rows of 32 bf16
+  for (int t = 5; t < 8; ++t) config.rows[t] = 16, config.colsb[t] = 64;          // the weights: 16 input pairs
+  // GCC's intrinsic tells the compiler it reads 8 bytes, which let it drop the stores of the rest
+  asm volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+}
+
+__attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
+
+// y [M, N] = x [M, K] W^T for BF16A: the rows in balanced passes of at most 16, output columns 64 at a time over
+// torch's threads (each loads the tile shapes itself: they are a thread's state).
+void gemm_amx(const Proj& p, const float* x, int64_t M, float* y) {
+  const int64_t K = p.K, passes = (M + 15) / 16, R = (M + passes - 1) / passes;
+  std::vector<uint16_t> xb(passes * R * K, 0);  // the rows past M stay zero
+  for (int64_t i = 0; i < M * K; ++i) xb[i] = bf16_rounded(x[i]);
+  const int64_t groups = p.N / 16, blocks = (groups + 3) / 4;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    load_tiles(R);
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t g = 4 * b, G = std::min<int64_t>(4, groups - g);
+      for (int64_t pass = 0; pass < passes; ++pass) {
+        const int64_t m = pass * R, valid = std::min(R, M - m);
+        const uint16_t* rows_b = xb.data() + m * K;
+        float* rows_y = y + m * p.N;
+        if (G == 4) tiles_amx<4>(p, g, rows_b, R, valid, rows_y, p.N);
+        else if (G == 3) tiles_amx<3>(p, g, rows_b, R, valid, rows_y, p.N);
+        else if (G == 2) tiles_amx<2>(p, g, rows_b, R, valid, rows_y, p.N);
+        else tiles_amx<1>(p, g, rows_b, R, valid, rows_y, p.N);
+      }
+    }
+    release_tiles();
+  });
+  if (p.bias)
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t n = 0; n < p.N; ++n) y[r * p.N + n] += p.bias[n];
+}
+
 // run(R, m) for the pass size R (a compile-time count, 1..N)
 template <int N, class Run>
 void with_rows(int64_t R, Run& run, int64_t m) {
@@ -524,6 +654,10 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
   } else if (p.kind == Q4) {
     for (int64_t r = 0; r < M; ++r) block_sums(x + r * p.K, p.K, x_sums + r * (p.K / 32));
   }
+  if (p.kind == BF16A) {
+    TORCH_CHECK(amx_on, "BF16A weights need AMX, which is off here: pack them as BF16X (lean_step.amx_tiles)");
+    return gemm_amx(p, x, M, y);
+  }
   if (p.kind == BF16X || p.kind == I8X) {
     const bool int8 = p.kind == I8X;
     const uint8_t* base = int8 ? p.codes : reinterpret_cast<const uint8_t*>(p.half);
@@ -710,6 +844,12 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
     p.N = main.size(0) * 16;
     p.K = main.size(1);
     p.half = reinterpret_cast<const uint16_t*>(main.data_ptr<at::BFloat16>());
+  } else if (p.kind == BF16A) {  // [N / 16, K / 2, 32]
+    TORCH_CHECK(main.dim() == 3 && main.size(2) == 32, "AMX-tiled bf16 weight's shape");
+    p.N = main.size(0) * 16;
+    p.K = main.size(1) * 2;
+    TORCH_CHECK(p.K % 32 == 0, "AMX tiles take inputs in chunks of 32");
+    p.half = reinterpret_cast<const uint16_t*>(main.data_ptr<at::BFloat16>());
   } else if (p.kind == I8X) {  // [N / 16, K, 16]
     TORCH_CHECK(main.dim() == 3 && main.size(2) == 16, "interleaved int8 weight's shape");
     p.N = main.size(0) * 16;
@@ -722,7 +862,7 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
     p.K = main.size(1);
     p.dense = main.data_ptr<float>();
   }
-  if (p.kind != F32 && p.kind != BF16 && p.kind != BF16X) p.scales = t[at + 1].data_ptr<float>();
+  if (p.kind != F32 && p.kind != BF16 && p.kind != BF16X && p.kind != BF16A) p.scales = t[at + 1].data_ptr<float>();
   if (t[at + 2].numel()) p.bias = t[at + 2].data_ptr<float>();
   return p;
 }
@@ -873,7 +1013,8 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
 // per-row arithmetic.
 torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, torch::Tensor scales, bool act_q8) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x float32 [M, K] expected");
-  TORCH_CHECK(kind == Q4 || kind == Q8 || kind == Q4X || kind == Q8X || kind == BF16 || kind == BF16X || kind == I8X,
+  TORCH_CHECK(kind == Q4 || kind == Q8 || kind == Q4X || kind == Q8X || kind == BF16 || kind == BF16X || kind == I8X ||
+                  kind == BF16A,
               "Q4 or Q8 blocks, a bf16 weight or interleaved int8 columns expected");
   x = x.contiguous();
   const std::vector<torch::Tensor> parts = {codes.contiguous(), scales.contiguous(), torch::empty({0})};
@@ -924,6 +1065,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("lean_avx512", &lean_avx512, "BF16X / I8X products on AVX-512 (the default where the CPU has it): "
         "whether they now are");
+  m.def("lean_amx", &lean_amx, "BF16A products on AMX (the default where the CPU has it and Linux grants its "
+        "tile state): whether they now are");
+  m.def("amx_enabled", [] { return amx_on; }, "whether BF16A products now run on AMX");
   m.def("lean_decode", &lean_decode, "a pass of a few tokens through a Llama-shaped model, fp32 activations",
         py::call_guard<py::gil_scoped_release>());  // other Python threads (a server's) run meanwhile
 }

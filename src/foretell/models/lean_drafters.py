@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foretell.models.lean_step import BF16X, I8X, LEAN_MAX_ROWS, kind_of, packed_layer, packed_projection, run_chunked
+from foretell.models.lean_step import (BF16A, BF16X, I8X, LEAN_MAX_ROWS, kind_of, packed_layer, packed_projection,
+                                       run_chunked)
 from foretell.models.quant import FUSED_MAX_ROWS
 
 
@@ -63,7 +64,7 @@ def column_product(layer: nn.Module):
         kind, main, scales, bias = packed_projection(layer, interleave=False)
     except ValueError:  # a layer type the kernel does not read: PyTorch's product serves it
         return None
-    return (block_gemm(), kind, main, scales) if kind in (BF16X, I8X) and not bias.numel() else None
+    return (block_gemm(), kind, main, scales) if kind in (BF16X, I8X, BF16A) and not bias.numel() else None
 
 
 def run_column_product(packed, rows: torch.Tensor) -> torch.Tensor | None:

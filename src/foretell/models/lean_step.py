@@ -32,6 +32,8 @@ Q4X, Q8X = 3, 4  # the same blocks with 8 output columns interleaved, for 8-bit 
 BF16, BF16X = 5, 6
 # an int8 layer with a scale per output row (quant.Int8Linear, drafters' int8), 16 output columns interleaved
 I8X = 7
+# a bf16 model's weight (wide_linear.Bf16ProductLinear) where the CPU has AMX: bf16 products on its tiles (amx_tiles)
+BF16A = 8
 # Passes of up to this many tokens (one-token steps, verification trees) run natively; longer ones (prompts) in
 # PyTorch, whose products are made for many rows.
 LEAN_MAX_ROWS = 32
@@ -143,15 +145,23 @@ def projection(layer: nn.Module, bf16: bool = True) -> tuple[int, torch.Tensor, 
 
 
 def as_bf16(layer: nn.Module) -> tuple[int, torch.Tensor] | None:
-    """A dense layer's weight packed as bf16 (bf16_interleaved) where every value is a bf16 number, else None. Kept
-    on the layer for its current values, so that the packings of one weight share one copy: a target's output layer
-    in its lean step and a drafter sharing it (a head or hidden-state draft without a hot vocabulary)."""
+    """A dense layer's weight packed as bf16 where every value is a bf16 number, else None: for a bf16 model's
+    layer (Bf16ProductLinear) on a CPU with AMX, in its tiles (amx_tiles: bf16 products); else column-interleaved
+    (bf16_interleaved: fp32 products of the same values). Kept on the layer for its current values, so that the
+    packings of one weight share one copy: a target's output layer in its lean step and a drafter sharing it (a
+    head or hidden-state draft without a hot vocabulary)."""
+    from foretell.kernels import amx_products
+
     weight = layer.weight.detach()
-    key = (weight.data_ptr(), weight._version, tuple(weight.shape))
+    amx = isinstance(layer, Bf16ProductLinear) and amx_products()
+    key = (weight.data_ptr(), weight._version, tuple(weight.shape), amx)
     cached = layer.__dict__.get("_bf16_packing")
     if cached is None or cached[0] != key:
         halved = weight.bfloat16()
-        cached = (key, bf16_interleaved(halved) if torch.equal(halved.float(), weight) else None)
+        packed = None
+        if torch.equal(halved.float(), weight):
+            packed = amx_tiles(halved) if amx else bf16_interleaved(halved)
+        cached = (key, packed)
         layer.__dict__["_bf16_packing"] = cached
     return cached[1]
 
@@ -164,6 +174,16 @@ def bf16_interleaved(weight: torch.Tensor) -> tuple[int, torch.Tensor]:
     if N % 16:
         return BF16, weight.contiguous()
     return BF16X, weight.view(N // 16, 2, 2, 4, K).permute(0, 4, 2, 1, 3).reshape(N // 16, K, 16).contiguous()
+
+
+def amx_tiles(weight: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """A bf16 weight [N, K] in AMX's tile layout (BF16A) [N / 16, K / 2, 32]: per 16 output columns and pair of
+    inputs (2i, 2i + 1), each column's two weights side by side; a tile is 16 such pairs. Where N or K does not
+    allow it, bf16_interleaved's layout (the same values, fp32 products)."""
+    N, K = weight.shape
+    if N % 16 or K % 32:
+        return bf16_interleaved(weight)
+    return BF16A, weight.view(N // 16, 16, K // 2, 2).permute(0, 2, 1, 3).reshape(N // 16, K // 2, 32).contiguous()
 
 
 def interleaved(kind: int, main: torch.Tensor, scales: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
@@ -327,7 +347,8 @@ class LeanStep:
         self.kinds.append(kind)
         self.head = [self.model.norm.weight.detach().float().contiguous(), *parts]
         # some dense weights are read as bf16 (they hold bf16 numbers); read per batched pass, so kept
-        self.streams_bf16 = any(kind in (BF16, BF16X) for kind in self.kinds)
+        self.streams_bf16 = any(kind in (BF16, BF16X, BF16A) for kind in self.kinds)
+        self.amx = BF16A in self.kinds  # bf16 products on AMX tiles
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
                  tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,6 +42,8 @@ def describe_target(quant: str, dtype: str, model=None) -> str:
     lean = getattr(model, "lean", None)
     if weights == "none":
         bf16_as_fp32 = str(dtype).removeprefix("torch.") == "bfloat16" and lean is not None and lean.streams_bf16
+        if bf16_as_fp32 and lean.amx:
+            return "bf16 weights, bf16 products on AMX"
         return "bf16 weights, float32 activations" if bf16_as_fp32 else dtype
     return f"{weights} weights, {'8-bit' if act_q8 else dtype} activations"
 
