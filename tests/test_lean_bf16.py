@@ -114,17 +114,21 @@ def test_where_bf16_is_native_every_drafter_reproduces_plain_decoding(tiny_pair,
 
 
 @pytest.mark.parametrize("emulated", [True, False])
-def test_a_verification_pass_over_bf16_weights_computes_each_one_token_step(tiny_pair, monkeypatch, emulated):
-    """Also where bf16 is native: on a CPU with AMX the lean passes then multiply on its tiles (BF16A)."""
+@pytest.mark.parametrize("count", [6, 40])
+def test_a_verification_pass_over_bf16_weights_computes_each_one_token_step(tiny_pair, monkeypatch, emulated, count):
+    """Also where bf16 is native (on a CPU with AMX the lean passes then multiply on its tiles, BF16A), and for a
+    pass longer than one lean call takes (a large tree: in chunks, not in PyTorch's products)."""
     bf16_emulated(monkeypatch, emulated)
     model = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model
     assert model.lean.amx is (not emulated and amx_products())
-    context, tokens = torch.tensor([1, 5, 9, 12]), torch.tensor([5, 9, 30, 7, 7, 3])
-    caches = [model.new_cache(32) for _ in range(2)]
+    assert count <= model.lean.max_rows or model.lean.takes(count, 4) and not model.lean.takes(count, 0)
+    context = torch.tensor([1, 5, 9, 12])
+    tokens = torch.randint(0, model.config.vocab_size, (count,), generator=torch.Generator().manual_seed(count))
+    caches = [model.new_cache(64) for _ in range(2)]
     for cache in caches:
         model(context, torch.arange(4), cache)
         cache.commit_prefix(4)
-    whole = model(tokens, torch.arange(4, 10), caches[0], hidden_layers=(1,))
+    whole = model(tokens, torch.arange(4, 4 + count), caches[0], hidden_layers=(1,))
     for i, token in enumerate(tokens):
         step = model(token[None], torch.tensor([4 + i]), caches[1], hidden_layers=(1,))
         caches[1].commit_prefix(1)

@@ -334,6 +334,19 @@ inline uint16_t bf16_rounded(float f) {  // round to nearest even (no NaNs reach
   return uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
 }
 
+// x[0..n) rounded to bf16 (bf16_rounded's arithmetic, 16 at a time)
+__attribute__((target("avx512f"))) void to_bf16(const float* x, int64_t n, uint16_t* out) {
+  const int64_t n16 = n & ~int64_t(15);
+  const __m512i half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
+  for (int64_t i = 0; i < n16; i += 16) {
+    const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(x + i));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(half, odd)), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(rounded));
+  }
+  for (int64_t i = n16; i < n; ++i) out[i] = bf16_rounded(x[i]);
+}
+
 // Columns 16g .. 16(g + G) - 1 of R rows of bf16 activations xb [R, K] into y (R rows, y_stride apart; `valid` of
 // them kept, through a scratch tile when fewer than R). Tiles: 0..G-1 the sums, 4 the activations, 5..7 the weights.
 template <int G>
@@ -369,7 +382,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void tiles_amx(const Proj& p, int64
   auto out = [&](int j) { return direct ? y + 16 * (g + j) : scratch; };
   auto keep = [&](int j) {  // a partial pass's valid rows, from the scratch tile
     if (!direct)
-      for (int64_t r = 0; r < valid; ++r) std::copy(scratch + 16 * r, scratch + 16 * r + 16, y + r * y_stride + 16 * (g + j));
+      for (int64_t r = 0; r < valid; ++r)
+        std::copy(scratch + 16 * r, scratch + 16 * r + 16, y + r * y_stride + 16 * (g + j));
   };
   _tile_stored(0, out(0), stride);
   keep(0);
@@ -404,7 +418,7 @@ __attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
 void gemm_amx(const Proj& p, const float* x, int64_t M, float* y) {
   const int64_t K = p.K, passes = (M + 15) / 16, R = (M + passes - 1) / passes;
   std::vector<uint16_t> xb(passes * R * K, 0);  // the rows past M stay zero
-  for (int64_t i = 0; i < M * K; ++i) xb[i] = bf16_rounded(x[i]);
+  to_bf16(x, M * K, xb.data());
   const int64_t groups = p.N / 16, blocks = (groups + 3) / 4;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     load_tiles(R);
@@ -771,12 +785,14 @@ inline void score_block(const float* q, const float* K, int64_t D, float scale, 
   _mm256_storeu_ps(p, _mm256_mul_ps(sums8(acc), _mm256_set1_ps(scale)));
 }
 
-// out[0 .. 8 W) = sum over the visible keys j <= last of w[j] * V_j[0 .. 8 W), key after key, in registers
+// out[0 .. 8 W) (+)= sum over the visible keys from <= j < to of w[j] * V_j[0 .. 8 W), key after key, in
+// registers; resume: out holds the sum over the keys before `from` (a block of keys after another).
 template <int W>
-inline void weigh_values(const float* w, const float* V, int64_t D, const bool* visible, int64_t last, float* out) {
+inline void weigh_values(const float* w, const float* V, int64_t D, const bool* visible, int64_t from, int64_t to,
+                         bool resume, float* out) {
   __m256 o[W];
-  for (int c = 0; c < W; ++c) o[c] = _mm256_setzero_ps();
-  for (int64_t j = 0; j <= last; ++j) {
+  for (int c = 0; c < W; ++c) o[c] = resume ? _mm256_loadu_ps(out + 8 * c) : _mm256_setzero_ps();
+  for (int64_t j = from; j < to; ++j) {
     if (visible && !visible[j]) continue;
     const __m256 wj = _mm256_set1_ps(w[j]);
     for (int c = 0; c < W; ++c) o[c] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(V + j * D + 8 * c), o[c]);
@@ -784,27 +800,52 @@ inline void weigh_values(const float* w, const float* V, int64_t D, const bool* 
   for (int c = 0; c < W; ++c) _mm256_storeu_ps(out + 8 * c, o[c]);
 }
 
+// run(t) for each row t < T: on torch's threads where the rows are enough to pay for waking them (a row's
+// arithmetic is its own either way)
+template <class Run>
+void rows_over_threads(int64_t T, Run run) {
+  if (T < 4) {
+    for (int64_t t = 0; t < T; ++t) run(t);
+    return;
+  }
+  at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) run(t);
+  });
+}
+
 // One query head's attention over keys 0..last of its kv head (K, V: [S, D], D a multiple of 8), `visible` hiding
-// some (nullptr: none): out [D] = softmax(q . K_j * scale) . V. Scores 8 keys at a time, then out accumulates key
-// after key, 64 of its values in registers. p: scratch of last + 9 floats.
-// A query's arithmetic depends only on its own row, so a verification pass and a one-token step agree bit for bit.
-void attend(const float* q, const float* K, const float* V, int64_t D, const bool* visible, int64_t last, float scale,
-            float* p, float* out) {
-  const int64_t n = last + 1, full = n & ~int64_t(7);
-  for (int64_t j0 = 0; j0 < full; j0 += 8) score_block<8>(q, K + j0 * D, D, scale, p + j0);
-  // the last few keys: the same per-key arithmetic
-  below_eight(n - full, [&](auto C) { score_block<decltype(C)::value>(q, K + full * D, D, scale, p + full); });
+// some (nullptr: none): out [D] = softmax(q . K_j * scale) . V. p: its scratch of last + 9 floats.
+struct Query {
+  const float* q;
+  const bool* visible;
+  int64_t last;
+  float* p;
+  float* out;
+};
+
+// Scores of keys from..to-1 (from a multiple of 8; to = last + 1, or a multiple of 8 before it), 8 keys at a time,
+// then the last few: the same per-key arithmetic
+inline void score_keys(const Query& a, const float* K, int64_t D, float scale, int64_t from, int64_t to) {
+  const int64_t full = from + ((to - from) & ~int64_t(7));
+  for (int64_t j0 = from; j0 < full; j0 += 8) score_block<8>(a.q, K + j0 * D, D, scale, a.p + j0);
+  below_eight(to - full, [&](auto C) { score_block<decltype(C)::value>(a.q, K + full * D, D, scale, a.p + full); });
+}
+
+// softmax over the visible scores p[0..last] in place, the hidden ones 0
+inline void normalize(const Query& a) {
+  float* p = a.p;
+  const int64_t n = a.last + 1;
   float top = -INFINITY;
   for (int64_t j = 0; j < n; ++j)
-    if (!visible || visible[j]) top = std::max(top, p[j]);
+    if (!a.visible || a.visible[j]) top = std::max(top, p[j]);
   exp_shifted(p, n, top);
   // The total in 8 partial sums (a chain of scalar adds waits on each one): the k-th visible weight goes to sum
   // k % 8, so a tree pass, whose hidden slots sit between the visible ones, adds what a one-token step adds.
   __m256 lanes = _mm256_setzero_ps();
-  if (visible) {
+  if (a.visible) {
     float partial[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int64_t j = 0, rank = 0; j < n; ++j) {
-      if (!visible[j]) {
+      if (!a.visible[j]) {
         p[j] = 0.f;
         continue;
       }
@@ -817,9 +858,39 @@ void attend(const float* q, const float* K, const float* V, int64_t D, const boo
   }
   const __m256 total = _mm256_set1_ps(hsum(lanes));
   for (int64_t j = 0; j < n; j += 8) _mm256_storeu_ps(p + j, _mm256_div_ps(_mm256_loadu_ps(p + j), total));
-  int64_t i0 = 0;  // 64 values of out at a time: 8 independent accumulator chains
-  for (; i0 + 64 <= D; i0 += 64) weigh_values<8>(p, V + i0, D, visible, last, out + i0);
-  below_eight((D - i0) / 8, [&](auto W) { weigh_values<decltype(W)::value>(p, V + i0, D, visible, last, out + i0); });
+}
+
+// out (+)= the weighed values of keys from..to-1 (to <= last + 1), 64 of out's values at a time: 8 chains
+inline void weigh_keys(const Query& a, const float* V, int64_t D, int64_t from, int64_t to) {
+  int64_t i0 = 0;
+  const bool resume = from > 0;
+  for (; i0 + 64 <= D; i0 += 64) weigh_values<8>(a.p, V + i0, D, a.visible, from, to, resume, a.out + i0);
+  below_eight((D - i0) / 8, [&](auto W) {
+    weigh_values<decltype(W)::value>(a.p, V + i0, D, a.visible, from, to, resume, a.out + i0);
+  });
+}
+
+void attend(const Query& a, const float* K, const float* V, int64_t D, float scale) {
+  score_keys(a, K, D, scale, 0, a.last + 1);
+  normalize(a);
+  weigh_keys(a, V, D, 0, a.last + 1);
+}
+
+// Several queries over one kv head (a pass's rows with their query heads): each gets attend's arithmetic, key by
+// key in the same order, but the keys and values come from memory once a block of KEY_BLOCK keys for all of them,
+// not once a query (a pass of 16 rows at a 1024-token context spent ~half its time re-reading them).
+constexpr int64_t KEY_BLOCK = 64;
+
+void attend_many(const std::vector<Query>& queries, const float* K, const float* V, int64_t D, float scale) {
+  int64_t keys = 0;
+  for (const Query& a : queries) keys = std::max(keys, a.last + 1);
+  for (int64_t j0 = 0; j0 < keys; j0 += KEY_BLOCK)
+    for (const Query& a : queries)
+      if (j0 <= a.last) score_keys(a, K, D, scale, j0, std::min(j0 + KEY_BLOCK, a.last + 1));
+  for (const Query& a : queries) normalize(a);
+  for (int64_t j0 = 0; j0 < keys; j0 += KEY_BLOCK)
+    for (const Query& a : queries)
+      if (j0 <= a.last) weigh_keys(a, V, D, j0, std::min(j0 + KEY_BLOCK, a.last + 1));
 }
 
 Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
@@ -951,7 +1022,7 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
       }
       gemm(p_qkv, joined_in.data(), T, qkv.data(), sums.data(), act_q8);
     } else {
-      for (int64_t t = 0; t < T; ++t) rms_norm(h.data() + t * H, in_norm, H, eps, normed.data() + t * H);
+      rows_over_threads(T, [&](int64_t t) { rms_norm(h.data() + t * H, in_norm, H, eps, normed.data() + t * H); });
       gemm(p_qkv, normed.data(), T, qkv.data(), sums.data(), act_q8);
     }
     float* Kl = K + l * kv_heads * S * D;
@@ -967,31 +1038,51 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
         std::copy(v + g * D, v + (g + 1) * D, Vl + (g * S + slot + t) * D);
       }
     }
-    // A job: one row's query heads that share a kv head, so that its keys and values come from memory once; or,
-    // with too few such jobs to keep the threads busy (a one-token step), one query head. Either way each query
-    // runs the same `attend`.
-    const int64_t per_job = T * kv_heads >= 4 * at::get_num_threads() ? group : 1;
-    at::parallel_for(0, T * heads / per_job, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> p(keys + 8);
-      for (int64_t job = begin; job < end; ++job) {
-        const int64_t t = job / (heads / per_job), first = (job % (heads / per_job)) * per_job, g = first / group;
-        for (int64_t hq = first; hq < first + per_job; ++hq)
-          attend(qkv.data() + t * p_qkv.N + hq * D, Kl + g * S * D, Vl + g * S * D, D, seen ? seen + t * keys : nullptr,
-                 seen ? keys - 1 : slot + t, scale, p.data(), att.data() + t * q_dim + hq * D);
-      }
-    });
+    // Few queries (a one-token step): a job a query head, to keep the threads busy. More: a job a kv head and a
+    // chunk of rows, whose queries read each block of keys and values once (attend_many). Either way each query
+    // gets the same arithmetic.
+    auto query = [&](int64_t t, int64_t hq, float* p) {
+      return Query{qkv.data() + t * p_qkv.N + hq * D, seen ? seen + t * keys : nullptr, seen ? keys - 1 : slot + t,
+                   p, att.data() + t * q_dim + hq * D};
+    };
+    const int64_t threads = at::get_num_threads();
+    if (T * kv_heads < 4 * threads) {
+      at::parallel_for(0, T * heads, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> p(keys + 8);
+        for (int64_t job = begin; job < end; ++job) {
+          const int64_t t = job / heads, hq = job % heads, g = hq / group;
+          attend(query(t, hq, p.data()), Kl + g * S * D, Vl + g * S * D, D, scale);
+        }
+      });
+    } else {
+      const int64_t chunks = std::min(T, std::max<int64_t>(1, (2 * threads + kv_heads - 1) / kv_heads));
+      at::parallel_for(0, kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> p;
+        std::vector<Query> queries;
+        for (int64_t job = begin; job < end; ++job) {
+          const int64_t g = job / chunks, chunk = job % chunks;
+          const int64_t t0 = T * chunk / chunks, t1 = T * (chunk + 1) / chunks;
+          p.resize((t1 - t0) * group * (keys + 8));
+          queries.clear();
+          for (int64_t t = t0; t < t1; ++t)
+            for (int64_t hq = g * group; hq < (g + 1) * group; ++hq)
+              queries.push_back(query(t, hq, p.data() + queries.size() * (keys + 8)));
+          attend_many(queries, Kl + g * S * D, Vl + g * S * D, D, scale);
+        }
+      });
+    }
     gemm(p_o, att.data(), T, tmp.data(), sums.data(), act_q8);
     for (int64_t i = 0; i < T * H; ++i) h[i] += tmp[i];
-    for (int64_t t = 0; t < T; ++t) rms_norm(h.data() + t * H, post_norm, H, eps, normed.data() + t * H);
+    rows_over_threads(T, [&](int64_t t) { rms_norm(h.data() + t * H, post_norm, H, eps, normed.data() + t * H); });
     gemm(p_gu, normed.data(), T, mlp.data(), sums.data(), act_q8);
     const int64_t I = p_down.K;
-    for (int64_t t = 0; t < T; ++t) {  // SiLU(gate) * up, gate = g: g / (1 + e^-g)
+    rows_over_threads(T, [&](int64_t t) {  // SiLU(gate) * up, gate = g: g / (1 + e^-g)
       const float* g = mlp.data() + t * 2 * I;
       float* a = act.data() + t * I;
       for (int64_t i = 0; i < I; ++i) a[i] = -g[i];
       exp_shifted(a, I, 0.f);
       for (int64_t i = 0; i < I; ++i) a[i] = g[i] / (1.f + a[i]) * g[I + i];
-    }
+    });
     gemm(p_down, act.data(), T, tmp.data(), sums.data(), act_q8);
     for (int64_t i = 0; i < T * H; ++i) h[i] += tmp[i];
     if (l + 1 < L) std::copy(h.begin(), h.end(), st + (l + 1) * T * H);

@@ -1,0 +1,73 @@
+"""A bf16 target's lean passes on AMX tiles (bf16 products, BF16A) against AVX-512 columns (fp32 products, BF16X).
+
+    .venv/bin/python benchmarks/amx_ab.py [--model smollm2-135m] [--threads 2] [--repeats 9]
+
+On a CPU with AMX a bf16 target's lean passes multiply on its tiles (kernels/lean_decode.cpp, tiles_amx): ~16x
+the products of AVX-512's FMAs a cycle, so a verification pass of 16 or 32 tokens costs about what streaming the
+weights once does. Prints a Markdown table of ms per forward of 1-64 tokens after a 256-token context, both
+configurations measured in this one run, interleaved (medians of --repeats), and each size's ratio to a one-token
+step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from foretell.api import load
+from foretell.kernels import amx_products, lean_module
+
+SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+def pass_timer(model, context: int = 256):
+    """once(n): seconds of one pass of n tokens after `context` committed ones (not committed: the next overwrites)."""
+    cache = model.new_cache(context + max(SIZES) + 1)
+    ids = torch.randint(0, model.config.vocab_size, (context + max(SIZES),))
+    with torch.inference_mode():
+        model(ids[:context], torch.arange(context), cache)
+    cache.commit_prefix(context)
+
+    def once(n: int) -> float:
+        with torch.inference_mode():
+            start = time.perf_counter()
+            model(ids[context:context + n], torch.arange(context, context + n), cache)
+            return time.perf_counter() - start
+
+    return once
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=9)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    if not amx_products():
+        raise SystemExit("this CPU has no AMX tiles (or Linux grants no tile state): nothing to compare here")
+    amx = load(args.model, "none", dtype="bfloat16", warm_up=False).target.model
+    lean_module().lean_amx(False)  # packed while off: the column layout
+    columns = load(args.model, "none", dtype="bfloat16", warm_up=False).target.model
+    lean_module().lean_amx(True)
+    assert amx.lean.amx and not columns.lean.amx
+    runs = {"AVX-512 columns, fp32 products": pass_timer(columns), "AMX tiles, bf16 products": pass_timer(amx)}
+    times = {name: {n: [] for n in SIZES} for name in runs}
+    for n in SIZES:
+        for _ in range(args.repeats):
+            for name, run in runs.items():  # interleaved: the machine's drift hits both alike
+                times[name][n].append(run(n))
+    print(f"{args.model}, {args.threads} threads, ms per pass of n tokens after a 256-token context "
+          f"(x: against that configuration's one-token step)\n")
+    print("| n tokens | " + " | ".join(str(n) for n in SIZES) + " |")
+    print("|---|" + "---:|" * len(SIZES))
+    for name in runs:
+        median = {n: sorted(t)[len(t) // 2] * 1000 for n, t in times[name].items()}
+        print(f"| {name} | " + " | ".join(f"{median[n]:.1f} ({median[n] / median[1]:.2f}x)" for n in SIZES) + " |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
