@@ -189,7 +189,8 @@ def cmd_cost(args) -> None:
         kernel = kernel_rows_of(loaded.model)
         paths = f" ({f'bf16 kernel for 2..{kernel} rows, ' if kernel else ''}fp32 from {wide} rows)" if wide else ""
         if loaded.model.lean is not None:
-            paths += " (lean step, bf16 weights, float32 activations)" if as_float32 else " (lean step)"
+            bf16_lean = "bf16 products on AMX" if loaded.model.lean.amx else "float32 activations"
+            paths += f" (lean step, bf16 weights, {bf16_lean})" if as_float32 else " (lean step)"
         bf16_rows = bf16_rows_of(loaded.model)
         if bf16_rows:
             paths += f" (bf16 products from {bf16_rows} rows)"

@@ -401,11 +401,60 @@ __attribute__((target("amx-tile,amx-bf16"))) void tiles_amx(const Proj& p, int64
   }
 }
 
-// The tile shapes for passes of R rows (a thread's state: each thread of a product loads them, then releases them)
-__attribute__((target("amx-tile"))) void load_tiles(int64_t R) {
+// Passes of 17..32 rows: two blocks of R rows (xb [2R, K]) against columns 16g .. 16(g + G) - 1, each weight tile
+// loaded once for both. Tiles: sums 0, 1 (rows 0..R-1) and 2, 3 (rows R..2R-1), activations 4, 5, weights 6, 7.
+// The same products in the same order as tiles_amx's, so a row's bits do not change.
+template <int G>
+__attribute__((target("amx-tile,amx-bf16"))) void tile_pairs_amx(const Proj& p, int64_t g, const uint16_t* xb,
+                                                                  int64_t R, int64_t valid, float* y,
+                                                                  int64_t y_stride) {
+  const int64_t K = p.K, chunks = K / 32, group = K * 16;
+  const uint16_t* w = p.half + g * group;
+  _tile_zero(0);
+  _tile_zero(2);
+  if constexpr (G > 1) {
+    _tile_zero(1);
+    _tile_zero(3);
+  }
+  for (int64_t c = 0; c < chunks; ++c) {
+    _tile_loadd(4, xb + 32 * c, K * 2);
+    _tile_loadd(5, xb + R * K + 32 * c, K * 2);
+    _tile_loadd(6, w + 512 * c, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(2, 5, 6);
+    if constexpr (G > 1) {
+      _tile_loadd(7, w + group + 512 * c, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  // the first block's rows are all valid; of the second's, valid - R
+  float scratch[16 * 16];
+  const int64_t second = valid - R;
+  float* y2 = y + R * y_stride;
+  const bool direct = second == R;
+  auto keep = [&](int j) {
+    if (!direct)
+      for (int64_t r = 0; r < second; ++r)
+        std::copy(scratch + 16 * r, scratch + 16 * r + 16, y2 + r * y_stride + 16 * (g + j));
+  };
+  _tile_stored(0, y + 16 * g, y_stride * 4);
+  _tile_stored(2, direct ? y2 + 16 * g : scratch, direct ? y_stride * 4 : 64);
+  keep(0);
+  if constexpr (G > 1) {
+    _tile_stored(1, y + 16 * (g + 1), y_stride * 4);
+    _tile_stored(3, direct ? y2 + 16 * (g + 1) : scratch, direct ? y_stride * 4 : 64);
+    keep(1);
+  }
+}
+
+// The tile shapes for passes of R rows (a thread's state: each thread of a product loads them, then releases them):
+// tiles 0..3 sums of R rows; 4 activations (pairs: 4 and 5); the rest weights, 16 input pairs of 16 columns
+__attribute__((target("amx-tile"))) void load_tiles(int64_t R, bool pairs) {
   TileConfig config;
-  for (int t = 0; t < 5; ++t) config.rows[t] = uint8_t(R), config.colsb[t] = 64;  // the sums; R rows of 32 bf16
-  for (int t = 5; t < 8; ++t) config.rows[t] = 16, config.colsb[t] = 64;          // the weights: 16 input pairs
+  const int weights = pairs ? 6 : 5;
+  for (int t = 0; t < weights; ++t) config.rows[t] = uint8_t(R), config.colsb[t] = 64;
+  for (int t = weights; t < 8; ++t) config.rows[t] = 16, config.colsb[t] = 64;
   // GCC's intrinsic tells the compiler it reads 8 bytes, which let it drop the stores of the rest
   asm volatile("" : : "r"(&config) : "memory");
   _tile_loadconfig(&config);
@@ -419,23 +468,34 @@ void gemm_amx(const Proj& p, const float* x, int64_t M, float* y) {
   const int64_t K = p.K, passes = (M + 15) / 16, R = (M + passes - 1) / passes;
   std::vector<uint16_t> xb(passes * R * K, 0);  // the rows past M stay zero
   to_bf16(x, M * K, xb.data());
-  const int64_t groups = p.N / 16, blocks = (groups + 3) / 4;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    load_tiles(R);
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t g = 4 * b, G = std::min<int64_t>(4, groups - g);
-      for (int64_t pass = 0; pass < passes; ++pass) {
-        const int64_t m = pass * R, valid = std::min(R, M - m);
-        const uint16_t* rows_b = xb.data() + m * K;
-        float* rows_y = y + m * p.N;
-        if (G == 4) tiles_amx<4>(p, g, rows_b, R, valid, rows_y, p.N);
-        else if (G == 3) tiles_amx<3>(p, g, rows_b, R, valid, rows_y, p.N);
-        else if (G == 2) tiles_amx<2>(p, g, rows_b, R, valid, rows_y, p.N);
-        else tiles_amx<1>(p, g, rows_b, R, valid, rows_y, p.N);
+  const int64_t groups = p.N / 16;
+  if (passes == 2) {  // both row blocks against each weight tile: columns 32 at a time
+    at::parallel_for(0, (groups + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+      load_tiles(R, true);
+      for (int64_t b = begin; b < end; ++b) {
+        if (2 * b + 1 < groups) tile_pairs_amx<2>(p, 2 * b, xb.data(), R, M, y, p.N);
+        else tile_pairs_amx<1>(p, 2 * b, xb.data(), R, M, y, p.N);
       }
-    }
-    release_tiles();
-  });
+      release_tiles();
+    });
+  } else {
+    at::parallel_for(0, (groups + 3) / 4, 1, [&](int64_t begin, int64_t end) {
+      load_tiles(R, false);
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t g = 4 * b, G = std::min<int64_t>(4, groups - g);
+        for (int64_t pass = 0; pass < passes; ++pass) {
+          const int64_t m = pass * R, valid = std::min(R, M - m);
+          const uint16_t* rows_b = xb.data() + m * K;
+          float* rows_y = y + m * p.N;
+          if (G == 4) tiles_amx<4>(p, g, rows_b, R, valid, rows_y, p.N);
+          else if (G == 3) tiles_amx<3>(p, g, rows_b, R, valid, rows_y, p.N);
+          else if (G == 2) tiles_amx<2>(p, g, rows_b, R, valid, rows_y, p.N);
+          else tiles_amx<1>(p, g, rows_b, R, valid, rows_y, p.N);
+        }
+      }
+      release_tiles();
+    });
+  }
   if (p.bias)
     for (int64_t r = 0; r < M; ++r)
       for (int64_t n = 0; n < p.N; ++n) y[r * p.N + n] += p.bias[n];

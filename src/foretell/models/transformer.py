@@ -45,7 +45,7 @@ def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
 
 
 # Bumped whenever the forward's cost changes, so measured cost curves (budget.py) are redone.
-RUNTIME_VERSION = 10
+RUNTIME_VERSION = 11
 
 # Passes of up to this many new tokens use plain matmul attention: at one token PyTorch's fused
 # CPU attention costs more than the matmuls themselves, but from two tokens on (verification
