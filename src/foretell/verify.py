@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import torch
 
-from foretell.sampling import processed_probs, sample
+from foretell.sampling import greedy_tokens, processed_probs, sample
 from foretell.tree import children_lists
 from foretell.types import Proposal, SamplingParams, Verification
 
 
 def verify_greedy(target_logits: torch.Tensor, proposal: Proposal) -> Verification:
     """target_logits: [n + 1, V], row i scores the token after draft i (row 0: after the last committed token)."""
-    best = target_logits.argmax(-1)  # [n + 1]
+    best = greedy_tokens(target_logits)  # [n + 1]
     n = proposal.size
     if n == 0:
         return Verification(0, int(best[0]))
@@ -90,7 +90,7 @@ def verify_chain(
 
 def verify_tree_greedy(target_logits: torch.Tensor, proposal: Proposal) -> Verification:
     """target_logits: [N + 1, V] for slots root, node 0 .. node N-1. Follow the argmax down the tree."""
-    best = target_logits.argmax(-1).tolist()
+    best = greedy_tokens(target_logits).tolist()
     tokens = proposal.tokens.tolist()
     children = children_lists(proposal.parents)
     path: list[int] = []
