@@ -1,7 +1,8 @@
 # Sourced by the recipes that train on the shipped drafters' data (train_shipped.sh, train_eagle3.sh): makes the
 # self data (benchmarks/self_data.sh) and sets F (the CLI), D (the self-data folder), T (threads) and
 # SHIPPED_DATA, the training mix: the target's own answers to 2656 ShareGPT and 1200 GSM8K prompts, 2000 GSM8K
-# solutions and 3000 packed ShareGPT rows (the 2656 answers are made by each recipe).
+# solutions and 3000 packed ShareGPT rows (the 2656 answers are made by each recipe). Wider mixes (issue 20's
+# "broader training data"): SHAREGPT_ROWS and GSM8K_ROWS (defaults 3000 and 2000, the shipped drafters' data).
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash benchmarks/self_data.sh
 # MT-Bench's and HumanEval's prompts, so that the data step can drop training rows sharing text with them (without
@@ -11,4 +12,4 @@ bash benchmarks/self_data.sh
 F=.venv/bin/foretell
 D=runs/self_data
 T=${THREADS:-2}
-SHIPPED_DATA="$D/smollm2-sharegpt.jsonl,$D/smollm2-gsm8k.jsonl,gsm8k:2000,sharegpt:3000"
+SHIPPED_DATA="$D/smollm2-sharegpt.jsonl,$D/smollm2-gsm8k.jsonl,gsm8k:${GSM8K_ROWS:-2000},sharegpt:${SHAREGPT_ROWS:-3000}"

@@ -12,7 +12,8 @@
 # ~1 h, ~10 GB). Every stage resumes: rerun the same command after an interruption.
 # Data-parallel: PROCS=N runs N processes on this machine; torchrun works too (docs/training.md).
 # Environment: OUT (runs/eagle3/smollm2-head), HEAD_RUN (runs/shipped/smollm2-head), STEPS, THREADS, PROCS, HIDDEN,
-# HIDDEN_OUT (runs/hidden_state/smollm2-shipped-data).
+# HIDDEN_OUT (runs/hidden_state/smollm2-shipped-data), SHAREGPT_ROWS and GSM8K_ROWS (a wider mix: shipped_data.sh;
+# give it its own OUT and a HEAD_RUN without features, e.g. HEAD_RUN=none, so nothing narrower is linked).
 set -euo pipefail
 source "$(dirname "$0")/shipped_data.sh"
 OUT=${OUT:-runs/eagle3/smollm2-head}

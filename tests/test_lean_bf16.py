@@ -209,3 +209,40 @@ def test_foretell_cost_times_the_target_as_load_runs_it(tiny_pair, tmp_path, mon
     assert main(["cost", str(tiny_pair[0]), "--dtype", "float32", "--plot", str(tmp_path / "d.png")]) == 0
     out = capsys.readouterr().out
     assert "(lean step)" in out and "bf16 weights" not in out
+
+
+@pytest.mark.parametrize("emulated", [True, False])
+def test_each_node_of_a_wide_tree_computes_its_path_decoded_alone(tiny_pair, monkeypatch, emulated):
+    """A verification tree of 24 nodes (attention takes its queries three at a time where the CPU has AVX-512, and
+    each node sees the context and its ancestors only): every node's logits bit for bit what one-token steps along
+    its path compute."""
+    bf16_emulated(monkeypatch, emulated)
+    model = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model
+    g = torch.Generator().manual_seed(3)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) if i > 1 else 0 for i in range(1, 24)]
+    parents[1] = -1  # two roots: siblings at depth 0
+    tokens = torch.randint(0, model.config.vocab_size, (24,), generator=g)
+    paths = []
+    for node in range(24):
+        path, at = [], node
+        while at >= 0:
+            path.insert(0, at)
+            at = parents[at]
+        paths.append(path)
+    mask = torch.zeros(24, 24, dtype=torch.bool)
+    for node, path in enumerate(paths):
+        mask[node, path] = True
+    context = torch.tensor([1, 5, 9, 12, 5, 9, 30, 7, 7, 3, 4])
+    cache = model.new_cache(64)
+    model(context, torch.arange(len(context)), cache)
+    cache.commit_prefix(len(context))
+    depth = torch.tensor([len(p) - 1 for p in paths])
+    tree = model(tokens, len(context) + depth, cache, tree_mask=mask)
+    for node in (0, 1, 5, 11, 17, 23):
+        alone = model.new_cache(64)
+        model(context, torch.arange(len(context)), alone)
+        alone.commit_prefix(len(context))
+        for i, at in enumerate(paths[node]):
+            step = model(tokens[at:at + 1], torch.tensor([len(context) + i]), alone)
+            alone.commit_prefix(1)
+        assert torch.equal(step.logits[0], tree.logits[node]), node
