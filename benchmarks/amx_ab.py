@@ -11,41 +11,15 @@ step.
 
 from __future__ import annotations
 
-import argparse
-import time
-
-import torch
-
+from compile_ab import ab_args, timer  # benchmarks/ is on the path when this runs as a script
 from foretell.api import load
 from foretell.kernels import amx_products, lean_module
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
-def pass_timer(model, context: int = 256):
-    """once(n): seconds of one pass of n tokens after `context` committed ones (not committed: the next overwrites)."""
-    cache = model.new_cache(context + max(SIZES) + 1)
-    ids = torch.randint(0, model.config.vocab_size, (context + max(SIZES),))
-    with torch.inference_mode():
-        model(ids[:context], torch.arange(context), cache)
-    cache.commit_prefix(context)
-
-    def once(n: int) -> float:
-        with torch.inference_mode():
-            start = time.perf_counter()
-            model(ids[context:context + n], torch.arange(context, context + n), cache)
-            return time.perf_counter() - start
-
-    return once
-
-
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=9)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    args = ab_args(__doc__, repeats=9)
     if not amx_products():
         raise SystemExit("this CPU has no AMX tiles (or Linux grants no tile state): nothing to compare here")
     amx = load(args.model, "none", dtype="bfloat16", warm_up=False).target.model
@@ -53,7 +27,8 @@ def main() -> None:
     columns = load(args.model, "none", dtype="bfloat16", warm_up=False).target.model
     lean_module().lean_amx(True)
     assert amx.lean.amx and not columns.lean.amx
-    runs = {"AVX-512 columns, fp32 products": pass_timer(columns), "AMX tiles, bf16 products": pass_timer(amx)}
+    runs = {"AVX-512 columns, fp32 products": timer(columns, longest=max(SIZES)),
+            "AMX tiles, bf16 products": timer(amx, longest=max(SIZES))}
     times = {name: {n: [] for n in SIZES} for name in runs}
     for n in SIZES:
         for _ in range(args.repeats):

@@ -19,9 +19,22 @@ from foretell.api import load
 SIZES = (1, 2, 4, 8, 16, 32)
 
 
-def timer(model, context: int = 256):
-    cache = model.new_cache(context + max(SIZES) + 1)
-    ids = torch.randint(0, model.config.vocab_size, (context + max(SIZES),))
+def ab_args(doc: str, repeats: int) -> argparse.Namespace:
+    """The A/B scripts' shared options (--model, --threads, --repeats), torch's threads set."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=repeats)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
+
+
+def timer(model, context: int = 256, longest: int = max(SIZES)):
+    """once(n): seconds of one pass of n <= longest tokens after `context` committed ones (not committed: the next
+    pass overwrites them)."""
+    cache = model.new_cache(context + longest + 1)
+    ids = torch.randint(0, model.config.vocab_size, (context + longest,))
     with torch.inference_mode():
         model(ids[:context], torch.arange(context), cache)
     cache.commit_prefix(context)

@@ -12,12 +12,11 @@ passes), and ms per prompt (a prefill into an empty cache). Medians of --repeats
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
 
-from compile_ab import timer as pass_timer  # benchmarks/ is on the path when this runs as a script
+from compile_ab import ab_args, timer as pass_timer  # benchmarks/ is on the path when this runs as a script
 from foretell.api import load
 from foretell.kernels import lean_module
 from foretell.models import wide_linear
@@ -63,12 +62,7 @@ def table(title: str, runs: dict, sizes, repeats: int) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=9)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    args = ab_args(__doc__, repeats=9)
     if not wide_linear.native_bf16():
         raise SystemExit("this CPU has no native bf16 products (AMX / AVX512-BF16): nothing to compare here")
     before = load(args.model, "none", dtype="bfloat16", lean=False, warm_up=False).target.model
