@@ -105,7 +105,8 @@ def load(
     benchmarks/compile_ab.py for whether it pays on your machine).
     wide_fp32: a bf16 target on CPU runs in float32 activations over its bf16 weights where the lean step suits
     it (with lean; models/lean_step.run_bf16_as_float32: steps and verification stream the bf16 weights, prompts
-    use an exact fp32 copy, or a bf16 one where bf16 products are native), else, on a CPU without native bf16
+    use an exact fp32 copy, or a bf16 one where bf16 products are native; on a CPU with AMX the lean passes
+    multiply in bf16 on its tiles too, lean_step.amx_tiles), else, on a CPU without native bf16
     matmul, its passes of many rows (prompts, draft trees) in fp32 on an exact fp32 copy of its weights where that
     is faster here (models/wide_linear.py).
     bf16_kernel: with wide_fp32, passes of a few rows (draft trees) run foretell's bf16 kernel where it is built and
