@@ -122,6 +122,7 @@ def test_a_verification_pass_over_bf16_weights_computes_each_one_token_step(tiny
     model = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model
     assert model.lean.amx is (not emulated and amx_products())
     assert count <= model.lean.max_rows or model.lean.takes(count, 4) and not model.lean.takes(count, 0)
+    assert model.lean.takes(100, 4, tree=True) and not model.lean.takes(100, 4)  # any tree; long chains: prompts
     context = torch.tensor([1, 5, 9, 12])
     tokens = torch.randint(0, model.config.vocab_size, (count,), generator=torch.Generator().manual_seed(count))
     caches = [model.new_cache(64) for _ in range(2)]
@@ -213,33 +214,33 @@ def test_foretell_cost_times_the_target_as_load_runs_it(tiny_pair, tmp_path, mon
 
 @pytest.mark.parametrize("emulated", [True, False])
 def test_each_node_of_a_wide_tree_computes_its_path_decoded_alone(tiny_pair, monkeypatch, emulated):
-    """A verification tree of 24 nodes (attention takes its queries three at a time where the CPU has AVX-512, and
+    """A verification tree of 70 nodes (more than one lean call takes: in chunks; attention takes its queries three at a time where the CPU has AVX-512, and
     each node sees the context and its ancestors only): every node's logits bit for bit what one-token steps along
     its path compute."""
     bf16_emulated(monkeypatch, emulated)
     model = load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model
     g = torch.Generator().manual_seed(3)
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) if i > 1 else 0 for i in range(1, 24)]
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) if i > 1 else 0 for i in range(1, 70)]
     parents[1] = -1  # two roots: siblings at depth 0
-    tokens = torch.randint(0, model.config.vocab_size, (24,), generator=g)
+    tokens = torch.randint(0, model.config.vocab_size, (70,), generator=g)
     paths = []
-    for node in range(24):
+    for node in range(70):
         path, at = [], node
         while at >= 0:
             path.insert(0, at)
             at = parents[at]
         paths.append(path)
-    mask = torch.zeros(24, 24, dtype=torch.bool)
+    mask = torch.zeros(70, 70, dtype=torch.bool)
     for node, path in enumerate(paths):
         mask[node, path] = True
     context = torch.tensor([1, 5, 9, 12, 5, 9, 30, 7, 7, 3, 4])
-    cache = model.new_cache(64)
+    cache = model.new_cache(96)
     model(context, torch.arange(len(context)), cache)
     cache.commit_prefix(len(context))
     depth = torch.tensor([len(p) - 1 for p in paths])
     tree = model(tokens, len(context) + depth, cache, tree_mask=mask)
-    for node in (0, 1, 5, 11, 17, 23):
-        alone = model.new_cache(64)
+    for node in (0, 1, 5, 11, 17, 23, 31, 32, 47, 64, 69):
+        alone = model.new_cache(96)
         model(context, torch.arange(len(context)), alone)
         alone.commit_prefix(len(context))
         for i, at in enumerate(paths[node]):

@@ -37,10 +37,10 @@ BF16A = 8
 # Passes of up to this many tokens (one-token steps, verification trees) run natively in one call; longer ones
 # (prompts) in PyTorch, whose products are made for many rows.
 LEAN_MAX_ROWS = 32
-# ... except a pass after a context (a verification tree, up to budget.DEFAULT_SIZES' largest) of up to this many:
-# in lean calls of LEAN_MAX_ROWS, so that a drafted token computes the numbers its one-token step would (PyTorch's
-# products sum in another order, or in bf16).
-LEAN_CHUNKED_ROWS = 128
+# ... except a verification pass: a tree of any size, or a chain (no tree mask) of up to this many tokens after a
+# context, in lean calls of LEAN_MAX_ROWS, so that a drafted token computes the numbers its one-token step would
+# (PyTorch's products sum in another order, or in bf16). The scheduler's trees reach budget.DEFAULT_SIZES' 64.
+LEAN_CHUNKED_ROWS = 64
 
 
 class BlockQ8Linear(nn.Module):
@@ -354,10 +354,11 @@ class LeanStep:
         self.streams_bf16 = any(kind in (BF16, BF16X, BF16A) for kind in self.kinds)
         self.amx = BF16A in self.kinds  # bf16 products on AMX tiles
 
-    def takes(self, rows: int, context: int) -> bool:
+    def takes(self, rows: int, context: int, tree: bool = False) -> bool:
         """Whether a pass of `rows` tokens after `context` committed ones runs here (else in PyTorch): every pass
-        with 8-bit activations; else up to max_rows, and after a context up to LEAN_CHUNKED_ROWS (in chunks)."""
-        return rows <= self.max_rows or self.act_q8 or (context > 0 and rows <= LEAN_CHUNKED_ROWS)
+        with 8-bit activations; else up to max_rows, a tree of any size, and after a context up to
+        LEAN_CHUNKED_ROWS (in chunks)."""
+        return rows <= self.max_rows or self.act_q8 or tree or (context > 0 and rows <= LEAN_CHUNKED_ROWS)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
                  tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

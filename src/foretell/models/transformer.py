@@ -380,7 +380,8 @@ class Transformer(nn.Module):
         """
         T = input_ids.shape[0]
         cache.check_room(T)
-        if self.lean is not None and self.lean.takes(T, cache.length) and cache.k.shape[1] == 1:
+        tree = tree_mask is not None
+        if self.lean is not None and self.lean.takes(T, cache.length, tree) and cache.k.shape[1] == 1:
             logits, states = self.lean(input_ids, positions, cache, tree_mask)
             hidden = {i: states[i] for i in hidden_layers}
             return ForwardOutput(logits=logits if logits_rows is None else logits[logits_rows], hidden=hidden)
