@@ -310,6 +310,7 @@ bool lean_avx512(bool on) {
 // pass's width; with ~16x the products of AVX-512's FMAs a cycle, a pass of 16 or 32 rows costs about what
 // streaming the weights once does (benchmarks/amx_ab.py).
 bool amx_granted() {
+  __builtin_cpu_init();  // this runs among the library's static initialisers, maybe before libgcc's own
   static const bool granted = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
                               syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return granted;
