@@ -309,6 +309,9 @@ bool lean_avx512(bool on) {
 // the tile's other rows, and the 32-input chunks come in one fixed order, so a row gets the same bits whatever the
 // pass's width; with ~16x the products of AVX-512's FMAs a cycle, a pass of 16 or 32 rows costs about what
 // streaming the weights once does (benchmarks/amx_ab.py).
+// Compilers without AMX intrinsics (GCC < 11, Clang < 12) build the rest: BF16A then is never packed.
+#if (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || (defined(__clang__) && __clang_major__ >= 12)
+#define FORETELL_AMX 1
 bool amx_granted() {
   __builtin_cpu_init();  // this runs among the library's static initialisers, maybe before libgcc's own
   static const bool granted = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
@@ -501,6 +504,13 @@ void gemm_amx(const Proj& p, const float* x, int64_t M, float* y) {
     for (int64_t r = 0; r < M; ++r)
       for (int64_t n = 0; n < p.N; ++n) y[r * p.N + n] += p.bias[n];
 }
+
+#else
+bool amx_granted() { return false; }
+bool amx_on = false;
+bool lean_amx(bool) { return false; }
+void gemm_amx(const Proj&, const float*, int64_t, float*) { TORCH_CHECK(false, "built without AMX intrinsics"); }
+#endif
 
 // run(R, m) for the pass size R (a compile-time count, 1..N)
 template <int N, class Run>
