@@ -76,3 +76,28 @@ def test_amx_off_packs_the_column_layout_again(tiny_pair, native_bf16):
     finally:
         module.lean_amx(True)
     assert amx_products()
+
+
+def test_a_bf16_targets_amx_steps_are_as_close_to_float32_as_pytorchs_bf16_ones(tiny_pair, native_bf16):
+    """The tiles compute a bf16 model at least as faithfully as PyTorch's bf16 path (which also rounds every
+    activation to bf16, where the lean step keeps them fp32 between products): a prompt, then one-token steps, each
+    logit's distance to the float32 model's."""
+    models = {"amx": load(tiny_pair[0], "none", dtype="bfloat16", warm_up=False).target.model,
+              "torch": load(tiny_pair[0], "none", dtype="bfloat16", lean=False, warm_up=False).target.model,
+              "float32": load(tiny_pair[0], "none", dtype="float32", warm_up=False).target.model}
+    assert models["amx"].lean.amx and models["torch"].dtype == torch.bfloat16
+    tokens = torch.tensor([1, 5, 9, 12, 5, 9, 30, 7, 7, 3, 4, 20, 21, 22])
+    logits = {}
+    with torch.inference_mode():
+        for name, model in models.items():
+            cache = model.new_cache(32)
+            model(tokens[:8], torch.arange(8), cache)
+            cache.commit_prefix(8)
+            steps = []
+            for i in range(8, len(tokens)):
+                steps.append(model(tokens[i:i + 1], torch.tensor([i]), cache).logits.float())
+                cache.commit_prefix(1)
+            logits[name] = torch.cat(steps)
+    error = {name: (logits[name] - logits["float32"]).abs() for name in ("amx", "torch")}
+    assert error["amx"].mean() <= error["torch"].mean() and error["amx"].max() <= error["torch"].max()
+    assert error["amx"].max() < 0.1 * logits["float32"].abs().max()
