@@ -13,7 +13,9 @@
 # Data-parallel: PROCS=N runs N processes on this machine; torchrun works too (docs/training.md).
 # Environment: OUT (runs/eagle3/smollm2-head), HEAD_RUN (runs/shipped/smollm2-head), STEPS, THREADS, PROCS, HIDDEN,
 # HIDDEN_OUT (runs/hidden_state/smollm2-shipped-data), SHAREGPT_ROWS and GSM8K_ROWS (a wider mix: shipped_data.sh;
-# give it its own OUT and a HEAD_RUN without features, e.g. HEAD_RUN=none, so nothing narrower is linked).
+# give it its own OUT and a HEAD_RUN without features, e.g. HEAD_RUN=none, so nothing narrower is linked). The wide
+# run (SHAREGPT_ROWS=12000 GSM8K_ROWS=7000 OUT=runs/eagle3/smollm2-wide HEAD_RUN=none STEPS=6000) against the
+# shipped drafters: SPECS_EXTRA="eagle3-wide=benchmarks/specs/eagle3-wide.json" bash benchmarks/generalisation.sh.
 set -euo pipefail
 source "$(dirname "$0")/shipped_data.sh"
 OUT=${OUT:-runs/eagle3/smollm2-head}
