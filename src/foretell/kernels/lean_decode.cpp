@@ -307,10 +307,12 @@ bool lean_avx512(bool on) {
 // as bf16 matrix products do them, activations rounded to bf16 (to nearest even) and fp32 sums, 16 rows by 16
 // columns by 32 inputs an instruction. A tile's element sums its row's inputs in an order that does not depend on
 // the tile's other rows, and the 32-input chunks come in one fixed order, so a row gets the same bits whatever the
-// pass's width; with ~16x the products of AVX-512's FMAs a cycle, a pass of 16 or 32 rows costs about what
-// streaming the weights once does (benchmarks/amx_ab.py).
-// Compilers without AMX intrinsics (GCC < 11, Clang < 12) build the rest: BF16A then is never packed.
-#if (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || (defined(__clang__) && __clang_major__ >= 12)
+// pass's width; with ~16x the products of AVX-512's FMAs a cycle, the products of a 16-row pass cost about what
+// streaming the weights once does (benchmarks/amx_ab.py has the whole passes).
+// Compilers without AMX intrinsics (GCC < 11, Clang < 12), and systems other than Linux (which grants the tile state
+// through arch_prctl), build the rest: BF16A then is never packed.
+#if defined(__linux__) && \
+    ((defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || (defined(__clang__) && __clang_major__ >= 12))
 #define FORETELL_AMX 1
 bool amx_granted() {
   __builtin_cpu_init();  // this runs among the library's static initialisers, maybe before libgcc's own
