@@ -353,6 +353,11 @@ __attribute__((target("avx512f"))) void to_bf16(const float* x, int64_t n, uint1
   for (int64_t i = n16; i < n; ++i) out[i] = bf16_rounded(x[i]);
 }
 
+// The first `rows` rows of a 16x16 tile stored in `scratch` into y at column 16g (a pass's padding rows dropped)
+inline void keep_rows(const float* scratch, int64_t rows, float* y, int64_t y_stride, int64_t g) {
+  for (int64_t r = 0; r < rows; ++r) std::copy(scratch + 16 * r, scratch + 16 * r + 16, y + r * y_stride + 16 * g);
+}
+
 // Columns 16g .. 16(g + G) - 1 of R rows of bf16 activations xb [R, K] into y (R rows, y_stride apart; `valid` of
 // them kept, through a scratch tile when fewer than R). Tiles: 0..G-1 the sums, 4 the activations, 5..7 the weights.
 template <int G>
@@ -387,9 +392,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void tiles_amx(const Proj& p, int64
   const int64_t stride = direct ? y_stride * 4 : 64;
   auto out = [&](int j) { return direct ? y + 16 * (g + j) : scratch; };
   auto keep = [&](int j) {  // a partial pass's valid rows, from the scratch tile
-    if (!direct)
-      for (int64_t r = 0; r < valid; ++r)
-        std::copy(scratch + 16 * r, scratch + 16 * r + 16, y + r * y_stride + 16 * (g + j));
+    if (!direct) keep_rows(scratch, valid, y, y_stride, g + j);
   };
   _tile_stored(0, out(0), stride);
   keep(0);
@@ -440,9 +443,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void tile_pairs_amx(const Proj& p, 
   float* y2 = y + R * y_stride;
   const bool direct = second == R;
   auto keep = [&](int j) {
-    if (!direct)
-      for (int64_t r = 0; r < second; ++r)
-        std::copy(scratch + 16 * r, scratch + 16 * r + 16, y2 + r * y_stride + 16 * (g + j));
+    if (!direct) keep_rows(scratch, second, y2, y_stride, g + j);
   };
   _tile_stored(0, y + 16 * g, y_stride * 4);
   _tile_stored(2, direct ? y2 + 16 * g : scratch, direct ? y_stride * 4 : 64);
@@ -1006,38 +1007,41 @@ __attribute__((target("avx512f,avx512vl"))) void weigh_values3(const Query* a, c
 // the CPU has AVX-512 (score_block3, weigh_values3).
 constexpr int64_t KEY_BLOCK = 64;
 
-void attend_many(const std::vector<Query>& queries, const float* K, const float* V, int64_t D, float scale) {
+// each(i, j0, end) for every three queries i, i+1, i+2 taken together (the first `threes`) and one(a, j0, end) for
+// each other query, over the blocks of KEY_BLOCK keys that reach them (end: the block's end for them)
+template <class Three, class One>
+void over_key_blocks(const std::vector<Query>& queries, int64_t threes, Three each, One one) {
   int64_t keys = 0;
   for (const Query& a : queries) keys = std::max(keys, a.last + 1);
+  for (int64_t j0 = 0; j0 < keys; j0 += KEY_BLOCK) {
+    for (int64_t i = 0; i < threes; i += 3) {
+      const int64_t most = std::max({queries[i].last, queries[i + 1].last, queries[i + 2].last}) + 1;
+      if (j0 < most) each(i, j0, std::min(j0 + KEY_BLOCK, most));
+    }
+    for (size_t i = threes; i < queries.size(); ++i)
+      if (j0 <= queries[i].last) one(queries[i], j0, std::min(j0 + KEY_BLOCK, queries[i].last + 1));
+  }
+}
+
+void attend_many(const std::vector<Query>& queries, const float* K, const float* V, int64_t D, float scale) {
   const int64_t threes = avx512_on ? int64_t(queries.size()) / 3 * 3 : 0;  // queries taken three at a time
-  auto most = [&](int64_t i) { return std::max({queries[i].last, queries[i + 1].last, queries[i + 2].last}) + 1; };
-  for (int64_t j0 = 0; j0 < keys; j0 += KEY_BLOCK) {
-    for (int64_t i = 0; i < threes; i += 3) {
-      const int64_t end = std::min(j0 + KEY_BLOCK, most(i));
-      if (end <= j0) continue;
-      const int64_t full = j0 + ((end - j0) & ~int64_t(7));
-      for (int64_t b = j0; b < full; b += 8) score_block3<8>(&queries[i], K, D, scale, b);
-      below_eight(end - full, [&](auto C) { score_block3<decltype(C)::value>(&queries[i], K, D, scale, full); });
-    }
-    for (size_t i = threes; i < queries.size(); ++i) {
-      const Query& a = queries[i];
-      if (j0 <= a.last) score_keys(a, K, D, scale, j0, std::min(j0 + KEY_BLOCK, a.last + 1));
-    }
-  }
+  over_key_blocks(
+      queries, threes,
+      [&](int64_t i, int64_t j0, int64_t end) {
+        const int64_t full = j0 + ((end - j0) & ~int64_t(7));
+        for (int64_t b = j0; b < full; b += 8) score_block3<8>(&queries[i], K, D, scale, b);
+        below_eight(end - full, [&](auto C) { score_block3<decltype(C)::value>(&queries[i], K, D, scale, full); });
+      },
+      [&](const Query& a, int64_t j0, int64_t end) { score_keys(a, K, D, scale, j0, end); });
   for (const Query& a : queries) normalize(a);
-  for (int64_t j0 = 0; j0 < keys; j0 += KEY_BLOCK) {
-    for (int64_t i = 0; i < threes; i += 3) {
-      const int64_t end = std::min(j0 + KEY_BLOCK, most(i));
-      if (end <= j0) continue;
-      int64_t i0 = 0;
-      for (; i0 + 64 <= D; i0 += 64) weigh_values3<8>(&queries[i], V, D, i0, j0, end, j0 > 0);
-      for (; i0 < D; i0 += 8) weigh_values3<1>(&queries[i], V, D, i0, j0, end, j0 > 0);
-    }
-    for (size_t i = threes; i < queries.size(); ++i) {
-      const Query& a = queries[i];
-      if (j0 <= a.last) weigh_keys(a, V, D, j0, std::min(j0 + KEY_BLOCK, a.last + 1));
-    }
-  }
+  over_key_blocks(
+      queries, threes,
+      [&](int64_t i, int64_t j0, int64_t end) {
+        int64_t i0 = 0;
+        for (; i0 + 64 <= D; i0 += 64) weigh_values3<8>(&queries[i], V, D, i0, j0, end, j0 > 0);
+        for (; i0 < D; i0 += 8) weigh_values3<1>(&queries[i], V, D, i0, j0, end, j0 > 0);
+      },
+      [&](const Query& a, int64_t j0, int64_t end) { weigh_keys(a, V, D, j0, end); });
 }
 
 Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
