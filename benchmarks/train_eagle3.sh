@@ -11,7 +11,8 @@
 # at every depth); scaled up, expect roughly 1.5-3 h for 3000 steps on 2 cores (the feature pass, when not linked:
 # ~1 h, ~10 GB). Every stage resumes: rerun the same command after an interruption.
 # Data-parallel: PROCS=N runs N processes on this machine; torchrun works too (docs/training.md).
-# Environment: OUT (runs/eagle3/smollm2-head), HEAD_RUN (runs/shipped/smollm2-head), STEPS, THREADS, PROCS, HIDDEN,
+# Environment: OUT (runs/eagle3/smollm2-head), HEAD_RUN (runs/shipped/smollm2-head), STEPS, LR (1e-3), INIT_HEAD (a
+# warm start: a trained head of the same shape, e.g. the shipped one), THREADS, PROCS, HIDDEN,
 # HIDDEN_OUT (runs/hidden_state/smollm2-shipped-data), SHAREGPT_ROWS and GSM8K_ROWS (a wider mix: shipped_data.sh;
 # give it its own OUT and a HEAD_RUN without features, e.g. HEAD_RUN=none, so nothing narrower is linked). The wide
 # run (SHAREGPT_ROWS=12000 GSM8K_ROWS=7000 OUT=runs/eagle3/smollm2-wide HEAD_RUN=none STEPS=6000) against the
@@ -36,8 +37,8 @@ mkdir -p "$OUT"
 for part in data features; do
   if [ -e "$HEAD_RUN/$part" ] && [ ! -e "$OUT/$part" ]; then ln -s "$(realpath "$HEAD_RUN/$part")" "$OUT/$part"; fi
 done
-$F train eagle3 "${COMMON[@]}" --aux-layers 2,15,28 --draft-vocab 8192 --ttt-steps 3 --step-decay 0.8 --lr 1e-3 \
-  --out "$OUT"
+$F train eagle3 "${COMMON[@]}" --aux-layers 2,15,28 --draft-vocab 8192 --ttt-steps 3 --step-decay 0.8 --lr "${LR:-1e-3}" \
+  ${INIT_HEAD:+--init-head "$INIT_HEAD"} --out "$OUT"
 
 if [ "${HIDDEN:-0}" = 1 ]; then
   OUT="${HIDDEN_OUT:-runs/hidden_state/smollm2-shipped-data}" bash benchmarks/train_hidden_shipped.sh
