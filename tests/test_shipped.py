@@ -76,6 +76,32 @@ def test_one_default_a_target_and_make_default_moves_it(shipped, tiny_pair, tmp_
     assert default_speculative(str(tiny_pair[0]), tmp_path / "cache", root)[0].model == "tiny-head"
 
 
+def test_a_cpu_class_can_have_its_own_default(shipped, tiny_pair, tmp_path, monkeypatch):
+    """make_default(cpu=...) marks a drafter the default on one class of CPU only, moving the mark from any other
+    drafter there; elsewhere (other classes, other devices) the drafter marked default stays the default."""
+    from foretell.drafters import factory
+    from foretell.models.shipped import default_shipped, make_default
+
+    target, root = shipped
+    saved = save_parallel_head(new_parallel_head(target.model, ParallelHeadConfig.for_target(target.config), seed=4),
+                               tmp_path / "run2" / "head")
+    ship_drafter(saved, "tiny-head-2", "parallel-head", str(tiny_pair[0]), target.model, SPEC, {"command": "t"},
+                 root=root)
+    name = str(tiny_pair[0])
+    figures = {"folder": "runs/y", "method": "tiny-head-2", "speedup_tau": {"overall": [1.4, 2.2]}}
+    assert make_default("tiny-head-2", figures, root, cpu="amx").made_by["bench_on"] == {"amx": figures}
+    assert [default_shipped(name, root, cpu).name for cpu in ("amx", "avx2", None)] == \
+        ["tiny-head-2", "tiny-head", "tiny-head"]
+    make_default("tiny-head", None, root, cpu="amx")  # moves the class's mark, keeps the figures recorded
+    assert Manifest.read(root / "tiny-head-2").default_on == [] and Manifest.read(root / "tiny-head").default_on == ["amx"]
+    make_default("tiny-head-2", None, root, cpu="avx2")
+    monkeypatch.setattr("foretell.kernels.cpu_class", lambda: "avx2")
+    spec, why = factory.default_speculative(name, tmp_path / "cache", root)
+    assert spec.model == "tiny-head-2" and "on AVX2 CPUs like this one" in why
+    spec, why = factory.default_speculative(name, tmp_path / "cache", root, device="cuda")
+    assert spec.model == "tiny-head" and "CPUs" not in why
+
+
 def test_a_damaged_or_misused_shipped_drafter_is_refused(shipped, tiny_pair):
     target, root = shipped
     folder = root / "tiny-head"

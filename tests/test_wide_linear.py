@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -173,6 +174,25 @@ def test_no_kernels_when_turned_off(monkeypatch):
 
     monkeypatch.setenv("FORETELL_NO_KERNELS", "1")
     assert kernels.bf16_small_gemm.__wrapped__() is None
+
+
+def test_a_kernel_build_killed_midway_leaves_no_lock_that_hangs_the_next():
+    """torch's build lock file outlives a process killed mid-build; the next foretell process clears it (holding
+    its own OS lock, so no build is running) instead of waiting on it forever."""
+    import subprocess
+    import sys
+
+    from foretell import kernels
+
+    if not kernels.kernels_allowed():
+        pytest.skip("foretell's kernels are not built on this CPU")
+    folder, _ = kernels.build_folder("bf16_gemm")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lock").touch()  # what a killed build leaves
+    probe = "from foretell import kernels; print(kernels.bf16_small_gemm() is not None)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600)
+    assert done.stdout.strip() == "True", done.stderr
+    assert "left by an interrupted kernel build" in done.stderr and not (folder / "lock").exists()
 
 
 def test_auto_draft_quant_keeps_bf16_drafts_where_the_kernel_runs(monkeypatch):

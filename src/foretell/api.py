@@ -93,7 +93,8 @@ def load(
     """Load a target (preset name, .gguf file or HF folder) and the drafter `speculative` describes.
 
     speculative: a SpeculativeConfig (see config.py for every option), its dict / JSON form, or a bare method
-    name ("none", "prompt-lookup", ...). None: the target's installed drafter if there is one, else prompt lookup
+    name ("none", "prompt-lookup", ...). None: the target's installed hidden-state draft if there is one, else its
+    shipped default drafter (the fastest on this class of CPU where one was measured), else prompt lookup
     (`default_speculative`). The configuration is checked before any weights load.
     quant: the target's weights as int8 or int4 (weight-only; opt-in), or "gguf": the 4-bit blocks its GGUF file
     ships with where PyTorch has a kernel (Q4_1): a different, smaller model than the full-precision one, which
@@ -116,7 +117,7 @@ def load(
     (models/lean_step.py); False keeps PyTorch's path (A/B runs).
     warm_up: a few throw-away forwards so the first generation is not the slow one.
     """
-    spec = default_speculative(target, cache_dir)[0] if speculative is None else as_speculative(speculative)
+    spec = default_speculative(target, cache_dir, device=str(device))[0] if speculative is None else as_speculative(speculative)
     if quant not in TARGET_QUANT_CHOICES:
         raise ForetellError(f"unknown target quantization {quant!r}; use one of {', '.join(TARGET_QUANT_CHOICES)}")
     quant, act_q8 = split_target_quant(quant)

@@ -82,7 +82,7 @@ def speculative_from_args(args: argparse.Namespace, target: str | Path,
     if args.spec_config:
         base = SpeculativeConfig.from_file(args.spec_config)
     elif not (args.drafter or weights or given or trees):
-        return default_speculative(target, cache_dir)
+        return default_speculative(target, cache_dir, device=getattr(args, "device", "cpu"))
     else:
         base = SpeculativeConfig()
     changes: dict = dict(given)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from foretell.errors import ForetellError
+from foretell.kernels import cpu_class
 
 RESULTS = "results.jsonl"
 # Counters the report sums over rows (verification pass rate, wasted share, lossy, result cache; drafting and
@@ -136,6 +137,7 @@ def run_bench(prompts: list[dict], methods: list, encode: Callable[[str], list[i
             out.flush()  # the row survives an interruption
             bar.update()
     summary["peak_rss_mb"] = round(max(summary.get("peak_rss_mb", 0.0), peak_rss_mb()), 1)
+    summary["cpu_class"] = cpu_class()  # what benchmarks/default_drafter.py files the ranking under
     (cfg.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
     return path
 

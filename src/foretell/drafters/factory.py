@@ -215,12 +215,14 @@ def build_engine(spec: SpeculativeConfig, weights: DrafterWeights) -> Engine:
     )
 
 
-def default_speculative(target: str | Path, cache_dir: Path | None = None,
-                        shipped_root: Path | None = None) -> tuple[SpeculativeConfig, str]:
+def default_speculative(target: str | Path, cache_dir: Path | None = None, shipped_root: Path | None = None,
+                        device: str = "cpu") -> tuple[SpeculativeConfig, str]:
     """The configuration used when none is given, and why, in this order: the target's installed hidden-state
-    draft (`foretell train hidden-state --install`: the user's own choice), the shipped drafter marked default
-    for it (the fastest shipped one in the bench), else prompt lookup."""
+    draft (`foretell train hidden-state --install`: the user's own choice), the shipped drafter that is its default
+    (the fastest shipped one in the bench on this class of CPU, kernels.cpu_class, where one was measured), else
+    prompt lookup."""
     from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB
+    from foretell.kernels import cpu_class
     from foretell.models.hidden_draft import installed_hidden_draft
     from foretell.models.shipped import SHIPPED_DIR, default_shipped
 
@@ -228,8 +230,10 @@ def default_speculative(target: str | Path, cache_dir: Path | None = None,
     if folder is not None:
         return (SpeculativeConfig(method="hidden-state", model=str(folder), budget="auto", hot_vocab=DEFAULT_HOT_VOCAB,
                                   result_cache="prompt"), f"the installed hidden-state draft {folder}")
-    shipped = default_shipped(str(target), shipped_root or SHIPPED_DIR)
+    cpu = cpu_class() if str(device) == "cpu" else None
+    shipped = default_shipped(str(target), shipped_root or SHIPPED_DIR, cpu)
     if shipped is not None:
-        why = f"the shipped drafter {shipped.name}, the fastest in foretell's benchmark for this target"
+        where = f" on {cpu.upper()} CPUs like this one" if cpu in shipped.default_on else ""
+        why = f"the shipped drafter {shipped.name}, the fastest in foretell's benchmark for this target{where}"
         return shipped.speculative_config(), why
     return SpeculativeConfig(method="prompt-lookup"), "no trained drafter shipped or installed for this target"

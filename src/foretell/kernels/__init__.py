@@ -10,6 +10,7 @@ turns the kernels off (A/B runs).
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
@@ -50,10 +51,37 @@ def amx_products() -> bool:
     return module is not None and module.amx_enabled()
 
 
+def cpu_class() -> str:
+    """This CPU's class for choosing a default drafter, as the drafters' speed ranks differ between them: "amx"
+    where bf16 passes multiply on AMX tiles (a verification pass costs about a step), else the widest vectors
+    PyTorch uses here ("avx512", "avx2"), else "other"."""
+    if amx_products():
+        return "amx"
+    return {"AVX512": "avx512", "AVX2": "avx2"}.get(torch.backends.cpu.get_cpu_capability(), "other")
+
+
 def block_gemm():
     """(x fp32 [M, K], kind, codes, scales) -> fp32 [M, N] for Q4_1 / Q8_0 blocks, or None where not built here."""
     module = lean_module()
     return None if module is None else module.block_gemm
+
+
+def build_folder(name: str) -> tuple[Path, str]:
+    """Where kernels/NAME.cpp is built, and the key of its source and torch version that names the folder."""
+    from foretell.models.loading import default_cache_dir
+
+    key = hashlib.sha256((FOLDER / f"{name}.cpp").read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    return default_cache_dir() / "kernels" / f"{name}-{key}", key
+
+
+def clear_stale_lock(folder: Path) -> None:
+    """Remove the lock file torch's build leaves behind when its process is killed mid-build (Ctrl-C on the first
+    run), on which every later load would wait forever. Called holding build.flock, which every foretell build
+    takes first, so no build is running: the file is stale."""
+    stale = folder / "lock"
+    if stale.exists():
+        stale.unlink()
+        print(f"foretell: removed {stale}, left by an interrupted kernel build", file=sys.stderr)
 
 
 def build(name: str, what: str, fallback: str):
@@ -61,20 +89,20 @@ def build(name: str, what: str, fallback: str):
     cannot be built or used here."""
     if not kernels_allowed():
         return None
-    from foretell.models.loading import default_cache_dir
-
     source = FOLDER / f"{name}.cpp"
-    key = hashlib.sha256(source.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    folder = default_cache_dir() / "kernels" / f"{name}-{key}"
+    folder, key = build_folder(name)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        if not any(folder.glob("*.so")):
-            print(f"foretell: building {what} for this CPU (once, about a minute)", file=sys.stderr)
-        from torch.utils.cpp_extension import load
+        with open(folder / "build.flock", "w") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)  # the OS drops it when its process dies, unlike torch's lock file
+            clear_stale_lock(folder)
+            if not any(folder.glob("*.so")):
+                print(f"foretell: building {what} for this CPU (once, about a minute)", file=sys.stderr)
+            from torch.utils.cpp_extension import load
 
-        return load(name=f"foretell_{name}_{key}", sources=[str(source)], build_directory=str(folder),
-                    extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                    verbose=False)  # OpenMP: at::parallel_for spreads the output rows over torch's threads
+            return load(name=f"foretell_{name}_{key}", sources=[str(source)], build_directory=str(folder),
+                        extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                        verbose=False)  # OpenMP: at::parallel_for spreads the output rows over torch's threads
     except Exception as e:  # no compiler, no ninja, an unwritable cache: PyTorch's products still work
         reason = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
         print(f"foretell: {what} could not be built here ({reason}); {fallback} (set FORETELL_NO_KERNELS=1 to "

@@ -56,6 +56,7 @@ class Manifest:
     made_by: dict = field(default_factory=dict)  # command, data, commit, held-out figures, bench figures
     default: bool = False  # the target's default drafter (the fastest shipped one, per the bench)
     storage: str = "bf16"  # "int8": matrices as int8 rows with a scale each (module_folder.int8_rows_packed)
+    default_on: list[str] = field(default_factory=list)  # CPU classes (kernels.cpu_class) where it is the default
 
     @classmethod
     def read(cls, folder: Path) -> Manifest:
@@ -124,21 +125,31 @@ def resolve_drafter_folder(model: str, method: str, target_model, root: Path = S
                         + (f" (shipped: {', '.join(names)})" if names else "") + "; train one (docs/training.md)")
 
 
-def default_shipped(target_name: str, root: Path = SHIPPED_DIR) -> Manifest | None:
-    """The shipped drafter marked default for this target (a preset name), if any."""
-    return next((m for m in shipped_manifests(root) if m.default and m.target.name == target_name), None)
+def default_shipped(target_name: str, root: Path = SHIPPED_DIR, cpu: str | None = None) -> Manifest | None:
+    """The shipped drafter that is this target's (a preset name) default on CPUs of class `cpu`
+    (kernels.cpu_class; None: not a CPU run), else the one marked default for it everywhere else, if any."""
+    mine = [m for m in shipped_manifests(root) if m.target.name == target_name]
+    return next((m for m in mine if cpu in m.default_on), None) or next((m for m in mine if m.default), None)
 
 
-def make_default(name: str, bench: dict | None = None, root: Path = SHIPPED_DIR) -> Manifest:
-    """Mark the shipped drafter `name` its target's default, and no other drafter of that target; `bench` (the run
-    that found it the fastest) goes into its manifest's made_by. Only manifests change: the weights' checksums
-    stay valid."""
+def make_default(name: str, bench: dict | None = None, root: Path = SHIPPED_DIR, cpu: str | None = None) -> Manifest:
+    """Make the shipped drafter `name` its target's default, and no other drafter of that target: on CPUs of class
+    `cpu` (its manifest's default_on), or, with cpu None, wherever no class has its own (its default mark). `bench`
+    (the run that found it the fastest) goes into its manifest's made_by ("bench_on" by class). Only manifests
+    change: the weights' checksums stay valid."""
     chosen = Manifest.read(root / name)
     for manifest in shipped_manifests(root):
         if manifest.target.name != chosen.target.name:
             continue
-        made_by = {**manifest.made_by, "bench": bench} if manifest.name == name and bench else manifest.made_by
-        updated = replace(manifest, default=manifest.name == name, made_by=made_by)
+        mine = manifest.name == name
+        if cpu is None:
+            made_by = {**manifest.made_by, "bench": bench} if mine and bench else manifest.made_by
+            updated = replace(manifest, default=mine, made_by=made_by)
+        else:
+            on = sorted({c for c in manifest.default_on if c != cpu} | ({cpu} if mine else set()))
+            by_class = {**manifest.made_by.get("bench_on", {}), cpu: bench}
+            made_by = {**manifest.made_by, "bench_on": by_class} if mine and bench else manifest.made_by
+            updated = replace(manifest, default_on=on, made_by=made_by)
         if updated != manifest:
             write_manifest(updated, root / manifest.name)
     return Manifest.read(root / name)
