@@ -198,16 +198,22 @@ def test_shipped_drafters_fit_the_budget_and_match_their_checksums():
         SpeculativeConfig.from_dict({**m.speculative, "model": m.name})
     defaults = [m.target.name for m in shipped_manifests() if m.default]
     assert len(defaults) == len(set(defaults)), "one default drafter per target"
+    by_class = [(m.target.name, cpu) for m in shipped_manifests() for cpu in m.default_on]
+    assert len(by_class) == len(set(by_class)), "one default drafter per target on each class of CPU"
 
 
 def test_run_sh_default_is_the_shipped_drafter_and_exact_in_fp32(capsys):
     """What ./run.sh does on a fresh clone: generate on SmolLM2 with no drafter chosen. It picks the shipped
-    default drafter, and in fp32 its greedy text is plain decoding's, token for token."""
+    default drafter (this CPU's class's, where the bench ranked them on one), and in fp32 its greedy text is plain
+    decoding's, token for token."""
     from foretell.cli import main
+    from foretell.kernels import cpu_class
+    from foretell.models.shipped import default_shipped
 
-    defaults = [m for m in shipped_manifests() if m.default and m.target.name == "smollm2-135m"]
-    if not defaults:
+    default = default_shipped("smollm2-135m", cpu=cpu_class())
+    if default is None:
         pytest.skip("no drafter shipped for smollm2-135m yet")
+    defaults = [default]
     args = ["generate", "Summarize in two sentences why the sky is blue.", "--dtype", "float32",
             "--max-new-tokens", "48", "--json"]
 
