@@ -3,7 +3,7 @@ run on such a CPU found it the fastest shipped one; the run's figures for it (it
 benchmarks/generalisation.sh names them) go into its manifest. `--cpu all` moves the mark that holds on every
 class without one of its own (and on GPUs).
 
-    .venv/bin/python benchmarks/default_drafter.py smollm2-135m-head --bench benchmarks/results/lean_heads/generalisation
+    .venv/bin/python benchmarks/default_drafter.py smollm2-135m-head --bench benchmarks/results/avx2-epyc/generalisation
 """
 
 from __future__ import annotations

@@ -93,7 +93,8 @@ def test_a_cpu_class_can_have_its_own_default(shipped, tiny_pair, tmp_path, monk
     assert [default_shipped(name, root, cpu).name for cpu in ("amx", "avx2", None)] == \
         ["tiny-head-2", "tiny-head", "tiny-head"]
     make_default("tiny-head", None, root, cpu="amx")  # moves the class's mark, keeps the figures recorded
-    assert Manifest.read(root / "tiny-head-2").default_on == [] and Manifest.read(root / "tiny-head").default_on == ["amx"]
+    assert Manifest.read(root / "tiny-head-2").default_on == []
+    assert Manifest.read(root / "tiny-head").default_on == ["amx"]
     make_default("tiny-head-2", None, root, cpu="avx2")
     monkeypatch.setattr("foretell.kernels.cpu_class", lambda: "avx2")
     spec, why = factory.default_speculative(name, tmp_path / "cache", root)

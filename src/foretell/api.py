@@ -117,7 +117,10 @@ def load(
     (models/lean_step.py); False keeps PyTorch's path (A/B runs).
     warm_up: a few throw-away forwards so the first generation is not the slow one.
     """
-    spec = default_speculative(target, cache_dir, device=str(device))[0] if speculative is None else as_speculative(speculative)
+    if speculative is None:
+        spec = default_speculative(target, cache_dir, device=str(device))[0]
+    else:
+        spec = as_speculative(speculative)
     if quant not in TARGET_QUANT_CHOICES:
         raise ForetellError(f"unknown target quantization {quant!r}; use one of {', '.join(TARGET_QUANT_CHOICES)}")
     quant, act_q8 = split_target_quant(quant)
