@@ -11,7 +11,7 @@ import torch
 from foretell.bench.datasets import load_prompts, package_file
 from foretell.bench.methods import MethodOptions, Models, build_methods
 from foretell.bench.report import write_report
-from foretell.bench.runner import RESULTS, RunConfig, read_rows, row_key, run_bench
+from foretell.bench.runner import RESULTS, SUMMARY, RunConfig, read_rows, row_key, run_bench
 from foretell.cli import main
 from foretell.errors import ForetellError
 from foretell.text import encode_prompt
@@ -76,6 +76,9 @@ def test_rows_for_every_pair_and_greedy_equal(bench_setup, tmp_path):
         assert r["tau"] >= 1.0 and r["target_passes"] >= 1
     chain = next(r for r in rows if r["method"] == "draft-chain")
     assert len(chain["acceptance_per_position"]) == 3 and chain["proposed_per_position"][0] >= 1
+    from foretell.kernels import cpu_class  # the class a default drafter's ranking is filed under
+
+    assert json.loads((tmp_path / SUMMARY).read_text())["cpu_class"] == cpu_class()
 
 
 def test_resume_recomputes_only_missing_pairs(bench_setup, tmp_path):
