@@ -214,7 +214,6 @@ def test_run_sh_default_is_the_shipped_drafter_and_exact_in_fp32(capsys):
     default = default_shipped("smollm2-135m", cpu=cpu_class())
     if default is None:
         pytest.skip("no drafter shipped for smollm2-135m yet")
-    defaults = [default]
     args = ["generate", "Summarize in two sentences why the sky is blue.", "--dtype", "float32",
             "--max-new-tokens", "48", "--json"]
 
@@ -224,7 +223,7 @@ def test_run_sh_default_is_the_shipped_drafter_and_exact_in_fp32(capsys):
         return json.loads(captured.out), captured.err
 
     spec, err = run()
-    assert spec["speculative"]["model"] == defaults[0].name and f"shipped drafter {defaults[0].name}" in err
+    assert spec["speculative"]["model"] == default.name and f"shipped drafter {default.name}" in err
     assert spec["tokens"] == run("--drafter", "none")[0]["tokens"]
 
 
