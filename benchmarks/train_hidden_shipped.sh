@@ -6,24 +6,15 @@
 # bench drafts among 8192 tokens with every drafter) and unrolls steps past the first only from the KL anchors
 # (--deep-rows anchors): a depth-5 sequence 0.29 s in fp32 on 2 AVX2 cores, against 1.07 s for the seed's whole
 # vocabulary and every row (benchmarks/hidden_train_step.py). Training runs in bf16 (--bf16, as the other two were) where this CPU multiplies bf16
-# natively, else in fp32 (BF16=0/1 forces it): emulated bf16 makes every step several times slower.
+# natively, else in fp32 (BF16=0/1 forces it; shipped_data.sh's bf16_flag): emulated bf16 makes every step several
+# times slower.
 # Time on a 2-core AVX2 CPU: the feature pass ~1.1 s a sequence (8778 sequences: ~2.7 h), then ~3.5 h of steps.
 # Every stage resumes: rerun the same command (same BF16) after an interruption.
 # Environment: OUT (runs/hidden_state/smollm2-shipped-data), STEPS, THREADS, PROCS, BF16 (auto).
 set -euo pipefail
 source "$(dirname "$0")/shipped_data.sh"
-BF16=${BF16:-auto}
 OUT=${OUT:-runs/hidden_state/smollm2-shipped-data}
-if [ "$BF16" = auto ] && [ -f "$OUT/train/job.json" ]; then  # a resumed run keeps the precision it started with
-  BF16=$(.venv/bin/python -c "import json, sys; print(int(json.load(open(sys.argv[1]))['train']['bf16']))" \
-    "$OUT/train/job.json")
-fi
-if [ "$BF16" = auto ]; then
-  BF16=$(.venv/bin/python -c "import torch; from foretell.models.wide_linear import fp32_wide_rows; \
-print(int(fp32_wide_rows(torch.get_num_threads()) is None))")
-  echo "train_hidden_shipped.sh: bf16 training $([ "$BF16" = 1 ] && echo on: native bf16 || echo off: emulated bf16 here)" >&2
-fi
 $F train hidden-state --target smollm2-135m --data "$SHIPPED_DATA" --eval-data $D/smollm2-mix-test.jsonl --seq-len 320 \
   --anchors 32 --deep-rows anchors --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-3000}" --warmup 100 \
-  --batch-size 16 $([ "$BF16" = 1 ] && echo --bf16) --checkpoint-every 50 --eval-sequences 72 --threads "$T" \
+  --batch-size 16 $(bf16_flag "$OUT") --checkpoint-every 50 --eval-sequences 72 --threads "$T" \
   --processes "${PROCS:-1}" --depth 5 --draft-vocab 8192 --lr 5e-4 --out "$OUT"
