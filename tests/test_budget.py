@@ -61,8 +61,25 @@ def test_cost_curve_is_measured_once_and_cached(tiny_pair, tmp_path):
     first = cost_curve(model, "tiny", tmp_path, sizes=(1, 4), context=16, repeats=1)
     files = list((tmp_path / "costs").glob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["sizes"] == [1, 4]
-    assert cost_curve(model, "tiny", tmp_path, sizes=(1, 4, 8)).sizes == first.sizes  # read back, not remeasured
     assert all(s > 0 for s in first.seconds)
+    fast = {**json.loads(files[0].read_text()), "seconds": [1e-9, 2e-9]}  # faster than any pass: never stale
+    files[0].write_text(json.dumps(fast))
+    assert cost_curve(model, "tiny", tmp_path, sizes=(1, 4, 8)).seconds == [1e-9, 2e-9]  # read back, not remeasured
+
+
+def test_a_cost_curve_measured_under_load_is_measured_again(tiny_pair, tmp_path, capsys):
+    """A cached one-token pass far slower than the machine's now (the curve was measured while other work ran)
+    misleads the scheduler into big trees: it is measured again; a damaged entry too."""
+    model = load(tiny_pair[0], "none").target.model
+    cost_curve(model, "tiny", tmp_path, sizes=(1, 4), context=16, repeats=1)
+    path = next((tmp_path / "costs").glob("*.json"))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "seconds": [100.0, 200.0]}))
+    again = cost_curve(model, "tiny", tmp_path, sizes=(1, 2), context=16, repeats=1)
+    assert again.sizes == [1, 2] and again.seconds[0] < 100.0
+    assert "measured under load" in capsys.readouterr().err
+    assert json.loads(path.read_text())["sizes"] == [1, 2]  # the new curve replaced it
+    path.write_text(json.dumps({**json.loads(path.read_text()), "seconds": []}))
+    assert cost_curve(model, "tiny", tmp_path, sizes=(1, 4), context=16, repeats=1).sizes == [1, 4]
 
 
 @pytest.mark.parametrize("curve", [FLAT, STEEP], ids=["flat", "steep"])

@@ -113,21 +113,40 @@ def measure_cost_curve(
     return CostCurve(list(sizes), seconds, context, key or {})
 
 
+# A cached curve whose one-token pass is this much slower than the machine's now was measured under load (or on a
+# slower host of the same name): the scheduler would think wide passes cheap against a step and grow trees too big.
+# Slower now is not evidence (load now, which the scheduler's online correction follows), so only this way re-measures.
+STALE_FACTOR = 1.3
+
+
+def _read_curve(path: Path) -> CostCurve | None:
+    """The curve cached at `path`; None where there is none or it is damaged (it is simply measured again)."""
+    try:
+        curve = CostCurve(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return curve if curve.sizes and len(curve.sizes) == len(curve.seconds) else None
+
+
 def cost_curve(model: Transformer, model_name: str, cache_dir: Path | None = None, **measure) -> CostCurve:
-    """The cached curve for this model, dtype and machine, measured on first use."""
+    """The cached curve for this model, dtype and machine, measured on first use and again where a one-token pass
+    now runs STALE_FACTOR faster than the cached curve says."""
+    import sys
+
     from foretell.models.loading import default_cache_dir
 
     key = machine_key(model, model_name)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(cache_dir or default_cache_dir()) / "costs" / f"{digest}.json"
-    if path.is_file():
-        try:
-            return CostCurve(**json.loads(path.read_text()))
-        except (ValueError, TypeError):
-            pass  # a damaged cache entry is simply measured again
-    import sys
-
-    print(f"foretell: measuring the forward cost curve of {model_name} on this machine (once)", file=sys.stderr)
+    cached = _read_curve(path)
+    if cached is not None:
+        now = measure_cost_curve(model, sizes=(1,), context=cached.context).seconds[0]
+        if cached(1) <= STALE_FACTOR * now:
+            return cached
+        print(f"foretell: the cached cost curve of {model_name} has {cached(1) * 1e3:.1f} ms a one-token pass, this "
+              f"machine now {now * 1e3:.1f} ms (it was measured under load); measuring it again", file=sys.stderr)
+    else:
+        print(f"foretell: measuring the forward cost curve of {model_name} on this machine (once)", file=sys.stderr)
     curve = measure_cost_curve(model, key=key, **measure)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
