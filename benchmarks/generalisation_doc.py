@@ -1,14 +1,17 @@
 """The generalisation report's summary tables from benchmarks/generalisation.sh's runs: per category, each
 method's speedup over plain decoding and its tau, greedy and sampled side by side, then the issue's acceptance
-figures for the best shipped drafter. Prints markdown (docs/generalisation.md holds its output).
+figures for the best shipped drafter. Prints markdown (docs/generalisation.md holds its output). With
+--gain NEW=OLD, per category what drafter NEW (e.g. a head trained on wider data) bought over OLD in the same run
+(issue 20's "what the extra data bought"), a table per run.
 
     .venv/bin/python benchmarks/generalisation_doc.py runs/generalisation runs/generalisation-t0.7
+    .venv/bin/python benchmarks/generalisation_doc.py runs/gen_wide --gain eagle3-wide=smollm2-135m-eagle3
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 from foretell.bench.report import OVERALL, summarize
@@ -28,10 +31,19 @@ def cell(summary) -> str:
 
 
 def main() -> None:
-    runs = [Path(a) for a in sys.argv[1:]]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="generalisation.sh output folders (greedy, sampled)")
+    ap.add_argument("--gain", metavar="NEW=OLD", help="per category, what method NEW bought over method OLD")
+    args = ap.parse_args()
+    runs = args.runs
     all_rows = [load_rows(r) for r in runs]
     temps = [json.loads((r / "bench.json").read_text())["settings"].get("temperature", 0) for r in runs]
     groups = [summarize(rows) for rows in all_rows]
+    if args.gain:
+        new, _, old = args.gain.partition("=")
+        for rows, group, temp in zip(all_rows, groups, temps):
+            gain_table(rows, group, temp, new, old)
+        return
     methods = [s.method for s in groups[0][OVERALL] if s.method != "plain"]
     head = " | ".join(f"{m} (T={t:g})" for t in temps for m in methods)
     prefill = all("prefill_seconds" in r for r in all_rows[0])  # rows since 2026-12-02 carry it
@@ -48,6 +60,23 @@ def main() -> None:
     print("\nEach cell: speedup over plain decoding in the same run / tau (tokens per target pass)."
           + (" Last column: plain decoding's mean prompt length and the share of its time spent on the prompt,"
              " which no drafter shortens." if prefill else ""))
+
+
+def gain_table(rows: list[dict], group: dict, temp: float, new: str, old: str) -> None:
+    """Per category: OLD's and NEW's speedup / tau and NEW's gain (speedup ratio, tau difference)."""
+    if not any(r["method"] == new for r in rows) or not any(r["method"] == old for r in rows):
+        raise SystemExit(f"--gain {new}={old}: the run has methods {sorted({r['method'] for r in rows})}")
+    print(f"| category (T={temp:g}) | {old} | {new} | speedup gained | tau gained |\n|---|---:|---:|---:|---:|")
+    for category, summaries in group.items():
+        by = {s.method: s for s in summaries}
+        a, b = by.get(old), by.get(new)
+        name = "**overall**" if category == OVERALL else label(rows, category)
+        if a is None or b is None or a.speedup is None or b.speedup is None:
+            print(f"| {name} | {cell(a)} | {cell(b)} | – | – |")
+            continue
+        print(f"| {name} | {cell(a)} | {cell(b)} | {b.speedup / a.speedup:.2f}x | {b.tau - a.tau:+.2f} |")
+    print("\nCells: speedup over plain decoding in the same run / tau. Gains: NEW's speedup over OLD's (same run), "
+          "NEW's tau minus OLD's.\n")
 
 
 def prefill_cell(rows: list[dict], category: str | None) -> str:
