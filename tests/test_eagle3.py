@@ -191,6 +191,26 @@ def test_proposals_are_best_first_trees_within_the_budget_and_the_draft_vocabula
         assert proposal.draft_prob is not None and bool(((proposal.draft_prob > 0) & (proposal.draft_prob <= 1)).all())
 
 
+def test_a_tree_node_drafts_what_its_path_drafts_as_a_chain(plain):
+    """Each tree row sees the committed rows and its own path only (the tree mask): following the best child down
+    a width-3 tree gives the tokens a width-1 head (a chain) drafts from the same context. A row that also saw a
+    sibling or a cousin would draft something else below depth 1."""
+    chain = recorded_proposals(with_eagle(plain, EagleTreeShape(depth=5, width=1, max_nodes=5)), PROMPTS[0], GREEDY)[0]
+    tree = recorded_proposals(with_eagle(plain, EagleTreeShape(depth=5, width=3, max_nodes=64)), PROMPTS[0], GREEDY)[0]
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    node, walked = -1, []
+    while True:
+        children = [i for i, p in enumerate(parents) if p == node]  # best first: the proposal is best-first
+        if not children:
+            break
+        node = children[0]
+        walked.append(node)
+    assert len(walked) >= 3  # the walk went past depth 1 (a mask error shows from depth 2)
+    assert [tokens[i] for i in walked] == chain.tokens.tolist()[: len(walked)]
+    # and with the same probabilities: a row that saw more keys would shift them even where the argmax held
+    torch.testing.assert_close(tree.draft_prob[walked], chain.draft_prob[: len(walked)], rtol=1e-5, atol=1e-6)
+
+
 def test_draft_vocabulary_maps(plain):
     head = make_head(plain.target.model)
     assert torch.equal(head.vocab_ids, DRAFT_IDS)

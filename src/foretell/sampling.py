@@ -36,10 +36,13 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return logits.softmax(-1)
 
 
+_RANK_GREEDY = SamplingParams(temperature=1.0)  # greedy decoding ranks children by the plain softmax
+
+
 def ranking_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """What tree drafters rank children by: processed_probs under the user's temperature / top-k / top-p,
     and the plain softmax when decoding is greedy (its one-hot would leave a single child)."""
-    return processed_probs(logits, params if not params.greedy else SamplingParams(temperature=1.0))
+    return processed_probs(logits, params if not params.greedy else _RANK_GREEDY)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -31,7 +31,6 @@ from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.eagle3 import Eagle3Head
 from foretell.sampling import ranking_probs
-from foretell.tree import path_to
 from foretell.types import Proposal, SamplingParams
 
 
@@ -46,11 +45,14 @@ class _Nodes:
     depths: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)  # each node's own probability given its parent
     slot: dict[int, int] = field(default_factory=dict)
+    seen: dict[int, list[int]] = field(default_factory=dict)  # an expanded node's row sees these slots (its path)
 
-    def add_children(self, parent: int, q: torch.Tensor, width: int) -> list[int]:
-        """The top-`width` columns of q [V_draft] as children of `parent` (-1: the root); zero-probability ones skipped."""
-        top = torch.topk(q, min(width, q.shape[-1]))
-        return self.add_top(parent, top.values.tolist(), top.indices.tolist())
+    def expand(self, node: int) -> list[int]:
+        """Give `node` the next head-cache slot; the slots its row sees: its expanded ancestors' and its own
+        (a node is expanded only after its parent, whose path is already known)."""
+        self.slot[node] = len(self.slot)
+        self.seen[node] = self.seen.get(self.parents[node], []) + [self.slot[node]]
+        return self.seen[node]
 
     def add_top(self, parent: int, probs: list[float], columns: list[int]) -> list[int]:
         """Children of `parent` from a top-k already taken (probabilities descending, their columns)."""
@@ -100,9 +102,9 @@ class Eagle3Drafter(HookedTreeDrafter):
         if depth <= 0 or not self._pending:  # a one-token prompt has no target rows yet
             return empty_proposal()
         t0 = time.perf_counter()
-        root_state, root_q = self._feed_context(tokens)
+        root_state, root_logits = self._feed_context(tokens)
         level_times = [time.perf_counter()]  # depth 1 is ready; _grow adds the time of each next level
-        nodes = self._grow(root_state, root_q, depth, len(tokens) - 2, level_times)
+        nodes = self._grow(root_state, root_logits, depth, len(tokens) - 2, level_times)
         keep = nodes.best(grow)
         if self.scheduler is not None:
             keep = keep[: self._schedule([nodes.scores[i] for i in keep], self._parents(nodes, keep), t0,
@@ -112,7 +114,7 @@ class Eagle3Drafter(HookedTreeDrafter):
     # --- pieces --------------------------------------------------------------------------
 
     def _feed_context(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed and commit the pending rows; the last row's output and depth-1 distribution."""
+        """Feed and commit the pending rows; the last row's output and draft logits [1, V_draft] (depth 1)."""
         features = self._take_pending()
         start, n = self.cache.length, features.shape[0]
         head = self.head
@@ -121,9 +123,9 @@ class Eagle3Drafter(HookedTreeDrafter):
         positions = torch.arange(start, start + n, device=head.device)
         out, logits = head.step_and_logits(next_tokens, hidden, positions, self.cache, last_only=True)
         self.cache.commit_prefix(n)
-        return out[-1], self._q(logits[0])
+        return out[-1], logits[-1:]
 
-    def _grow(self, root_state: torch.Tensor, root_q: torch.Tensor, depth: int, last_row: int,
+    def _grow(self, root_state: torch.Tensor, root_logits: torch.Tensor, depth: int, last_row: int,
               level_times: list[float]) -> _Nodes:
         """EAGLE-2: expand the best `width` nodes of each new level, one head step per level. last_row: the
         position of the last committed row (the one that drafted depth 1); a depth-d node's row sits d after it.
@@ -131,16 +133,15 @@ class Eagle3Drafter(HookedTreeDrafter):
         nodes = _Nodes()
         context = self.cache.length
         width = self.shape.width
-        level = nodes.add_children(-1, root_q, width)
+        probs, columns = self._top(root_logits, width)
+        level = nodes.add_top(-1, probs[0], columns[0])
         states = {-1: root_state}  # node -> the output of its own row (its children's parent state)
         for _ in range(depth - 1):
             expand = sorted(level, key=lambda i: (-nodes.scores[i], i))[:width]
             if not expand:
                 break
             outputs, logits = self._step_nodes(nodes, expand, states, last_row)
-            q = self._q(logits)
-            top = torch.topk(q, min(width, q.shape[-1]))  # every expanded node's children at once
-            probs, columns = top.values.tolist(), top.indices.tolist()
+            probs, columns = self._top(logits, width)  # every expanded node's children at once
             level = []
             for row, node in enumerate(expand):
                 states[node] = outputs[row]
@@ -153,11 +154,12 @@ class Eagle3Drafter(HookedTreeDrafter):
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One head step over the nodes `expand`: each sees the committed rows, its ancestors' rows and itself.
         Returns their outputs and draft logits."""
-        for node in expand:
-            nodes.slot[node] = len(nodes.slot)
-        mask = torch.zeros(len(expand), len(nodes.slot), dtype=torch.bool)
-        for row, node in enumerate(expand):
-            mask[row, [nodes.slot[a] for a in path_to(node, nodes.parents) if a in nodes.slot]] = True
+        paths = [nodes.expand(node) for node in expand]
+        rows = [[False] * len(nodes.slot) for _ in expand]
+        for row, path in zip(rows, paths):
+            for slot in path:
+                row[slot] = True
+        mask = torch.tensor(rows, dtype=torch.bool)  # one tensor from Python lists: a torch call per row costs more
         head = self.head
         tokens = torch.tensor([self._vocab_ids[nodes.columns[i]] for i in expand], dtype=torch.long, device=head.device)
         hidden = torch.stack([states[nodes.parents[i]] for i in expand])
@@ -166,8 +168,10 @@ class Eagle3Drafter(HookedTreeDrafter):
         self.cache.commit_prefix(len(expand))  # kept until the tree is done (truncated in _grow)
         return out
 
-    def _q(self, logits: torch.Tensor) -> torch.Tensor:
-        return ranking_probs(logits, self.params)
+    def _top(self, logits: torch.Tensor, width: int) -> tuple[list[list[float]], list[list[int]]]:
+        """Each row's `width` best children under the user's sampling settings: probabilities, draft columns."""
+        top = torch.topk(ranking_probs(logits, self.params), min(width, logits.shape[-1]))
+        return top.values.tolist(), top.indices.tolist()
 
     @staticmethod
     def _parents(nodes: _Nodes, keep: list[int]) -> list[int]:
