@@ -13,9 +13,11 @@ from conftest import (
     make_hf_model, make_tokenizer, recorded_proposals, save_model_folder,
 )
 from foretell.api import load
+from foretell.budget import CostCurve
 from foretell.config import HeadTreeShape, SpeculativeConfig
 from foretell.drafters.base import DrafterBase
 from foretell.drafters.parallel_tree import ParallelHeadDrafter, grow_tree
+from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.errors import ForetellError
 from foretell.models.module_folder import WEIGHTS_FILE
@@ -333,6 +335,24 @@ def test_proposals_respect_the_budget_in_generation(plain):
     seen = recorded_proposals(with_head(plain, shape), PROMPTS[0], params)
     assert seen and all(p.size <= 6 and p.depth <= 3 for p in seen)
     assert any(p.size == 6 for p in seen)
+
+
+def test_with_a_scheduler_it_drafts_only_what_the_scheduler_may_keep(plain):
+    """The head runs placeholders only to the scheduler's depth cap and the tree grows only to its node cap
+    (growth_limits), still exact."""
+    target = plain.target.model
+    head = new_parallel_head(target, ParallelHeadConfig.for_target(target.config, depth=4))
+    scheduler = AdaptiveTreeScheduler(CostCurve([1, 64], [0.01, 0.01], context=256))
+    scheduler.growth_limits = lambda recent=8: (3, 2)
+    spec = plain.with_drafter(ParallelHeadDrafter(head, HeadTreeShape(), scheduler))
+    placeholders = []
+    forward = head.forward
+    head.forward = lambda *a, num_placeholders=0, **k: placeholders.append(num_placeholders) or forward(
+        *a, num_placeholders=num_placeholders, **k)
+    seen = recorded_proposals(spec, PROMPTS[0], GREEDY)
+    assert seen and all(p.size <= 3 and p.depth <= 2 for p in seen) and any(p.size for p in seen)
+    assert placeholders and max(placeholders) <= 1
+    assert_greedy_equals_plain(plain, spec)
 
 
 # --- a briefly trained head ----------------------------------------------------------------

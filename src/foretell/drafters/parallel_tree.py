@@ -97,7 +97,10 @@ class ParallelHeadDrafter(HookedTreeDrafter):
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
         """max_tokens caps the tree's depth (tokens left to generate)."""
         self._check_observed(tokens)
-        depth = min(self.shape.depth, max_tokens)
+        depth, grow = min(self.shape.depth, max_tokens), self.shape.max_nodes
+        if self.scheduler is not None:  # draft only what the scheduler may keep: fewer placeholder rows and nodes
+            grow, depth_cap = self.scheduler.growth_limits()
+            depth = min(depth, depth_cap)
         if depth <= 0 or not self._pending:  # a one-token prompt has no target rows yet
             return empty_proposal()
         t0 = time.perf_counter()
@@ -109,7 +112,7 @@ class ParallelHeadDrafter(HookedTreeDrafter):
         logits = self.head(features, next_tokens, self.cache, num_placeholders=depth - 1, full_vocab=False)
         self.cache.commit_prefix(features.shape[0])
         q = self._q(logits)
-        drafted, parents, scores = grow_tree(q, self.shape.max_nodes, self.shape.width)
+        drafted, parents, scores = grow_tree(q, grow, self.shape.width)
         if self.scheduler is not None:
             n = self._schedule(scores, parents, t0)
             drafted, parents, scores = drafted[:n], parents[:n], scores[:n]
