@@ -7,10 +7,9 @@
 # feature cache are linked, not rebuilt: both heads learn from the very same features. HIDDEN=1 also trains a
 # hidden-state draft on the same data and steps (benchmarks/train_hidden_shipped.sh: its own feature pass, as it reads
 # the final-norm layer).
-# Time: not yet measured at this size. A 4-step smoke run (4 sequences x 160 tokens, 1 thread, on a loaded machine)
-# took 0.8 s a step, against 2.3 s for the parallel head's step at the same size (its full-vocabulary output layer
-# at every depth); scaled up, expect roughly 1.5-3 h for 3000 steps on 2 cores (the feature pass, when not linked:
-# ~1 h, ~10 GB). Every stage resumes: rerun the same command after an interruption.
+# Time on 2 cores: a step ~1.9 s on the AMX machine (bf16) and ~2.2 s on an AVX2 one (fp32,
+# benchmarks/eagle3_train_step.py): 3000 steps ~1.6-1.8 h; the feature pass, when not linked, ~6.5 (AMX) or ~1.2
+# (AVX2) sequences a second, ~1.1 MB each. Every stage resumes: rerun the same command after an interruption.
 # Data-parallel: PROCS=N runs N processes on this machine; torchrun works too (docs/training.md).
 # Environment: OUT (runs/eagle3/smollm2-head), HEAD_RUN (runs/shipped/smollm2-head), STEPS, LR (1e-3), INIT_HEAD (a
 # warm start: a trained head of the same shape, e.g. the shipped one), BF16 (auto), THREADS, PROCS, HIDDEN,
