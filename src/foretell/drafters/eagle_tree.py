@@ -37,21 +37,20 @@ from foretell.types import Proposal, SamplingParams
 @dataclass
 class _Nodes:
     """The grown tree: columns (draft-vocabulary indices), parents, cumulative log-probabilities and depths;
-    slot[i] = the head-cache slot (after the committed rows) of node i's own row, once expanded."""
+    seen[i] = the head-cache slots (after the committed rows) node i's row sees once expanded: its expanded
+    ancestors' rows and, last, its own (slots are given in the order nodes are expanded)."""
 
     columns: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     depths: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)  # each node's own probability given its parent
-    slot: dict[int, int] = field(default_factory=dict)
-    seen: dict[int, list[int]] = field(default_factory=dict)  # an expanded node's row sees these slots (its path)
+    seen: dict[int, list[int]] = field(default_factory=dict)
 
     def expand(self, node: int) -> list[int]:
-        """Give `node` the next head-cache slot; the slots its row sees: its expanded ancestors' and its own
-        (a node is expanded only after its parent, whose path is already known)."""
-        self.slot[node] = len(self.slot)
-        self.seen[node] = self.seen.get(self.parents[node], []) + [self.slot[node]]
+        """Give `node` the next head-cache slot; returns seen[node] (a node is expanded only after its parent, whose
+        path is already known)."""
+        self.seen[node] = self.seen.get(self.parents[node], []) + [len(self.seen)]
         return self.seen[node]
 
     def add_top(self, parent: int, probs: list[float], columns: list[int]) -> list[int]:
@@ -155,7 +154,7 @@ class Eagle3Drafter(HookedTreeDrafter):
         """One head step over the nodes `expand`: each sees the committed rows, its ancestors' rows and itself.
         Returns their outputs and draft logits."""
         paths = [nodes.expand(node) for node in expand]
-        rows = [[False] * len(nodes.slot) for _ in expand]
+        rows = [[False] * len(nodes.seen) for _ in expand]
         for row, path in zip(rows, paths):
             for slot in path:
                 row[slot] = True
