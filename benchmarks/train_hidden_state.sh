@@ -4,8 +4,8 @@
 # coverage (OUT/eval.json, OUT/eval.md), and decodes one prompt with it. On 2 CPU cores:
 #   self data      2000 prompts answered by the target: shipped in benchmarks/data/self_data, unpacked (FRESH=1: ~35 min)
 #   feature pass   2000 sequences x 320 tokens, bf16                                  ~10 min
-#   training       400 steps x 8 sequences, 16 KL anchors each, bf16; the unrolled steps grow 1 -> 5 over the first
-#                  half (2.5-7 s a step)                                               ~30-45 min
+#   training       400 steps x 8 sequences, 16 KL anchors each, bf16 (fp32 without native bf16: bf16_flag.sh);
+#                  the unrolled steps grow 1 -> 5 over the first half (2.5-7 s a step)     ~30-45 min
 #   evaluation     72 held-out sequences (GSM8K and ShareGPT test prompts), every anchor, depth 5   ~2 min
 # Interrupt it at any time: rerunning continues from the last checkpoint (every 20 steps); the feature pass resumes too.
 # Environment: OUT (default runs/hidden_state/smollm2-self), STEPS, THREADS, MSE_WEIGHT / KL_WEIGHT (the seed's 0.7 /
@@ -27,6 +27,7 @@ BASE=runs/hidden_state/smollm2-self
 OUT=${OUT:-$BASE}
 F=.venv/bin/foretell
 D=runs/self_data
+source benchmarks/bf16_flag.sh  # --bf16 only where this CPU multiplies bf16 natively
 if [ "$OUT" != "$BASE" ]; then
   mkdir -p "$OUT"
   for part in data features; do
@@ -41,7 +42,7 @@ if [ "$OUT" = "$BASE-long2" ] && [ "${INSTALL:-1}" != 0 ]; then INSTALL_FLAG=--i
 $F train hidden-state --target smollm2-135m --data $D/smollm2-mix.jsonl --eval-data $D/smollm2-mix-test.jsonl \
   --seq-len 320 --depth 5 --token-info-rank 256 --init-layer middle --mse-weight "${MSE_WEIGHT:-0.7}" --kl-weight "${KL_WEIGHT:-0.3}" --noise 0.1 \
   --curriculum "$CURRICULUM" ${INIT_DRAFT:+--init-draft "$INIT_DRAFT"} --logit-clamp 50 --anchors 16 --topk-teacher 32 --feature-dtype bfloat16 \
-  --steps "${STEPS:-400}" --batch-size 8 --lr "${LR:-1e-3}" --bf16 --checkpoint-every 20 --eval-sequences 48 \
+  --steps "${STEPS:-400}" --batch-size 8 --lr "${LR:-1e-3}" $(bf16_flag "$OUT") --checkpoint-every 20 --eval-sequences 48 \
   --threads "${THREADS:-2}" --out "$OUT" $INSTALL_FLAG
 
 # The draft in use: lossless, so the text equals plain greedy decoding; the statistics line shows tau.

@@ -16,10 +16,11 @@ bash benchmarks/self_data.sh
 OUT=${OUT:-runs/parallel_head/smollm2-self}
 F=.venv/bin/foretell
 D=runs/self_data
+source benchmarks/bf16_flag.sh  # --bf16 only where this CPU multiplies bf16 natively
 
 $F train parallel-head --target smollm2-135m --data $D/smollm2-mix.jsonl --eval-data $D/smollm2-gsm8k-test.jsonl \
   --seq-len 320 --depth 4 --head-layers 1 --anchors 32 --depth-decay 0.8 --topk-teacher 32 --feature-dtype bfloat16 \
-  --steps "${STEPS:-600}" --batch-size 16 --lr 1e-3 --bf16 --checkpoint-every 50 --eval-sequences 48 \
+  --steps "${STEPS:-600}" --batch-size 16 --lr 1e-3 $(bf16_flag "$OUT") --checkpoint-every 50 --eval-sequences 48 \
   --threads "${THREADS:-2}" --out "$OUT"
 
 # Two continuation stages from that head, each with a fresh, lower schedule on the same cached features
@@ -32,7 +33,7 @@ for stage in "long:${MORE_STEPS:-1000}:6e-4" "long2:${MORE_STEPS2:-1000}:4e-4"; 
   for part in data features; do [ -e "$NEXT/$part" ] || ln -s "$(realpath "$OUT/$part")" "$NEXT/$part"; done
   $F train parallel-head --target smollm2-135m --data $D/smollm2-mix.jsonl --eval-data $D/smollm2-gsm8k-test.jsonl \
     --seq-len 320 --depth 4 --head-layers 1 --anchors 32 --depth-decay 0.8 --topk-teacher 32 --feature-dtype bfloat16 \
-    --init-head "$PREV/head" --steps "$steps" --warmup 30 --batch-size 16 --lr "$lr" --bf16 \
+    --init-head "$PREV/head" --steps "$steps" --warmup 30 --batch-size 16 --lr "$lr" $(bf16_flag "$NEXT") \
     --checkpoint-every 50 --eval-sequences 48 --threads "${THREADS:-2}" --out "$NEXT"
   PREV=$NEXT
 done

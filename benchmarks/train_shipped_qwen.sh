@@ -25,7 +25,7 @@ $F self-data --target $TARGET --data gsm8k --split test --num-prompts 48 --max-n
 $F train parallel-head --target $TARGET \
   --data "$D/qwen1.5b-sharegpt.jsonl,$D/qwen1.5b-gsm8k.jsonl,gsm8k:2000,sharegpt:3000" \
   --eval-data $D/qwen1.5b-gsm8k-test.jsonl --seq-len 320 --depth 4 --head-layers 1 --anchors 32 --depth-decay 0.8 \
-  --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-3000}" --warmup 100 --batch-size 16 --lr 1e-3 --bf16 \
+  --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-3000}" --warmup 100 --batch-size 16 --lr 1e-3 $(bf16_flag "$OUT") \
   --checkpoint-every 50 --eval-sequences 48 --threads "$T" --out "$OUT"
 $F bench --model $TARGET --draft qwen2.5-coder-0.5b --head "$OUT/head" --dtype bfloat16 \
   --datasets gsm8k,spec-bench --per-category "${PER:-4}" --max-new-tokens 128 --threads "$T" --resume \
