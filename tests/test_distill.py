@@ -118,6 +118,23 @@ def test_topk_kl_equals_full_kl_when_k_is_the_vocabulary():
     assert torch.isfinite(torch.autograd.grad(coarse.sum(), q_logits)[0]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sequence_topk_in_row_slices_equals_the_whole_batchs_logits(tmp_path, monkeypatch, dtype):
+    from foretell.models.wide_linear import widen_linears
+    from foretell.train.common import topk
+
+    folder = save_hf(tmp_path / "m", make_hf_model("llama", 48, seed=4), make_tokenizer(48))
+    model = build_model(folder, dtype).requires_grad_(False)
+    widen_linears(model, wide_rows=4, kernel=0)  # bf16: every slice (>= 4 rows) multiplies in fp32, as a whole batch
+    ids = torch.randint(0, 48, (3, 23), generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(topk, "LOGIT_ROWS", 16)  # 69 rows: slices of 16, the last 5 joining the one before
+    logp, top_ids, lse, hidden = topk.sequence_topk(model, ids, 6, hidden_layers=(1,))
+    out = model.forward_sequences(ids, hidden_layers=(1,))
+    want = topk.topk_of_logits(out.logits, 6)
+    assert torch.equal(logp, want[0]) and torch.equal(top_ids, want[1]) and torch.equal(lse, want[2])
+    assert logp.shape == (3, 23, 6) and torch.equal(hidden[1], out.hidden[1]) and list(hidden) == [1]
+
+
 def test_warmup_then_cosine_down_to_a_tenth():
     s = WarmupCosine(warmup=4, total=20, min_ratio=0.1)
     assert [s(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from foretell.models.transformer import Transformer
 from foretell.train.common.cache import fill_cache, open_arrays
 from foretell.train.common.data import TokenData
-from foretell.train.common.topk import topk_kl, topk_of_logits
+from foretell.train.common.topk import sequence_topk, topk_kl
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class TeacherCache:
 @torch.no_grad()
 def topk_log_probs(target: Transformer, input_ids: torch.Tensor, k: int):
     """p's top-k log-probabilities [B, T, k], their ids and the log-normaliser [B, T], in float32."""
-    return topk_of_logits(target.forward_sequences(input_ids.to(target.device)).logits, k)
+    return sequence_topk(target, input_ids, k)[:3]
 
 
 def build_teacher_cache(target: Transformer, data: TokenData, folder: Path, cfg: TeacherConfig,

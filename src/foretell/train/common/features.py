@@ -20,7 +20,7 @@ from foretell.models.transformer import Transformer
 from foretell.train.common.cache import fill_cache, open_arrays, read_meta
 from foretell.train.common.data import TokenData
 from foretell.train.common.distributed import DistContext
-from foretell.train.common.topk import topk_of_logits
+from foretell.train.common.topk import sequence_topk
 
 ARRAYS = ("features", "logp", "ids")
 
@@ -54,9 +54,8 @@ class FeatureCache:
 @torch.no_grad()
 def extract_batch(target: Transformer, input_ids: torch.Tensor, fuse_layers: tuple[int, ...], k: int):
     """Fused hidden states [B, T, F] bf16, top-k log p [B, T, k] float32 and their ids, from one forward."""
-    out = target.forward_sequences(input_ids.to(target.device), hidden_layers=fuse_layers)
-    features = torch.cat([out.hidden[layer] for layer in fuse_layers], dim=-1).to(torch.bfloat16)
-    logp, ids, _ = topk_of_logits(out.logits, k)
+    logp, ids, _, hidden = sequence_topk(target, input_ids, k, fuse_layers)
+    features = torch.cat([hidden[layer] for layer in fuse_layers], dim=-1).to(torch.bfloat16)
     return features, logp, ids
 
 
