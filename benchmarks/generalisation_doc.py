@@ -33,16 +33,18 @@ def cell(summary) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path, help="generalisation.sh output folders (greedy, sampled)")
-    ap.add_argument("--gain", metavar="NEW=OLD", help="per category, what method NEW bought over method OLD")
+    ap.add_argument("--gain", metavar="NEW=OLD", action="append",
+                    help="per category, what method NEW bought over method OLD (repeatable)")
     args = ap.parse_args()
     runs = args.runs
     all_rows = [load_rows(r) for r in runs]
     temps = [json.loads((r / "bench.json").read_text())["settings"].get("temperature", 0) for r in runs]
     groups = [summarize(rows) for rows in all_rows]
     if args.gain:
-        new, _, old = args.gain.partition("=")
-        for rows, group, temp in zip(all_rows, groups, temps):
-            gain_table(rows, group, temp, new, old)
+        for pair in args.gain:
+            new, _, old = pair.partition("=")
+            for rows, group, temp in zip(all_rows, groups, temps):
+                gain_table(rows, group, temp, new, old)
         return
     methods = [s.method for s in groups[0][OVERALL] if s.method != "plain"]
     head = " | ".join(f"{m} (T={t:g})" for t in temps for m in methods)
