@@ -24,9 +24,13 @@ from foretell.models.shipped import Manifest, SHIPPED_DIR
 Manifest.read(SHIPPED_DIR / sys.argv[1]).speculative_config().save(sys.argv[2])" "$name" "$OUT/specs/$name.json"
   SPECS+=(--spec-config "$name=$OUT/specs/$name.json")
 done
-for pair in ${COMPARE:-}; do  # name=head folder: the same configuration as the shipped head
+for pair in ${COMPARE:-}; do  # name=head folder: the shipped head's configuration (hot vocabulary too), other weights
   name=${pair%%=*}; folder=${pair#*=}
-  echo "{\"method\": \"parallel-head\", \"model\": \"$folder\", \"budget\": \"auto\", \"result_cache\": \"prompt\"}" > "$OUT/specs/$name.json"
+  .venv/bin/python -c "
+import dataclasses, sys
+from foretell.models.shipped import Manifest, SHIPPED_DIR
+spec = Manifest.read(SHIPPED_DIR / 'smollm2-135m-head').speculative_config()
+dataclasses.replace(spec, model=sys.argv[1]).save(sys.argv[2])" "$folder" "$OUT/specs/$name.json"
   SPECS+=(--spec-config "$name=$OUT/specs/$name.json")
 done
 for pair in ${SPECS_EXTRA:-}; do

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Issue 20's broader data, end to end: the shipped EAGLE-3 head and parallel head, each warm-started from its shipped
-# weights and trained STEPS (1600) more steps at LR (5e-4) on the wide mix (22778 sequences: the shipped 2656 + 1200
+# weights and trained STEPS (1000) more steps at LR (5e-4) on the wide mix (22778 sequences: the shipped 2656 + 1200
 # target answers, 7000 GSM8K solutions, 12000 packed ShareGPT rows; benchmarks/train_eagle3.sh), both reading one
 # feature cache; then one greedy and one sampled (T=0.7, seed 1) generalisation run putting them beside the shipped
 # drafters, and the per-category gain tables (what the wider data bought, over the same drafter shipped).
-# On 2 AVX2 cores: feature pass ~4.8 h (1.3 sequences a second, ~25 GB), EAGLE-3 ~1 h (2.2 s a step in fp32), the
+# On 2 AVX2 cores: feature pass ~4.8 h (1.3 sequences a second, ~25 GB), EAGLE-3 ~37 min (2.2 s a step in fp32), the
 # parallel head about as long, the two generalisation runs ~20 min quiet. Every stage resumes: rerun the command.
 # The heads are compared, not shipped: ship a winner with benchmarks/ship_drafter.py (docs/training.md).
 # Environment: STEPS, LR, OUT (runs/wide: the generalisation runs), THREADS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export SHAREGPT_ROWS=12000 GSM8K_ROWS=7000 STEPS=${STEPS:-1600} LR=${LR:-5e-4}
+export SHAREGPT_ROWS=12000 GSM8K_ROWS=7000 STEPS=${STEPS:-1000} LR=${LR:-5e-4}
 EAGLE=runs/eagle3/smollm2-wide
 HEAD=runs/shipped/smollm2-wide-head
 OUT=${OUT:-runs/wide}
