@@ -247,3 +247,32 @@ def test_each_node_of_a_wide_tree_computes_its_path_decoded_alone(tiny_pair, mon
             step = model(tokens[at:at + 1], torch.tensor([len(context) + i]), alone)
             alone.commit_prefix(1)
         assert torch.equal(step.logits[0], tree.logits[node]), node
+
+
+def test_a_head_saved_in_float32_drafts_over_bf16_numbers_on_a_bf16_target(tiny_pair, tmp_path, monkeypatch):
+    """A head a training run saved in float32 holds values that are not bf16 numbers; loaded for a bf16 target (run
+    as float32 activations) its parameters are rounded to bf16 numbers, as on a bf16 target, so its layers and fuse
+    stream as bf16 like a shipped head's (not the float32 kinds, about twice the draft time on an AVX2 CPU), and it
+    still reproduces plain decoding. For a float32 target its weights stay as saved."""
+    from foretell.models.loading import build_model
+    from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
+
+    bf16_emulated(monkeypatch)
+    target = build_model(tiny_pair[0], torch.float32)
+    head = new_parallel_head(target, ParallelHeadConfig.for_target(target.config), seed=2)
+    folder = save_parallel_head(head, tmp_path / "head")
+    assert not torch.equal(head.fuse.weight, head.fuse.weight.bfloat16().float())  # float32 values
+    spec = SpeculativeConfig(method="parallel-head", model=str(folder), budget="fixed")
+    pipe = load(tiny_pair[0], spec, dtype="bfloat16", warm_up=False)
+    loaded = pipe.engine.drafter.head
+    assert loaded.dtype == torch.float32 and loaded.lean is not None
+    for name, p in loaded.named_parameters():
+        assert torch.equal(p, p.bfloat16().float()), name
+    assert torch.equal(loaded.fuse.weight, head.fuse.weight.bfloat16().float())
+    assert set(loaded.lean.kinds) == {BF16X} and loaded.lean.input_layer is not None
+    plain = pipe.with_speculative("none")
+    for prompt in PROMPTS:
+        params = greedy_params(16)
+        assert pipe.engine.generate(prompt, params).tokens == plain.engine.generate(prompt, params).tokens
+    as_saved = load(tiny_pair[0], spec, warm_up=False).engine.drafter.head  # a float32 target
+    assert torch.equal(as_saved.fuse.weight, head.fuse.weight) and F32 in as_saved.lean.kinds

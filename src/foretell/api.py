@@ -147,7 +147,8 @@ def load(
         if act_q8 and reason is not None:
             raise ForetellError(f"quant='{quant}-q8' needs foretell's lean step, and {reason}; use quant={quant!r}")
     # drafters follow the target's activations (a float32 EAGLE-3 head steps in the lean step too)
-    weights = DrafterWeights(loaded, str(target), "float32" if as_float32 else dtype, device, cache_dir)
+    weights = DrafterWeights(loaded, str(target), "float32" if as_float32 else dtype, device, cache_dir,
+                             bf16_numbers=as_float32)
     engine = build_engine(spec, weights)
     if warm_up:
         engine.warm_up()

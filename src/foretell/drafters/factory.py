@@ -50,6 +50,9 @@ class DrafterWeights:
     device: str = "cpu"
     cache_dir: Path | None = None
     shipped_root: Path | None = None  # where shipped drafters are looked up by name (None: the package's own)
+    # the target is a bf16 model run as float32 activations (lean_step.run_bf16_as_float32): drafters' weights are
+    # rounded to bf16 numbers, as on a bf16 target, which the lean kernels stream as bf16 (half the bytes)
+    bf16_numbers: bool = False
     _loaded: dict = field(default_factory=dict, repr=False)
 
     def _once(self, key, make):
@@ -96,16 +99,14 @@ class DrafterWeights:
 
         folder = self.folder(model, "parallel-head")
         return self._once(("head", folder, hot_vocab),
-                          lambda: lean_drafter(widened(load_parallel_head(folder, self.target.model,
-                                                                          self.hot_vocab(hot_vocab)),
-                                                       self.target.model), self.target.model))
+                          lambda: self.ready(load_parallel_head(folder, self.target.model, self.hot_vocab(hot_vocab))))
 
     def hidden_draft(self, model: str, hot_vocab: int, quant: str):
         from foretell.models.hidden_draft import load_hidden_draft
 
         folder = self.folder(model, "hidden-state")
-        return self._once(("hidden", folder, hot_vocab, quant), lambda: lean_drafter(widened(load_hidden_draft(
-            folder, self.target.model, self.hot_vocab(hot_vocab)).quantize(quant), self.target.model), self.target.model))
+        return self._once(("hidden", folder, hot_vocab, quant), lambda: self.ready(
+            load_hidden_draft(folder, self.target.model, self.hot_vocab(hot_vocab)), quant))
 
     def eagle3_head(self, model: str, quant: str = "none"):
         """An EAGLE-3 head: foretell's folder, an EAGLE-3 checkpoint in the engines' layout, or a shipped name;
@@ -114,8 +115,21 @@ class DrafterWeights:
 
         folder = self.folder(model, "eagle3")
         return self._once(("eagle3", folder, quant),
-                          lambda: lean_drafter(widened(load_eagle3_head(folder, self.target.model).quantize(quant),
-                                                       self.target.model), self.target.model))
+                          lambda: self.ready(load_eagle3_head(folder, self.target.model), quant))
+
+    def ready(self, module, quant: str | None = None):
+        """A loaded head or hidden-state draft made ready to draft on this target: its float32 parameters rounded to
+        bf16 numbers where bf16_numbers says the target's are (a head trained and saved in float32 then drafts at
+        the shipped bf16 heads' cost, not about twice it; a drafter only proposes, so this can move acceptance,
+        never exactness), quantized per `quant`, then on the target's wide-pass and lean-step paths."""
+        if self.bf16_numbers:
+            with torch.no_grad():
+                for param in module.parameters():
+                    if param.dtype == torch.float32:
+                        param.copy_(param.to(torch.bfloat16))
+        if quant is not None:
+            module = module.quantize(quant)
+        return lean_drafter(widened(module, self.target.model), self.target.model)
 
     def target_cost(self) -> CostCurve:
         """The target's forward cost by verified tokens on this machine (measured once, then cached on disk)."""
