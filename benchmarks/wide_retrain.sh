@@ -4,8 +4,8 @@
 # target answers, 7000 GSM8K solutions, 12000 packed ShareGPT rows; benchmarks/train_eagle3.sh), both reading one
 # feature cache; then one greedy and one sampled (T=0.7, seed 1) generalisation run putting them beside the shipped
 # drafters, and the per-category gain tables (what the wider data bought, over the same drafter shipped).
-# On 2 AVX2 cores: feature pass ~4.8 h (1.3 sequences a second, ~25 GB), EAGLE-3 ~37 min (2.2 s a step in fp32), the
-# parallel head about as long, the two generalisation runs ~20 min quiet. Every stage resumes: rerun the command.
+# On 2 AVX2 cores: feature pass ~4.8 h (1.3 sequences a second, ~25 GB), EAGLE-3 ~35 min (2.1 s a step in fp32), the
+# parallel head ~70 min (~4.2 s a step), each generalisation run ~19 min quiet. Every stage resumes: rerun the command.
 # The heads are compared, not shipped: ship a winner with benchmarks/ship_drafter.py (docs/training.md).
 # Environment: STEPS, LR, OUT (runs/wide: the generalisation runs), THREADS.
 set -euo pipefail
