@@ -24,7 +24,8 @@ from foretell.models.loading import build_model
 from foretell.train.common.data import TokenData
 from foretell.train.common.topk import full_kl
 from foretell.train.eagle3.eval import eagle3_depth_eval
-from foretell.train.eagle3.loss import Eagle3LossConfig, draft_vocab_kl, draft_vocabulary
+from foretell.train.common.draft_vocab import draft_vocab_kl, draft_vocabulary
+from foretell.train.eagle3.loss import Eagle3LossConfig
 from foretell.train.eagle3.pipeline import Eagle3Shape, Eagle3TrainConfig, run_eagle3
 from train_util import (
     VOCAB, assert_resume_repeats_the_run, assert_two_processes_train_like_one, assert_loss_fell, read_log,

@@ -323,7 +323,7 @@ def test_a_whole_vocabulary_draft_vocab_gives_the_full_drafts_terms_and_a_smalle
 def test_a_draft_vocabulary_run_saves_its_ids_and_decodes_exactly(setup, tmp_path):
     from foretell.hot_vocab import HotVocab
     from foretell.train.common.data import TokenData as Data
-    from foretell.train.eagle3.loss import draft_vocabulary
+    from foretell.train.common.draft_vocab import draft_vocabulary
 
     cfg = config(setup, tmp_path / "vocab", steps=4, warmup_steps=0)
     cfg = replace(cfg, shape=replace(cfg.shape, draft_vocab=20), eval_sequences=4)

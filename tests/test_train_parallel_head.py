@@ -229,3 +229,64 @@ def test_two_processes_match_one_with_the_same_global_batch(setup, tmp_path):
     log, first = read_log(tmp_path / "two"), read_log(tmp_path / "one")
     assert [r["anchors"] for r in log] == [r["anchors"] for r in first]  # statistics summed over the processes
     assert [round(r["loss"], 4) for r in log] == [round(r["loss"], 4) for r in first]
+
+
+# --- a head trained on its own vocabulary ---------------------------------------------------
+
+
+def test_a_draft_vocabulary_head_saves_its_ids_trains_on_them_and_decodes_exactly(setup, tmp_path):
+    from foretell.hot_vocab import HotVocab
+    from foretell.train.common.draft_vocab import draft_vocabulary
+
+    cfg = replace(config(setup, tmp_path / "vocab", steps=40), shape=HeadShape(depth=4, draft_vocab=20))
+    head_dir = run_parallel_head(cfg)
+    target = build_model(Path(cfg.target), torch.float32)
+    data = TokenData.load(cfg.out / "data" / "train.safetensors")
+    vocab = draft_vocabulary(data, 20, target.config.vocab_size, [0, 1, 2])
+    head = load_parallel_head(head_dir, target)
+    assert head.config.draft_vocab_size == 20 and torch.equal(head.vocab_ids.cpu(), vocab)
+    assert torch.equal(load_file(str(head_dir / "model.safetensors"))["draft_vocab_ids"], vocab)
+    # its logits: the head's vocabulary only, q = 0 elsewhere
+    features = torch.randn(1, 6, len(head.config.fuse_layers) * target.config.hidden_size)
+    full = head.forward_training(features, torch.tensor([[5, 6, 7, 8, 9, 10]]), [2, 4])
+    assert full.shape[-1] == target.config.vocab_size and bool(torch.isinf(full[..., ~torch.isin(
+        torch.arange(target.config.vocab_size), vocab)]).all())
+    own = head.forward_training(features, torch.tensor([[5, 6, 7, 8, 9, 10]]), [2, 4], full_vocab=False)
+    torch.testing.assert_close(own, full[..., vocab])
+    # a load-time hot vocabulary narrows it to the ids in both
+    narrowed = load_parallel_head(head_dir, target, hot=HotVocab(vocab[::2].clone(), target.config.vocab_size))
+    assert torch.equal(narrowed.vocab_ids.cpu(), vocab[::2])
+    # trained pairs: only where the target's top-1 is in the vocabulary, and the loss fell on them
+    assert_loss_fell(cfg.out)
+    spec = load(cfg.target, SpeculativeConfig(method="parallel-head", model=str(head_dir)), warm_up=False)
+    plain = load(cfg.target, "none", warm_up=False)
+    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    for prompt in ([1, 5, 9, 12, 5, 9, 30], [1, 20, 21, 22, 23]):
+        assert spec.engine.generate(prompt, params).tokens == plain.engine.generate(prompt, params).tokens
+
+
+def test_draft_vocabulary_pairs_are_those_whose_target_top1_it_holds(trained):
+    from foretell.train.common.draft_vocab import columns_of, trained_pairs
+    from foretell.train.parallel_head.train import sequence_terms
+
+    cfg, head_dir = trained
+    target = build_model(Path(cfg.target), torch.float32)
+    cache = FeatureCache.open(cfg.out / "features")
+    data = TokenData.load(cfg.out / "data" / "train.safetensors")
+    anchors = anchor_candidates(data.loss_mask[0])[:6]
+    full = new_parallel_head(target, load_parallel_head(head_dir, target).config)
+    even = torch.arange(0, target.config.vocab_size, 2)
+    config = replace(full.config, draft_vocab_size=len(even))
+    half = new_parallel_head(target, config, draft_vocab=even)
+    columns = columns_of(half.vocab_ids, config.vocab_size)
+    kl, valid, _ = sequence_terms(half, cache, data, 0, anchors, columns)
+    _, valid_full, _ = sequence_terms(full, cache, data, 0, anchors, None)
+    ids = cache.sequence(0)[2][:, 0]
+    at = (anchors[:, None] + torch.arange(1, 5)).clamp(max=len(ids) - 1)
+    assert torch.equal(valid, valid_full & (ids[at] % 2 == 0))
+    assert torch.equal(valid, trained_pairs(cache, data, 0, anchors, 4, columns))
+    assert kl.shape == valid.shape and bool(torch.isfinite(kl).all())
+    with pytest.raises(ForetellError, match="draft_vocab_size must be in 0..48"):
+        replace(config, draft_vocab_size=49)
+    with pytest.raises(ForetellError, match="4 distinct ascending target ids"):
+        new_parallel_head(target, replace(config, draft_vocab_size=4), draft_vocab=torch.tensor([3, 2, 5, 9]))

@@ -15,7 +15,7 @@ The target's embedding and output layer are shared (frozen, not copied, not save
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -49,11 +49,17 @@ class ParallelHeadConfig(TargetSizes):  # the head reads the target's embeddings
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     attention_bias: bool = False
+    # 0: the head scores the whole vocabulary (or a hot vocabulary chosen at load). N: it was trained on its own
+    # N-token draft vocabulary (the buffer draft_vocab_ids), scores only those and always drafts among them.
+    draft_vocab_size: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "fuse_layers", tuple(int(x) for x in self.fuse_layers))
         if self.num_layers < 1 or self.depth < 1:
             raise ForetellError(f"a parallel head needs num_layers >= 1 and depth >= 1, got {self.num_layers} and {self.depth}")
+        if not 0 <= self.draft_vocab_size <= self.vocab_size:
+            raise ForetellError(f"draft_vocab_size must be in 0..{self.vocab_size} (0 = the whole vocabulary), "
+                                f"got {self.draft_vocab_size}")
         layers = self.fuse_layers
         if not layers or len(set(layers)) != len(layers) or min(layers) < 0 or max(layers) > self.target_num_layers:
             raise ForetellError(
@@ -62,7 +68,8 @@ class ParallelHeadConfig(TargetSizes):  # the head reads the target's embeddings
 
     @classmethod
     def for_target(
-        cls, target: ModelConfig, num_layers: int = 1, depth: int = 4, fuse_layers: Sequence[int] | None = None
+        cls, target: ModelConfig, num_layers: int = 1, depth: int = 4, fuse_layers: Sequence[int] | None = None,
+        draft_vocab_size: int = 0,
     ) -> "ParallelHeadConfig":
         """Sizes taken from the target (hidden size, heads, MLP width, RoPE)."""
         return cls(
@@ -79,6 +86,7 @@ class ParallelHeadConfig(TargetSizes):  # the head reads the target's embeddings
             rms_norm_eps=target.rms_norm_eps,
             rope_theta=target.rope_theta,
             attention_bias=target.attention_bias,
+            draft_vocab_size=draft_vocab_size,
         )
 
     def layer_config(self, target: ModelConfig) -> ModelConfig:
@@ -113,6 +121,9 @@ class ParallelHead(DrafterModule):
         super().__init__()
         config.check_target(target.config)
         self.config = config
+        if config.draft_vocab_size:  # its own vocabulary (set_draft_vocab); a load-time hot vocabulary narrows it
+            self.register_buffer("draft_vocab_ids", torch.arange(config.draft_vocab_size))
+            hot = None
         lm_head = hot.head(target.lm_head) if hot is not None else target.lm_head
         self.shared = TargetParts(target.embed_tokens, lm_head, hot, target.config.final_softcap)
         H = config.hidden_size
@@ -137,6 +148,24 @@ class ParallelHead(DrafterModule):
             self.lean = LeanDraftLayers(self.layers, self.norm, self.shared.lm_head, self.config, self.rotary,
                                         input_layer=self.fuse)
         return reason
+
+    def set_draft_vocab(self, ids: torch.Tensor, target: Transformer, hot: HotVocab | None = None) -> None:
+        """Make `ids` (ascending, distinct target ids) the head's own vocabulary: its output layer becomes those rows
+        of the target's (frozen, not saved). `hot`, a load-time hot vocabulary, narrows the drafting to the ids in
+        both: the head's logits off its own vocabulary were never trained."""
+        n = self.config.draft_vocab_size
+        ids = ids.to(torch.long).cpu()
+        if not n or len(ids) != n or len(ids.unique()) != n or not bool((ids[1:] > ids[:-1]).all()) \
+                or not 0 <= int(ids.min()) <= int(ids.max()) < self.config.vocab_size:
+            raise ForetellError(f"a parallel head's vocabulary needs {n} distinct ascending target ids "
+                                f"(draft_vocab_size {n}), got {len(ids)}")
+        with torch.no_grad():
+            self.draft_vocab_ids.copy_(ids)
+        drafted = ids if hot is None else ids[torch.isin(ids, hot.ids.cpu())]
+        vocab = HotVocab(drafted, self.config.vocab_size)
+        with torch.random.fork_rng(devices=[]):  # cutting rows builds an nn.Linear, whose init draws from the RNG
+            self.shared = replace(self.shared, lm_head=vocab.head(target.lm_head), hot=vocab)
+        self.lean = None  # packed over the old output layer
 
     @property
     def cache_layers(self) -> int:
@@ -207,14 +236,15 @@ class ParallelHead(DrafterModule):
         return self.logits(x[n - 1 :], full_vocab)
 
     def forward_training(
-        self, features: torch.Tensor, next_tokens: torch.Tensor, anchors: Sequence[int]
+        self, features: torch.Tensor, next_tokens: torch.Tensor, anchors: Sequence[int], full_vocab: bool = True
     ) -> torch.Tensor:
         """All depths for many anchors of whole sequences in one cache-free forward (for training).
 
         features: [B, T, len(fuse_layers) * H] target rows of positions 0..T-1; next_tokens:
         [B, T], the token after each (ids[1:T + 1]). Returns [B, A, D, V] logits: [b, k, d - 1]
         is the head's distribution at depth d from anchor a = anchors[k], i.e. for token
-        ids[a + 1 + d], exactly what inference gives after committing ids[:a + 2].
+        ids[a + 1 + d], exactly what inference gives after committing ids[:a + 2] (full_vocab=False: the last
+        axis is `vocab_ids`).
         """
         D = self.config.depth
         positions, mask, rows = training_layout(features.shape[1], anchors, D, self.device)
@@ -222,7 +252,7 @@ class ParallelHead(DrafterModule):
         B = x.shape[0]
         x = torch.cat([x, self.mask_embedding.expand(B, len(anchors) * (D - 1), -1)], dim=1)
         x = self._run_layers(x, positions, None, mask[None, None])
-        return self.logits(x[:, rows.reshape(-1)]).view(B, len(anchors), D, -1)
+        return self.logits(x[:, rows.reshape(-1)], full_vocab).view(B, len(anchors), D, -1)
 
 
 def training_layout(
@@ -253,13 +283,18 @@ def training_layout(
 
 
 def new_parallel_head(
-    target: Transformer, config: ParallelHeadConfig | None = None, seed: int = 0, hot: HotVocab | None = None
+    target: Transformer, config: ParallelHeadConfig | None = None, seed: int = 0, hot: HotVocab | None = None,
+    draft_vocab: torch.Tensor | None = None,
 ) -> ParallelHead:
-    """An untrained (randomly initialised) head for `target`: for tests and as training's start."""
+    """An untrained (randomly initialised) head for `target`: for tests and as training's start. draft_vocab: with
+    config.draft_vocab_size, the head's own vocabulary (ascending target ids; default the first draft_vocab_size)."""
     config = config or ParallelHeadConfig.for_target(target.config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         head = ParallelHead(config, target, hot)
+        if config.draft_vocab_size:
+            head.set_draft_vocab(draft_vocab if draft_vocab is not None else torch.arange(config.draft_vocab_size),
+                                 target, hot)
         with torch.no_grad():
             head.mask_embedding.normal_(0.0, float(target.embed_tokens.weight.float().std()))
     return head
@@ -275,10 +310,13 @@ def read_head_config(folder: Path) -> ParallelHeadConfig:
 
 
 def load_parallel_head(folder: str | Path, target: Transformer, hot: HotVocab | None = None) -> ParallelHead:
-    """Load a head saved by save_parallel_head onto `target` (its dtype and device)."""
+    """Load a head saved by save_parallel_head onto `target` (its dtype and device). A head trained on its own
+    vocabulary drafts among it, narrowed to `hot` (a load-time hot vocabulary) when one is given."""
     folder = Path(folder)
     config = read_head_config(folder)
     config.check_target(target.config)
     head = ParallelHead(config, target, hot)
     load_weights(head, folder, FOLDER_FORMAT)
+    if config.draft_vocab_size:
+        head.set_draft_vocab(head.draft_vocab_ids.clone(), target, hot)
     return head.to(dtype=target.dtype, device=target.device)

@@ -30,7 +30,8 @@ from foretell.train.common.feature_run import (
 )
 from foretell.train.common.trainer import TrainConfig
 from foretell.train.eagle3.eval import eagle3_depth_eval
-from foretell.train.eagle3.loss import Eagle3LossConfig, draft_vocabulary
+from foretell.train.common.draft_vocab import draft_vocabulary
+from foretell.train.eagle3.loss import Eagle3LossConfig
 from foretell.train.eagle3.train import train_eagle3
 
 

@@ -19,7 +19,8 @@ from foretell.train.common.distributed import DistContext
 from foretell.train.common.feature_loop import run_steps
 from foretell.train.common.features import FeatureCache
 from foretell.train.common.trainer import TrainConfig
-from foretell.train.eagle3.loss import Eagle3LossConfig, column_map, sequence_terms, valid_pairs
+from foretell.train.common.draft_vocab import trained_pairs
+from foretell.train.eagle3.loss import Eagle3LossConfig, column_map, sequence_terms
 
 
 def eagle3_step(head: Eagle3Head, cache: FeatureCache, data: TokenData, index: torch.Tensor, mine: list[int],
@@ -29,7 +30,7 @@ def eagle3_step(head: Eagle3Head, cache: FeatureCache, data: TokenData, index: t
     K = cfg.ttt_steps
     anchors = batch_anchors(data, cfg.anchors, train.seed, step, index)
     return weighted_kl_backward(head, index, mine, anchors, cfg.step_weights(),
-                                lambda i, a: valid_pairs(cache, data, i, a, K, columns),
+                                lambda i, a: trained_pairs(cache, data, i, a, K, columns),
                                 lambda i, a: sequence_terms(head, cache, data, i, a, K, columns), train.bf16)
 
 

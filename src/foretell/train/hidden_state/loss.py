@@ -14,7 +14,7 @@ position p = t + j + 1. Two terms, weighted w_mse and w_kl (the seed's 0.7 and 0
 
 A pair (t, j) is trained where token p + 1 is an assistant token (common/depths.py). A draft with its own
 vocabulary (HiddenDraftConfig.draft_vocab_size) scores only those tokens: its KL is to the target's distribution
-restricted to them (train/eagle3/loss.py draft_vocab_kl, as EAGLE-3 trains), at pairs whose target top-1 it holds,
+restricted to them (common/draft_vocab.py draft_vocab_kl, as EAGLE-3 trains), at pairs whose target top-1 it holds,
 and its output layer costs draft_vocab_size / V of the full one (most of a step's time at depth 5).
 Noise tokens: a `noise` fraction of the input rows is replaced by the state of another, random
 position of the sequence, as if a wrong token had been read there; the targets stay clean. So the
@@ -41,7 +41,7 @@ from foretell.errors import ForetellError
 from foretell.models.hidden_draft import HiddenDraft, unrolled_layout
 from foretell.train.common.depths import anchor_seed, sample_anchors, valid_depths
 from foretell.train.common.topk import topk_kl
-from foretell.train.eagle3.loss import columns_of, draft_vocab_kl
+from foretell.train.common.draft_vocab import columns_of, draft_vocab_kl
 
 
 DEEP_ROWS = ("all", "anchors")

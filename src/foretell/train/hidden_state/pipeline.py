@@ -32,7 +32,7 @@ from foretell.train.common.feature_run import (
     FeatureRunConfig, check_same_shape, job_settings, prepare_features, run_inputs, train_or_load,
 )
 from foretell.train.common.trainer import TrainConfig
-from foretell.train.eagle3.loss import draft_vocabulary
+from foretell.train.common.draft_vocab import draft_vocabulary
 from foretell.train.hidden_state.eval import format_coverage, format_hidden_table, hidden_depth_eval, hot_vocab_coverage
 from foretell.train.hidden_state.loss import HiddenLossConfig
 from foretell.train.hidden_state.train import train_hidden

@@ -15,12 +15,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from foretell.models.loading import load_tokenizer
 from foretell.models.parallel_head import (
     ParallelHeadConfig, load_parallel_head, new_parallel_head, read_head_config, save_parallel_head,
 )
 from foretell.train.common.data import BOTH, TokenData
 from foretell.train.common.depths import format_depth_table
 from foretell.train.common.distributed import DistContext
+from foretell.train.common.draft_vocab import draft_vocabulary
 from foretell.train.common.feature_run import (
     FeatureRunConfig, check_same_shape, job_settings, prepare_features, run_inputs, train_or_load,
 )
@@ -39,6 +41,7 @@ class HeadShape:
     depth: int = 4  # D: tokens drafted per head forward
     num_layers: int = 1
     fuse_layers: tuple[int, ...] | None = None  # None: low / middle / high target layers
+    draft_vocab: int = 0  # N > 0: trained on (and drafting among) the N tokens drafted most in the training data
 
 
 @dataclass(frozen=True)
@@ -51,10 +54,21 @@ class ParallelHeadTrainConfig(FeatureRunConfig):
 
 def head_config(cfg: ParallelHeadTrainConfig, target) -> ParallelHeadConfig:
     s = cfg.shape
-    config = ParallelHeadConfig.for_target(target.config, num_layers=s.num_layers, depth=s.depth, fuse_layers=s.fuse_layers)
+    config = ParallelHeadConfig.for_target(target.config, num_layers=s.num_layers, depth=s.depth,
+                                           fuse_layers=s.fuse_layers,
+                                           draft_vocab_size=min(s.draft_vocab, target.config.vocab_size))
     if cfg.init_head is not None:
         check_init_head(cfg.init_head, config)
     return config
+
+
+def new_head(cfg: ParallelHeadTrainConfig, config: ParallelHeadConfig, target_dir: Path, target, data: TokenData):
+    """Training's start: a new head, over the tokens drafted most often in `data` when it has its own vocabulary."""
+    vocab = None
+    if config.draft_vocab_size:
+        specials = getattr(load_tokenizer(target_dir), "all_special_ids", [])  # end-of-turn must stay draftable
+        vocab = draft_vocabulary(data, config.draft_vocab_size, config.vocab_size, specials)
+    return new_parallel_head(target, config, seed=cfg.train.seed, draft_vocab=vocab)
 
 
 def check_init_head(folder: Path, config: ParallelHeadConfig) -> None:
@@ -83,10 +97,14 @@ def run_parallel_head(cfg: ParallelHeadTrainConfig, ctx: DistContext | None = No
     settings = job_settings(cfg, target_dir, head=asdict(config))
     if cfg.init_head is not None:  # only when set, so runs made before the option still resume
         settings["init_head"] = str(cfg.init_head)
+    if not config.draft_vocab_size:  # likewise
+        del settings["head"]["draft_vocab_size"]
     def train_new(job_dir: Path):
         cache = prepare_features(cfg, target_dir, target, data, config.fuse_layers, ctx)
-        head = (load_parallel_head(cfg.init_head, target) if cfg.init_head is not None
-                else new_parallel_head(target, config, seed=cfg.train.seed))
+        if cfg.init_head is not None:
+            head = load_parallel_head(cfg.init_head, target)
+        else:
+            head = new_head(cfg, config, target_dir, target, data)
         return head, train_head(head, cache, data, cfg.train, cfg.loss, job_dir, cfg.resume, cfg.stop_after, ctx)
 
     evaluation = None if held_out is None else lambda head: evaluate(cfg, target, head, held_out)

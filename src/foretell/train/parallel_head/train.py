@@ -23,7 +23,7 @@ from foretell.errors import ForetellError
 from foretell.models.parallel_head import ParallelHead
 from foretell.train.common.anchored_kl import batch_anchors, loss_and_top1, per_column_row, weighted_kl_backward
 from foretell.train.common.data import TokenData
-from foretell.train.common.depths import valid_depths
+from foretell.train.common.draft_vocab import columns_of, draft_vocab_kl, trained_pairs
 from foretell.train.common.feature_loop import run_steps
 from foretell.train.common.features import FeatureCache
 from foretell.train.common.topk import topk_kl
@@ -46,19 +46,24 @@ class HeadLossConfig:
         return self.depth_decay ** torch.arange(depth, dtype=torch.float32)
 
 
-def sequence_terms(head: ParallelHead, cache: FeatureCache, data: TokenData, sequence: int,
-                   anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """KL [A, D], valid [A, D] and top-1 agreement [A, D] of one sequence at its anchors."""
+def sequence_terms(head: ParallelHead, cache: FeatureCache, data: TokenData, sequence: int, anchors: torch.Tensor,
+                   columns: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """KL [A, D], valid [A, D] and top-1 agreement [A, D] of one sequence at its anchors. columns: each target
+    id's column in the head's own vocabulary (-1 outside it), or None when the head scores the whole vocabulary."""
     D = head.config.depth
     features, logp, ids = cache.sequence(sequence)
     tokens = data.input_ids[sequence]
     rows = int(anchors.max()) + 1  # context rows past the last anchor are never seen: crop them
     logits = head.forward_training(features[None, :rows].to(head.device), tokens[None, 1 : rows + 1].to(head.device),
-                                   anchors.tolist())[0]
+                                   anchors.tolist(), full_vocab=columns is None)[0]
     at = (anchors[:, None] + torch.arange(1, D + 1)).clamp(max=len(tokens) - 1)  # p's row for each (a, d)
-    kl = topk_kl(logits, logp[at].to(logits.device), ids[at].to(logits.device))
-    agree = logits.detach().argmax(-1).cpu() == ids[at][..., 0]
-    return kl, valid_depths(data.loss_mask[sequence], anchors, D), agree
+    drafted = logits.detach().argmax(-1).cpu()
+    if columns is None:
+        kl = topk_kl(logits, logp[at].to(logits.device), ids[at].to(logits.device))
+    else:  # KL to p restricted to the head's vocabulary (as EAGLE-3 trains)
+        kl = draft_vocab_kl(logits, logp[at].to(logits.device), columns[ids[at]].to(logits.device))
+        drafted = head.vocab_ids.cpu()[drafted]
+    return kl, trained_pairs(cache, data, sequence, anchors, D, columns), drafted == ids[at][..., 0]
 
 
 def head_step(head: ParallelHead, cache: FeatureCache, data: TokenData, index: torch.Tensor, mine: list[int],
@@ -67,9 +72,10 @@ def head_step(head: ParallelHead, cache: FeatureCache, data: TokenData, index: t
     columns; returns additive statistics."""
     D = head.config.depth
     anchors = batch_anchors(data, loss_cfg.anchors, train.seed, step, index)
+    columns = columns_of(head.vocab_ids, head.config.vocab_size) if head.config.draft_vocab_size else None
     return weighted_kl_backward(head, index, mine, anchors, loss_cfg.depth_weights(D),
-                                lambda i, a: valid_depths(data.loss_mask[i], a, D),
-                                lambda i, a: sequence_terms(head, cache, data, i, a), train.bf16)
+                                lambda i, a: trained_pairs(cache, data, i, a, D, columns),
+                                lambda i, a: sequence_terms(head, cache, data, i, a, columns), train.bf16)
 
 
 def head_row(sums: dict, step: int) -> dict:
