@@ -17,6 +17,8 @@ from typing import Iterable
 
 import torch
 
+from foretell.errors import ForetellError
+
 
 @dataclass
 class HotVocab:
@@ -44,6 +46,17 @@ class HotVocab:
         hot = set(self.ids.tolist())
         tokens = list(token_ids)
         return sum(t in hot for t in tokens) / len(tokens) if tokens else 0.0
+
+
+def checked_vocab_ids(ids: torch.Tensor, size: int, full_size: int, what: str) -> torch.Tensor:
+    """`ids` as a drafter's own vocabulary of `size` tokens (CPU long), or a one-line error naming `what`: they
+    must be distinct, ascending target ids."""
+    ids = ids.to(torch.long).cpu()
+    if not size or len(ids) != size or len(ids.unique()) != size or not bool((ids[1:] > ids[:-1]).all()) \
+            or not 0 <= int(ids.min()) <= int(ids.max()) < full_size:
+        raise ForetellError(f"{what}'s vocabulary needs {size} distinct ascending target ids "
+                            f"(draft_vocab_size {size}), got {len(ids)}")
+    return ids
 
 
 def hot_vocab_from_counts(counts: Counter, size: int, full_size: int) -> HotVocab:

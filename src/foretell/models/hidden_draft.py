@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from foretell.errors import ForetellError
-from foretell.hot_vocab import HotVocab
+from foretell.hot_vocab import HotVocab, checked_vocab_ids
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
 from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
@@ -142,12 +142,7 @@ class HiddenDraft(DrafterModule):
     def set_draft_vocab(self, ids: torch.Tensor, target: Transformer) -> None:
         """Make `ids` (ascending, distinct target ids) the draft's own vocabulary: its output layer becomes those
         rows of the target's (frozen, not saved) and E's columns follow W_2's rows in that order."""
-        n = self.config.draft_vocab_size
-        ids = ids.to(torch.long).cpu()
-        if not n or len(ids) != n or len(ids.unique()) != n or not bool((ids[1:] > ids[:-1]).all()) \
-                or not 0 <= int(ids.min()) <= int(ids.max()) < self.config.vocab_size:
-            raise ForetellError(f"a hidden-state draft's vocabulary needs {n} distinct ascending target ids "
-                                f"(draft_vocab_size {n}), got {len(ids)}")
+        ids = checked_vocab_ids(ids, self.config.draft_vocab_size, self.config.vocab_size, "a hidden-state draft")
         with torch.no_grad():
             self.vocab_ids.copy_(ids)
         hot = HotVocab(ids, self.config.vocab_size)

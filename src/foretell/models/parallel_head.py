@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from foretell.errors import ForetellError
-from foretell.hot_vocab import HotVocab
+from foretell.hot_vocab import HotVocab, checked_vocab_ids
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
 from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
@@ -153,12 +153,7 @@ class ParallelHead(DrafterModule):
         """Make `ids` (ascending, distinct target ids) the head's own vocabulary: its output layer becomes those rows
         of the target's (frozen, not saved). `hot`, a load-time hot vocabulary, narrows the drafting to the ids in
         both: the head's logits off its own vocabulary were never trained."""
-        n = self.config.draft_vocab_size
-        ids = ids.to(torch.long).cpu()
-        if not n or len(ids) != n or len(ids.unique()) != n or not bool((ids[1:] > ids[:-1]).all()) \
-                or not 0 <= int(ids.min()) <= int(ids.max()) < self.config.vocab_size:
-            raise ForetellError(f"a parallel head's vocabulary needs {n} distinct ascending target ids "
-                                f"(draft_vocab_size {n}), got {len(ids)}")
+        ids = checked_vocab_ids(ids, self.config.draft_vocab_size, self.config.vocab_size, "a parallel head")
         with torch.no_grad():
             self.draft_vocab_ids.copy_(ids)
         drafted = ids if hot is None else ids[torch.isin(ids, hot.ids.cpu())]
