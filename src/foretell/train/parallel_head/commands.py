@@ -31,7 +31,7 @@ def add_arguments(p) -> None:
         ("--head-layers", int, shape.num_layers, "decoder layers of the head"),
         ("--depth-decay", float, loss.depth_decay, "loss weight of depth d is decay^(d-1), in (0, 1]"),
         ("--draft-vocab", int, shape.draft_vocab, "train on (and always draft among) the N target tokens drafted "
-         "most often in the training data: a step several times cheaper on a large vocabulary; 0 = the whole "
+         "most often in the training data (a cheaper step on a large vocabulary); 0 = the whole "
          "vocabulary (a hot vocabulary can still be chosen at load)"),
     ])
     add_head_arguments(g, loss.anchors)
