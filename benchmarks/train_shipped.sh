@@ -14,7 +14,7 @@
 # a trained head of the same shape, e.g. src/foretell/shipped/smollm2-135m-head), SHAREGPT_ROWS / GSM8K_ROWS (a wider
 # mix: shipped_data.sh) and FEATURES_FROM (a run folder on the same data, e.g. the wide EAGLE-3 run
 # runs/eagle3/smollm2-wide, whose data and feature cache are linked rather than rebuilt: the two heads read the same
-# target layers).
+# target layers), HEAD_LAYERS (1) and DRAFT_VOCAB (0: the whole vocabulary; benchmarks/head_capacity.sh varies both).
 set -euo pipefail
 source "$(dirname "$0")/shipped_data.sh"
 $F self-data --data sharegpt --num-prompts 2656 --max-new-tokens 192 --batch-size 64 --threads "$T" --out $D/smollm2-sharegpt.jsonl
@@ -24,9 +24,9 @@ for part in data features; do
   if [ -n "${FEATURES_FROM:-}" ] && [ ! -e "$OUT/$part" ]; then ln -s "$(realpath "$FEATURES_FROM/$part")" "$OUT/$part"; fi
 done
 $F train parallel-head --target smollm2-135m --data "$SHIPPED_DATA" \
-  --eval-data $D/smollm2-mix-test.jsonl --seq-len 320 --depth 4 --head-layers 1 --anchors 32 --depth-decay 0.8 \
+  --eval-data $D/smollm2-mix-test.jsonl --seq-len 320 --depth 4 --head-layers "${HEAD_LAYERS:-1}" --anchors 32 --depth-decay 0.8 \
   --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-3000}" --warmup 100 --batch-size 16 --lr "${LR:-1e-3}" $(bf16_flag "$OUT") \
-  ${INIT_HEAD:+--init-head "$INIT_HEAD"} --checkpoint-every 50 --eval-sequences 72 --threads "$T" --out "$OUT"
+  --draft-vocab "${DRAFT_VOCAB:-0}" ${INIT_HEAD:+--init-head "$INIT_HEAD"} --checkpoint-every 50 --eval-sequences 72 --threads "$T" --out "$OUT"
 echo "ship it: .venv/bin/python benchmarks/ship_drafter.py --run $OUT --kind parallel-head --name smollm2-135m-head" \
   "--target smollm2-135m --command 'bash benchmarks/train_shipped.sh' --speculative" \
   "'{\"method\": \"parallel-head\", \"budget\": \"auto\", \"result_cache\": \"prompt\"}'"
