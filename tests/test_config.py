@@ -20,7 +20,8 @@ from foretell.errors import ForetellError
 # One configuration per method, each with every option its method takes set away from the default.
 FULL = {
     "none": SpeculativeConfig(method="none"),
-    "prompt-lookup": SpeculativeConfig(gamma=6, length_policy="additive", lookup_max=4, lookup_min=2),
+    "prompt-lookup": SpeculativeConfig(gamma=6, length_policy="additive", lookup_max=4, lookup_min=2,
+                                       corpus="smollm2-135m-answers"),
     "draft-model": SpeculativeConfig(method="draft-model", model="d", gamma=5, length_policy="rejection-rate",
                                      hot_vocab=64, draft_quant="int8", lossy_threshold=0.9),
     "draft-tree": SpeculativeConfig(method="draft-tree", model="d", tree=TreeShape(kind="static", branching=(2, 2),
@@ -39,7 +40,7 @@ OFF_DEFAULT = {"model": "m", "gamma": 7, "length_policy": "additive", "lookup_ma
                "tree": TreeShape(depth=3), "head_tree": HeadTreeShape(max_nodes=4), "hidden": HiddenStateOptions(width=2),
                "eagle_tree": EagleTreeShape(width=2),
                "hot_vocab": 10, "draft_quant": "int8", "budget": "auto", "result_cache": "prompt", "draft_gate": True,
-               "lossy_threshold": 0.8}
+               "lossy_threshold": 0.8, "corpus": "c.npz"}
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -164,6 +164,9 @@ def cmd_models(args) -> None:
         print(f"{p.name:22s} {p.description} [{state}]")
     for m in shipped_manifests():
         default = ", the default drafter" if m.default else ""
+        if m.kind == "corpus":
+            print(f"{m.name:22s} shipped corpus of {m.target.name}'s answers{default} (--corpus {m.name})")
+            continue
         flag = {"parallel-head": "--head", "hidden-state": "--hidden-draft", "eagle3": "--eagle"}.get(m.kind, "--head")
         print(f"{m.name:22s} shipped {m.kind} drafter for {m.target.name}{default} (--drafter {m.kind} {flag} {m.name})")
 

@@ -191,6 +191,7 @@ APPLIES_TO: dict[str, tuple[tuple[str, ...], str]] = {
     "draft_quant": (("draft-model", "draft-tree", "hidden-state", "eagle3"), "--draft-quant"),
     "budget": (WEIGHTED_METHODS, "--budget"),
     "result_cache": (TREE_METHODS, "--result-cache"),
+    "corpus": (("prompt-lookup", *TREE_METHODS), "--corpus"),
     "draft_gate": (TREE_METHODS, "--draft-gate"),
     "lossy_threshold": (WEIGHTED_METHODS, "--lossy-threshold"),
 }
@@ -215,6 +216,9 @@ class SpeculativeConfig:
     budget: fixed, or auto: draft length / tree size chosen each pass from this machine's measured cost curve.
     result_cache: outputs | prompt: continuations seen before (in earlier outputs; with prompt, the prompt
         too) join a tree proposal as one more branch (lossless).
+    corpus: a corpus of the target's own answers (a shipped corpus name, e.g. smollm2-135m-answers, or a file
+        made by `foretell corpus`): where the prompt and output offer no n-gram match, its most frequent
+        continuation is proposed instead (prompt lookup's draft; a tree drafter's result-cache branch; lossless).
     draft_gate: before each pass, decide from measured tokens/s whether drafting pays (lossless).
     lossy_threshold: LOSSY, opt-in: accept a draft token without the target's check when its draft path
         probability exceeds this value in (0, 1]; the output then no longer follows the target exactly.
@@ -234,6 +238,7 @@ class SpeculativeConfig:
     draft_quant: str = "auto"
     budget: str = "fixed"
     result_cache: str | None = None
+    corpus: str | None = None
     draft_gate: bool = False
     lossy_threshold: float | None = None
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from foretell.corpus import Corpus
 from foretell.errors import ForetellError
 from foretell.tree import chain_parents, children_lists
 from foretell.types import Proposal
@@ -73,6 +74,8 @@ class ResultCache:
     # Also index the request's prompt: prompt lookup's n-gram match then arrives as a branch of the
     # drafter's tree (one target pass checks both), e.g. the numbers a GSM8K answer copies from its question.
     include_prompt: bool = False
+    # A corpus of the target's own answers (corpus.py): its continuation is the branch when nothing stored matches.
+    corpus: Corpus | None = None
     _sequences: list[list[int]] = field(default_factory=list)  # committed sequences, the newest last
     _indexed: list[int] = field(default_factory=list)  # per sequence: continuation starts indexed so far
     _index: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)  # n-gram -> (seq no, start)
@@ -116,7 +119,8 @@ class ResultCache:
         return self.match(context, max_tokens)[0]
 
     def match(self, context: list[int], max_tokens: int) -> tuple[list[int], int]:
-        """lookup's branch and the length n of the n-gram it matched (0 when none): longer keys predict better."""
+        """lookup's branch and the length n of the n-gram it matched (0 when none): longer keys predict better.
+        Without a stored match, the corpus's continuation (if there is a corpus)."""
         limit = min(max_tokens, self.max_branch)
         if limit <= 0:
             return [], 0
@@ -126,6 +130,8 @@ class ResultCache:
                 continue
             seq = self._sequences[hit[0] - self._first]
             return seq[hit[1] : hit[1] + limit], n
+        if self.corpus is not None:
+            return self.corpus.match(context, limit)
         return [], 0
 
     def _evict(self) -> None:
@@ -138,13 +144,14 @@ class ResultCache:
             self._index = {k: v for k, v in self._index.items() if v[0] >= self._first}
 
 
-def make_result_cache(mode: bool | str | None) -> ResultCache | None:
-    """The cache for a mode: None / False = off; True / "outputs" = earlier outputs; "prompt" = the prompt too."""
+def make_result_cache(mode: bool | str | None, corpus: Corpus | None = None) -> ResultCache | None:
+    """The cache for a mode: None / False = off; True / "outputs" = earlier outputs; "prompt" = the prompt too.
+    A corpus turns it on (outputs mode unless `mode` says prompt) with the corpus behind the stored outputs."""
     if mode in (None, False):
-        return None
+        return None if corpus is None else ResultCache(corpus=corpus)
     if mode not in (True, "outputs", "prompt"):
         raise ForetellError(f"result_cache is True / 'outputs' (earlier output) or 'prompt' (the prompt too), not {mode!r}")
-    return ResultCache(include_prompt=mode == "prompt")
+    return ResultCache(include_prompt=mode == "prompt", corpus=corpus)
 
 
 @dataclass

@@ -11,7 +11,8 @@ from foretell.errors import ForetellError
 
 # Flag -> config option, for the flags that map one to one (None = not given).
 DIRECT = ("gamma", "length_policy", "lookup_max", "lookup_min", "hot_vocab", "draft_quant", "budget",
-          "lossy_threshold", "draft_gate", "result_cache")
+          "lossy_threshold", "draft_gate", "result_cache",
+          "corpus")
 # The flag giving the drafter's weights -> the method it picks when --drafter is not given, and those it fits.
 WEIGHT_FLAGS = {"draft": ("draft-model", ("draft-model", "draft-tree")), "head": ("parallel-head", ("parallel-head",)),
                 "hidden_draft": ("hidden-state", ("hidden-state",)), "eagle": ("eagle3", ("eagle3",))}
@@ -62,6 +63,10 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--result-cache", nargs="?", const="outputs", choices=("outputs", "prompt"),
                    help="tree drafters: also propose, as one more branch, what followed the context's last n-gram in "
                    "earlier output (this and previous requests); =prompt searches the prompt too. Lossless")
+    g.add_argument("--corpus", metavar="NAME_OR_FILE",
+                   help="prompt-lookup, tree drafters: where the context offers no n-gram match, propose the most "
+                   "frequent continuation in a corpus of the target's own answers (a shipped corpus, e.g. "
+                   "smollm2-135m-answers, or a file from `foretell corpus`). Lossless")
 
 
 def speculative_from_args(args: argparse.Namespace, target: str | Path,

@@ -94,6 +94,15 @@ class DrafterWeights:
         root = self.shipped_root or SHIPPED_DIR
         return self._once(("folder", model, method), lambda: resolve_drafter_folder(model, method, self.target.model, root))
 
+    def corpus(self, name: str | None):
+        """A corpus of the target's own answers (a file, or a shipped corpus's name: checked), None for None."""
+        if name is None:
+            return None
+        from foretell.models.shipped import SHIPPED_DIR, resolve_corpus
+
+        root = self.shipped_root or SHIPPED_DIR
+        return self._once(("corpus", name), lambda: resolve_corpus(name, self.target.model, root))
+
     def parallel_head(self, model: str, hot_vocab: int):
         from foretell.models.parallel_head import load_parallel_head
 
@@ -181,7 +190,7 @@ def build_drafter(spec: SpeculativeConfig, weights: DrafterWeights) -> tuple[Dra
     if spec.method == "prompt-lookup":
         from foretell.drafters.prompt_lookup import PromptLookupDrafter
 
-        return PromptLookupDrafter(spec.lookup_max, spec.lookup_min), policy
+        return PromptLookupDrafter(spec.lookup_max, spec.lookup_min, weights.corpus(spec.corpus)), policy
     if spec.method in ("draft-model", "draft-tree"):
         draft = weights.draft_model(spec.model, spec.draft_quant)
         hot = weights.hot_vocab(spec.hot_vocab, draft)
@@ -224,7 +233,8 @@ def build_engine(spec: SpeculativeConfig, weights: DrafterWeights) -> Engine:
         drafter=drafter,
         length_policy=policy,
         lossy_threshold=spec.lossy_threshold,
-        result_cache=make_result_cache(spec.result_cache),
+        result_cache=make_result_cache(spec.result_cache,
+                                      weights.corpus(spec.corpus) if spec.method != "prompt-lookup" else None),
         draft_gate=DraftGate() if spec.draft_gate else None,
     )
 

@@ -1,6 +1,7 @@
 """Trained drafters that ship inside the package, loadable by name (`model="smollm2-135m-head"`).
 
-Each lives in src/foretell/shipped/NAME/: the saved drafter folder (a parallel head or a hidden-state draft) and
+Each lives in src/foretell/shipped/NAME/: the saved drafter folder (a parallel head, EAGLE-3 head or hidden-state
+draft; or a corpus of the target's answers, corpus.py, for `corpus="smollm2-135m-answers"`) and
 manifest.json: what it is and for which target, the sha256 of every file, the speculative configuration it was
 benchmarked with, and how it was made (command, data, commit, held-out figures). Loading checks all of it, so a
 damaged file or a drafter meant for another model fails with a clear error instead of drafting nonsense.
@@ -49,7 +50,7 @@ def embedding_fingerprint(model) -> str:
 @dataclass(frozen=True)
 class Manifest:
     name: str
-    kind: str  # a speculative method: parallel-head | hidden-state
+    kind: str  # a speculative method (parallel-head | hidden-state | eagle3), or corpus (corpus.py)
     target: TargetIdentity
     files: dict[str, str]  # file name -> sha256
     speculative: dict  # the configuration it was benchmarked with (SpeculativeConfig dict, model omitted)
@@ -70,10 +71,11 @@ class Manifest:
             raise ForetellError(f"{path} is damaged ({e}); restore it with `git checkout -- {folder}`") from None
 
     def speculative_config(self):
-        """The configuration it ships with, on its own weights (by name): a SpeculativeConfig."""
+        """The configuration it ships with, on its own weights (a corpus: drafting from it) by name."""
         from foretell.config import SpeculativeConfig
 
-        return SpeculativeConfig.from_dict({**self.speculative, "model": self.name}, f"{self.name}'s manifest")
+        mine = {"corpus" if self.kind == "corpus" else "model": self.name}
+        return SpeculativeConfig.from_dict({**self.speculative, **mine}, f"{self.name}'s manifest")
 
 
 def shipped_names(root: Path = SHIPPED_DIR) -> list[str]:
@@ -97,6 +99,8 @@ def verified_folder(name: str, method: str, target_model, root: Path = SHIPPED_D
     folder = root / name
     manifest = Manifest.read(folder)
     if manifest.kind != method:
+        if manifest.kind == "corpus":
+            raise ForetellError(f"{name!r} is a shipped corpus, not a {method} drafter: give it as --corpus {name}")
         raise ForetellError(f"the shipped drafter {name!r} is a {manifest.kind} drafter, not {method}: use "
                             f"method {manifest.kind!r} with it")
     for file, want in manifest.files.items():
@@ -123,6 +127,45 @@ def resolve_drafter_folder(model: str, method: str, target_model, root: Path = S
     names = shipped_names(root)
     raise ForetellError(f"no drafter folder {model!r}, and no shipped drafter of that name"
                         + (f" (shipped: {', '.join(names)})" if names else "") + "; train one (docs/training.md)")
+
+
+def resolve_corpus(name: str, target_model, root: Path = SHIPPED_DIR):
+    """A corpus (corpus.py) given as a file, a folder holding corpus.npz, or the name of a shipped corpus
+    (src/foretell/shipped/NAME, kind corpus: its checksum and target checked)."""
+    from foretell.corpus import CORPUS_FILE, Corpus
+
+    path = Path(name)
+    if path.is_dir():
+        path = path / CORPUS_FILE
+    elif not path.is_file():
+        if not (root / name / MANIFEST).is_file():
+            names = [m.name for m in shipped_manifests(root) if m.kind == "corpus"]
+            raise ForetellError(f"no corpus file {name!r}, and no shipped corpus of that name"
+                                + (f" (shipped: {', '.join(names)})" if names else "")
+                                + "; build one with `foretell corpus`")
+        path = verified_folder(name, "corpus", target_model, root) / CORPUS_FILE
+    corpus = Corpus.load(path)
+    corpus.check_vocab(target_model.config.vocab_size, str(name))
+    return corpus
+
+
+def ship_corpus(source: Path, name: str, target_name: str, target_model, made_by: dict,
+                root: Path = SHIPPED_DIR) -> Path:
+    """Copy a corpus file (`foretell corpus`) into the package as NAME, with its manifest (kind corpus): it ships
+    as prompt lookup drafting from it (a configuration the bench ranks beside the drafters)."""
+    from foretell.corpus import CORPUS_FILE, Corpus
+
+    Corpus.load(source).check_vocab(target_model.config.vocab_size, str(source))
+    out, staging = root / name, root / (name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    shutil.copy(source, staging / CORPUS_FILE)
+    manifest = Manifest(name, "corpus", TargetIdentity.of(target_name, target_model),
+                        {CORPUS_FILE: sha256_of(staging / CORPUS_FILE)}, {"method": "prompt-lookup"}, made_by)
+    write_manifest(manifest, staging)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    return out
 
 
 def default_shipped(target_name: str, root: Path = SHIPPED_DIR, cpu: str | None = None) -> Manifest | None:

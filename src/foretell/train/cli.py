@@ -2,7 +2,7 @@
 
 `foretell train KIND` trains a drafter of one seed family. Every kind is a module with the same shape
 (HELP, DESCRIPTION, add_arguments(p), run(args)) and takes the shared options (common/options.py) before its
-own. `eval-draft` and `self-data` are the tools around them.
+own. `eval-draft`, `self-data` and `corpus` are the tools around them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ KINDS = {"adaspec": "foretell.train.adaspec.commands", "parallel-head": "foretel
 def add_training_parsers(sub) -> None:
     from foretell.train.adaspec.commands import add_eval_draft_parser, cmd_eval_draft
     from foretell.train.common.self_data import add_self_data_parser, cmd_self_data
+    from foretell.train.corpus import add_corpus_parser
 
     t = sub.add_parser(
         "train", help=f"train a drafter for a target: {', '.join(KINDS)}",
@@ -30,5 +31,6 @@ def add_training_parsers(sub) -> None:
         p.set_defaults(run=kind.run)
     add_eval_draft_parser(sub)
     add_self_data_parser(sub)
+    add_corpus_parser(sub)
     sub.choices["eval-draft"].set_defaults(run=cmd_eval_draft)
     sub.choices["self-data"].set_defaults(run=cmd_self_data)

@@ -9,6 +9,7 @@ distribution the target actually sees when serving. Training splits never contai
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -73,7 +74,9 @@ class TokenData:
 
 
 def read_jsonl_rows(path: Path) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as f:
+    """The JSON objects of a .jsonl file (gzipped when it ends in .gz), one a line."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
