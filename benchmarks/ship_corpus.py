@@ -3,6 +3,7 @@ smollm2-135m-answers) from the self-data the shipped drafters trained on (benchm
 answers to ShareGPT and GSM8K training prompts), with a manifest: the command, the data, the commit, the table.
 
     .venv/bin/python benchmarks/ship_corpus.py [--name smollm2-135m-answers] [--min-count 2] [--min-share 0.3]
+    .venv/bin/python benchmarks/ship_corpus.py --extra gsm8k --check-only   # held-out figures with more data, no ship
 
 Then `--corpus smollm2-135m-answers` drafts from it (prompt lookup, or a tree drafter's result-cache branch).
 """
@@ -29,6 +30,8 @@ def main() -> None:
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--min-count", type=int, default=2)
     p.add_argument("--min-share", type=float, default=0.3)
+    p.add_argument("--extra", default="", help="more comma-separated sources (gsm8k, sharegpt, .jsonl files)")
+    p.add_argument("--check-only", action="store_true", help="print the held-out figures; ship nothing")
     args = p.parse_args()
 
     from foretell.models.loading import load_model
@@ -36,14 +39,19 @@ def main() -> None:
     from foretell.train.corpus import corpus_from_sources, replayed_tau
 
     target = load_model(args.target, "float32")
-    corpus, report = corpus_from_sources(target.tokenizer, target.config.vocab_size, [str(d) for d in DATA],
-                                         args.min_count, args.min_share)
-    report["sources"] = {str(Path(k).relative_to(ROOT)): v for k, v in report["sources"].items()}
+    sources = [str(d) for d in DATA] + [s for s in args.extra.split(",") if s]
+    corpus, report = corpus_from_sources(target.tokenizer, target.config.vocab_size, sources, args.min_count,
+                                         args.min_share)
+    report["sources"] = {str(Path(k).relative_to(ROOT)) if k.startswith(str(ROOT)) else k: v
+                         for k, v in report["sources"].items()}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     heldout = {str(h.relative_to(ROOT)): {"prompt_lookup_tau": round(replayed_tau(target.tokenizer, str(h), None), 3),
                                           "with_corpus_tau": round(replayed_tau(target.tokenizer, str(h), corpus), 3)}
                for h in HELDOUT}
-    print("held out, prompt lookup's tokens a pass over the target's recorded answers:", heldout)
+    print(f"{corpus.keys} contexts; held out, prompt lookup's tokens a pass over the target's recorded answers:",
+          heldout)
+    if args.check_only:
+        return
     made_by = {"command": ("python benchmarks/ship_corpus.py " + " ".join(sys.argv[1:])).strip(), "commit": commit,
                "data": report, "heldout": heldout}
     with tempfile.TemporaryDirectory() as tmp:
