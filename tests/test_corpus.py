@@ -135,3 +135,25 @@ def test_a_shipped_corpus_is_checked_for_damage_and_for_its_target(plain, own_co
     (folder / "corpus.npz").write_bytes(data[:-8] + np.zeros(8, np.uint8).tobytes())
     with pytest.raises(ForetellError, match="damaged"):
         resolve_corpus("tiny-answers", target, tmp_path)
+
+
+@pytest.mark.parametrize("params", ["t1.0", "t0.7-top_p0.9"])
+def test_sampling_with_a_corpus_follows_the_target(micro, tmp_path, params):
+    """Prompt lookup drafting from a corpus of the micro target's own samples: the first tokens of seeded sampled
+    runs follow the target's exact distribution (chi-square against enumeration)."""
+    from foretell.api import load
+    from foretell.types import SamplingParams
+    from test_engine_statistical import PARAMS, PROMPT, assert_tree_samples_follow_target
+
+    target, root = micro
+    plain = load(root / "t", "none", warm_up=False)
+    rows = []
+    for seed in range(200):
+        sampled = SamplingParams(temperature=1.0, seed=seed, max_new_tokens=8, ignore_eos=True)
+        rows.append((PROMPT + plain.engine.generate(PROMPT, sampled).tokens, len(PROMPT)))
+    path = tmp_path / "micro.npz"
+    corpus = build_corpus(answers(*rows), plain.target.config.vocab_size, min_count=2, min_share=0.2)
+    corpus.save(path)
+    assert corpus.match(PROMPT, 4)[0], "the corpus should draft from the prompt on"
+    spec = plain.with_speculative(SpeculativeConfig(corpus=str(path)))
+    assert_tree_samples_follow_target(spec, target, PARAMS[params])
