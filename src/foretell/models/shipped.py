@@ -156,13 +156,25 @@ def ship_corpus(source: Path, name: str, target_name: str, target_model, made_by
     from foretell.corpus import CORPUS_FILE, Corpus
 
     Corpus.load(source).check_vocab(target_model.config.vocab_size, str(source))
-    out, staging = root / name, root / (name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = fresh_staging(root, name)
     shutil.copy(source, staging / CORPUS_FILE)
     manifest = Manifest(name, "corpus", TargetIdentity.of(target_name, target_model),
                         {CORPUS_FILE: sha256_of(staging / CORPUS_FILE)}, {"method": "prompt-lookup"}, made_by)
+    return install_staged(manifest, staging, root)
+
+
+def fresh_staging(root: Path, name: str) -> Path:
+    """An empty folder beside the package's NAME where a shipped folder is put together before it replaces NAME."""
+    staging = root / (name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def install_staged(manifest: Manifest, staging: Path, root: Path) -> Path:
+    """Write the manifest into `staging`, then put the folder in the place of the shipped folder of its name."""
     write_manifest(manifest, staging)
+    out = root / manifest.name
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
     return out
@@ -222,10 +234,7 @@ def ship_drafter(source: Path, name: str, kind: str, target_name: str, target_mo
     config_file = KINDS[kind]
     if not (source / config_file).is_file():
         raise ForetellError(f"{source} is not a saved {kind} drafter (no {config_file})")
-    out = root / name
-    staging = root / (name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = fresh_staging(root, name)
     shutil.copy(source / config_file, staging / config_file)
     weights = load_file(str(source / "model.safetensors"))
     if storage == "int8":
@@ -235,9 +244,7 @@ def ship_drafter(source: Path, name: str, kind: str, target_name: str, target_mo
     files = {f: sha256_of(staging / f) for f in (config_file, "model.safetensors")}
     manifest = Manifest(name, kind, TargetIdentity.of(target_name, target_model), files, speculative, made_by, default,
                         storage)
-    (staging / MANIFEST).write_text(json.dumps(asdict(manifest), indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
+    out = install_staged(manifest, staging, root)
     if default:  # one default a target
         make_default(name, root=root)
     return out
