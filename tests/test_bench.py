@@ -276,7 +276,9 @@ def test_seed_drafter_methods_are_exact(bench_setup, tmp_path, monkeypatch):
                                config(tmp_path / "out")))
     assert {r["method"] for r in rows} == set(names)
     assert all(r["greedy_equal_to_plain"] for r in rows)
-    assert all(r["mean_verified_drafts"] > 0 for r in rows if r["method"] != "plain")
+    # the auto budget may rightly verify no drafts at all in so short a run (a steep cost curve on a loaded machine,
+    # and no probe before step 16), so only the fixed-size methods must have drafted
+    assert all(r["mean_verified_drafts"] > 0 for r in rows if r["method"] not in ("plain", "parallel-head-auto"))
     plain_mb = min(r["memory_mb"] for r in rows if r["method"] == "plain")
     assert all(r["memory_mb"] > plain_mb for r in rows if r["method"] != "plain")  # the drafter's own weights count
     with pytest.raises(ForetellError, match="--hidden-draft"):
