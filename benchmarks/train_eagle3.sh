@@ -22,7 +22,7 @@ source "$(dirname "$0")/shipped_data.sh"
 OUT=${OUT:-runs/eagle3/smollm2-head}
 HEAD_RUN=${HEAD_RUN:-runs/shipped/smollm2-head}
 [ -f "$D/smollm2-sharegpt.jsonl" ] || $F self-data --data sharegpt --num-prompts 2656 --max-new-tokens 192 \
-  --batch-size 64 --threads "$T" --out $D/smollm2-sharegpt.jsonl
+  --threads "$T" --out $D/smollm2-sharegpt.jsonl
 COMMON=(--target smollm2-135m --data "$SHIPPED_DATA" --eval-data $D/smollm2-mix-test.jsonl --seq-len 320 --anchors 32
         --topk-teacher 32 --feature-dtype bfloat16 --steps "${STEPS:-3000}" --warmup 100 --batch-size 16 $(bf16_flag "$OUT")
         --checkpoint-every 50 --eval-sequences 72 --threads "$T" --processes "${PROCS:-1}")

@@ -17,7 +17,7 @@
 # target layers), HEAD_LAYERS (1) and DRAFT_VOCAB (0: the whole vocabulary; benchmarks/head_capacity.sh varies both).
 set -euo pipefail
 source "$(dirname "$0")/shipped_data.sh"
-$F self-data --data sharegpt --num-prompts 2656 --max-new-tokens 192 --batch-size 64 --threads "$T" --out $D/smollm2-sharegpt.jsonl
+$F self-data --data sharegpt --num-prompts 2656 --max-new-tokens 192 --threads "$T" --out $D/smollm2-sharegpt.jsonl
 OUT=${OUT:-runs/shipped/smollm2-head}
 mkdir -p "$OUT"
 for part in data features; do

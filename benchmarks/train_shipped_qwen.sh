@@ -27,9 +27,9 @@ SELF=${SELF:-160}
 DATA="gsm8k:${GSM8K_ROWS:-400},sharegpt:${SHAREGPT_ROWS:-500}"
 EVAL=gsm8k  # SELF=0: no target answers; held-out GSM8K test solutions as written
 if [ "$SELF" -gt 0 ]; then
-  $F self-data --target $TARGET --data gsm8k --num-prompts "$SELF" --max-new-tokens 256 --batch-size 32 \
+  $F self-data --target $TARGET --data gsm8k --num-prompts "$SELF" --max-new-tokens 256 \
     --threads "$T" --out $D/qwen1.5b-gsm8k.jsonl
-  $F self-data --target $TARGET --data gsm8k --split test --num-prompts 32 --max-new-tokens 256 --batch-size 32 \
+  $F self-data --target $TARGET --data gsm8k --split test --num-prompts 32 --max-new-tokens 256 \
     --threads "$T" --out $D/qwen1.5b-gsm8k-test.jsonl
   DATA="$D/qwen1.5b-gsm8k.jsonl,$DATA"
   EVAL=$D/qwen1.5b-gsm8k-test.jsonl

@@ -8,7 +8,7 @@ family's features on, saved as a Hugging Face folder with the tiny tokenizer. Th
 - 64 greedy tokens equal transformers' `generate`;
 - speculative greedy decoding equals plain decoding with prompt lookup, a random parallel head, a random
   hidden-state draft (one target layer copied in) and a draft tree from a perturbed copy.
-Past the window: a verified token tree and batched left-padded decoding (self-distillation data) match
+Past the window: a verified token tree and continuous batching (self-distillation data, the server) match
 transformers; past the unscaled RoPE range, dynamic NTK and LongRoPE match its forward token by token.
 """
 
@@ -242,15 +242,20 @@ def test_speculative_greedy_equals_plain(family, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["mistral-swa", "gemma2", "gemma3"])
-def test_batched_generation_matches_transformers_past_the_window(name):
-    """Self-distillation data's batched decoding (left-padded rows, Transformer.forward_batch) past the window."""
-    from foretell.train.common.self_data import generate_batch
-
+def test_batched_generation_matches_transformers_past_the_window(name, tmp_path):
+    """Continuous batching (packed passes of two requests drafted by prompt lookup, as self-distillation data and
+    the server decode) past the window."""
     hf = build(name)
-    prompts = [PROMPT, PROMPT[5:]]
-    out = generate_batch(native_copy(hf), prompts, 12, stop_ids=set())
+    folder = save_model_folder(tmp_path / "target", hf, make_tokenizer(VOCAB))
+    pipe = load(folder, "prompt-lookup", warm_up=False)
+    prompts, outs = [PROMPT, PROMPT[5:]], {}
+    batch = pipe.batch_engine(max_batch=2)
+    for i, prompt in enumerate(prompts):
+        batch.submit(prompt, SamplingParams(max_new_tokens=12, ignore_eos=True),
+                     lambda chunk, i=i: outs.update({i: chunk.result.tokens}) if chunk.result else None, pytest.fail)
+    batch.run()
     with torch.no_grad():
-        assert out == [hf_greedy(hf, prompt, 12) for prompt in prompts]
+        assert [outs[0], outs[1]] == [hf_greedy(hf, prompt, 12) for prompt in prompts]
 
 
 def test_unsupported_configurations_say_what_is_missing():

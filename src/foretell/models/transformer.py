@@ -483,28 +483,6 @@ class Transformer(nn.Module):
         x, hidden = self._run(self.embed_tokens(input_ids), self._plan(full, local), None, hidden_layers, squeeze=False)
         return ForwardOutput(logits=self.project(x) if with_logits else None, hidden=hidden)
 
-    def forward_batch(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                      mask: torch.Tensor) -> torch.Tensor:
-        """[B, T] new tokens of B rows decoded side by side (a cache with batch B), each at its own positions
-        [B, T], after the cache's prefix; mask [B, 1, T, S] says which slots each token sees (padding). Returns
-        [B, T, V] float logits; the caller commits the slots. Sliding windows count slots here, which equals
-        positions for rows whose real tokens are contiguous (left padding)."""
-        T, prefix = input_ids.shape[1], cache.length
-        last = int(positions.max())
-        cos, sin = self.rope(positions, last, self.dtype)
-        full = (cos[:, None], sin[:, None], mask, 0)  # [B, 1, T, R]
-
-        def local():
-            lcos, lsin = self.local_rope(positions, last, self.dtype)
-            window, local_mask = self.config.sliding_window, mask
-            if self.sliding and prefix + T > window:
-                slots = torch.arange(prefix + T, device=mask.device)
-                local_mask = mask & (slots[None, :] > slots[prefix:, None] - window)
-            return lcos[:, None], lsin[:, None], local_mask, 0
-
-        x, _ = self._run(self.embed_tokens(input_ids), self._plan(full, local), cache, (), squeeze=False)
-        return self.project(x).float()
-
     def _attention_mask(self, T: int, prefix: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
         if tree_mask is None:
             if T == 1:
