@@ -19,8 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,8 +46,12 @@ def main() -> None:
         prompts.write_text("".join(json.dumps({"messages": r["messages"][:1]}) + "\n" for r in rows))
         results = {}
         for name in args.drafters.split(","):
-            spec = (default_speculative(args.target)[0] if name == "default" else SpeculativeConfig(method="none") if name == "none"
-                    else Manifest.read(SHIPPED_DIR / name).speculative_config())
+            if name == "default":
+                spec = default_speculative(args.target)[0]
+            elif name == "none":
+                spec = SpeculativeConfig(method="none")
+            else:
+                spec = Manifest.read(SHIPPED_DIR / name).speculative_config()
             cfg = SelfDataConfig(args.target, str(prompts), num_prompts=len(rows), max_prompt_tokens=10**6,
                                  max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, speculative=spec)
             out = Path(tmp) / f"{name}.jsonl"
