@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup.sh
 if [ $# -eq 0 ] || [[ "$1" == -* ]]; then
-  set -- "Summarize in two sentences why the sky is blue, then repeat your summary word for word." "$@"
+  # a word problem: the shipped drafter knows how this model explains arithmetic
+  prompt="Tom has 12 apples. He buys 7 more and gives 5 to his sister. How many apples does Tom have now?"
+  set -- "$prompt Explain step by step." "$@"
 fi
 exec .venv/bin/foretell generate "$@"
