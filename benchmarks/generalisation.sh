@@ -5,8 +5,9 @@
 # (their training runs drop any conversation sharing text with one: manifest "data" -> heldout_dropped).
 # Extra heads to compare (e.g. one trained on the old, narrower data): COMPARE="name=folder name2=folder2".
 # Other configurations to compare: SPECS_EXTRA="name=spec.json name2=spec2.json" (SpeculativeConfig files).
-# TEMP (default 0 = greedy) and SEED run the same comparison sampled. Writes OUT/report.md (default
-# runs/generalisation, or runs/generalisation-tT when sampled); rerunning resumes.
+# TEMP (default 0 = greedy) and SEED run the same comparison sampled. DATASETS narrows the data sets (issue 20's
+# acceptance set: benchmarks/acceptance.sh). Writes OUT/report.md (default runs/generalisation, or
+# runs/generalisation-tT when sampled); rerunning resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -36,6 +37,7 @@ done
 for pair in ${SPECS_EXTRA:-}; do
   SPECS+=(--spec-config "$pair")
 done
-.venv/bin/foretell bench --model smollm2-135m --dtype bfloat16 --datasets spec-bench,gsm8k,mt-bench,humaneval \
+DATASETS=${DATASETS:-spec-bench,gsm8k,mt-bench,humaneval}
+.venv/bin/foretell bench --model smollm2-135m --dtype bfloat16 --datasets "$DATASETS" \
   --per-category "${PER:-4}" --max-new-tokens 128 --threads 2 --temperature "$TEMP" ${SEED:+--seed "$SEED"} \
   --methods plain,prompt-lookup "${SPECS[@]}" --out "$OUT"
