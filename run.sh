@@ -7,8 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup.sh
 if [ $# -eq 0 ] || [[ "$1" == -* ]]; then
-  # a word problem: the shipped drafter knows how this model explains arithmetic
-  prompt="Tom has 12 apples. He buys 7 more and gives 5 to his sister. How many apples does Tom have now?"
-  set -- "$prompt Explain step by step." "$@"
+  # a prompt this small model answers sensibly at some length, so the drafter's work shows in the statistics
+  set -- "List five tips for staying healthy, with one sentence each." "$@"
 fi
 exec .venv/bin/foretell generate "$@"
