@@ -1,6 +1,6 @@
 """Issue 20's acceptance criteria against one greedy and one sampled run over its acceptance set (GSM8K test +
 Spec-Bench, benchmarks/acceptance.sh): for each shipped drafter (methods named smollm2-135m-*), every criterion's
-measured figure and whether it holds, then the best drafter per criterion. Prints markdown.
+measured figure and whether it holds, then which shipped drafters meet them all. Prints markdown.
 
     .venv/bin/python benchmarks/acceptance_check.py runs/acceptance/greedy runs/acceptance/t0.7
 """

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 
@@ -30,31 +30,20 @@ def bench_answers(run: Path, tokenizer) -> list[tuple[str, list[int], list[int]]
     rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["method"] == "plain"]
     names = sorted({r["dataset"] for r in rows})
-    counts = defaultdict(int)
-    for r in rows:
-        counts[(r["dataset"], r["category"])] += 1
-    prompts = {(p["dataset"], str(p["id"])): p["prompt"] for p in load_prompts(names, max(counts.values()))}
+    per_category = max(Counter((r["dataset"], r["category"]) for r in rows).values())
+    prompts = {(p["dataset"], str(p["id"])): p["prompt"] for p in load_prompts(names, per_category)}
     return [(f"{r['dataset']}: {r['category']}", encode_prompt(tokenizer, prompts[(r["dataset"], str(r["id"]))],
                                                                settings.get("chat", True)), r["tokens"]) for r in rows]
 
 
-def replay(drafter, prompt: list[int], answer: list[int], gamma: int = 4) -> int:
-    """Target passes prompt lookup needs for `answer` (each keeps the drafts equal to it, plus one token)."""
-    ids, at, passes = prompt + answer, len(prompt), 0
-    while at < len(ids):
-        draft = drafter.propose(ids[:at], gamma).tokens.tolist()
-        at += next((i for i, t in enumerate(draft) if at + i >= len(ids) or ids[at + i] != t), len(draft)) + 1
-        passes += 1
-    return passes
-
-
 def bench_table(answers, corpora: dict) -> None:
     from foretell.drafters.prompt_lookup import PromptLookupDrafter
+    from foretell.train.corpus import replayed_passes
 
     tokens, passes = defaultdict(int), defaultdict(int)
     for category, prompt, answer in answers:
         for name, corpus in corpora.items():
-            n = replay(PromptLookupDrafter(corpus=corpus), prompt, answer)
+            n = replayed_passes(PromptLookupDrafter(corpus=corpus), prompt + answer, len(prompt))
             for key in ((category, name), ("overall", name)):
                 tokens[key], passes[key] = tokens[key] + len(answer), passes[key] + n
     print("| category | " + " | ".join(corpora) + " |\n|---|" + "---:|" * len(corpora))

@@ -52,13 +52,21 @@ def replayed_tau(tokenizer, source: str, corpus: Corpus | None, gamma: int = 4) 
         ids, flags = tokenize_conversation(tokenizer, messages)
         at = flags.index(True) if True in flags else len(ids)
         tokens += len(ids) - at
-        while at < len(ids):
-            draft = drafter.propose(ids[:at], gamma).tokens.tolist()
-            kept = next((i for i, t in enumerate(draft) if at + i >= len(ids) or ids[at + i] != t), len(draft))
-            at, passes = at + kept + 1, passes + 1
+        passes += replayed_passes(drafter, ids, at, gamma)
     if not passes:
         raise ForetellError(f"{source} holds no answer to replay")
     return tokens / passes
+
+
+def replayed_passes(drafter, ids: list[int], at: int, gamma: int = 4) -> int:
+    """Target passes a deterministic drafter needs for the recorded tokens ids[at:] (greedy): each pass drafts
+    `gamma` tokens from the context so far and keeps those equal to the record, plus the target's own token."""
+    passes = 0
+    while at < len(ids):
+        draft = drafter.propose(ids[:at], gamma).tokens.tolist()
+        at += next((i for i, t in enumerate(draft) if at + i >= len(ids) or ids[at + i] != t), len(draft)) + 1
+        passes += 1
+    return passes
 
 
 def add_corpus_parser(sub) -> None:
