@@ -2,7 +2,7 @@
 
 Requests join and leave between passes. Each pass packs, for every active request, its last token and its
 proposal (chain, tree or nothing), and for a request still reading its prompt the next chunk of it, into one
-target forward (Transformer.forward_packed): the projections and MLPs run once over all those tokens, attention
+target forward (runtime/packed.py): the projections and MLPs run once over all those tokens, attention
 per request over its own KV cache with its own tree mask. Every request is then verified with its own sampling
 parameters and generator, by the same per-request steps a lone request runs (decoding.py), so each request's
 output is what it would be alone.
@@ -26,6 +26,7 @@ from foretell.batch_budget import (BatchAwareBudget, BudgetStats, Calibration, D
 from foretell.decoding import Decoding
 from foretell.engine import Chunk, Engine
 from foretell.errors import ForetellError
+from foretell.runtime.packed import forward_packed
 from foretell.types import SamplingParams
 
 
@@ -110,7 +111,7 @@ class BatchEngine:
             if not prefills and not decodes:
                 return
             passes = [p for _, p in prefills] + [p for _, p in decodes]
-            outputs = self.target.forward_packed(passes)
+            outputs = forward_packed(self.target, passes)
             for (request, step), out in zip(prefills, outputs):
                 request.state.prefilled_pass(step, out)
             for (request, _), out in zip(decodes, outputs[len(prefills):]):

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -1089,38 +1090,44 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
   return p;
 }
 
-}  // namespace
+// One sequence's share of a pass: rows row0 .. row0 + rows - 1 of x, whose keys and values go to its own cache
+// ([L, 1, kv_heads, S, D] float) at slots slot .. slot + rows - 1; seen: bool [rows, slot + rows], which slots each
+// row attends to (nullptr: all committed ones and the new ones up to itself).
+struct Segment {
+  float* K;
+  float* V;
+  int64_t S, slot, row0, rows;
+  const bool* seen;
+};
 
-// A pass of T new tokens (a one-token step, or a verification pass of a few rows) after the cache's first `slot`
-// slots. x: [T, H] their embeddings; cos, sin: [T, D] their rotary rows; k_cache, v_cache: [L, 1, Hkv, S, D] float,
-// the new keys and values go to slots slot..slot+T-1; visible: bool [T, slot + T], which slots each new token
-// attends to (empty: all committed ones and the new ones up to itself). layers: per layer 2 norms then 4
-// projections (qkv, o, gate_up, down) as (codes or dense, scales, bias); head: the final norm, then the output
-// projection (or the final norm alone: no logits); kinds: the projections' kinds, 4 a layer then the head's.
-// side, side_norm (empty: none): EAGLE-3's head, whose one layer reads q, k and v from [norm(side), norm(x)] (the
-// token embeddings beside the hidden states) and keeps x as its residual.
-// Returns (logits [T, V], states [L + 1, T, H]: the embeddings, each layer's output but the last, the final normed
-// states; and the last layer's output before the final norm [T, H]). Every row gets the arithmetic it would get alone: a token verified in a pass and the same token decoded
-// in a one-token step compute the same numbers.
-std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
-                                       torch::Tensor v_cache, int64_t slot, torch::Tensor visible,
-                                       std::vector<torch::Tensor> layers, std::vector<torch::Tensor> head,
-                                       std::vector<int64_t> kinds, int64_t heads, int64_t kv_heads, double eps,
-                                       bool act_q8, torch::Tensor side, torch::Tensor side_norm) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat,
-              "float32 activations x [T, H] expected");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous caches expected");
+// run(job) for jobs 0..n-1 on torch's threads, each thread taking the next job when it is free: a batch's sequences
+// differ in context length, and a fixed split left one core waiting on the other's long contexts. A job's
+// arithmetic is its own whichever thread runs it.
+template <class Run>
+void dynamic_jobs(int64_t n, Run run) {
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t job = next.fetch_add(1); job < n; job = next.fetch_add(1)) run(job);
+  });
+}
+
+// The pass itself over the rows of every segment: projections, norms and MLPs once over all rows (each weight
+// read once a pass), rotary rows and cache writes per row, attention per segment over its own cache. Every row
+// gets the arithmetic it would get alone. logit_rows: the rows projected to the vocabulary, in order (nullptr: all).
+std::vector<torch::Tensor> run_pass(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
+                                    const std::vector<Segment>& segments, int64_t L, int64_t D,
+                                    const std::vector<torch::Tensor>& layers, const std::vector<torch::Tensor>& head,
+                                    const std::vector<int64_t>& kinds, int64_t heads, int64_t kv_heads, double eps,
+                                    bool act_q8, torch::Tensor side, torch::Tensor side_norm,
+                                    const std::vector<int64_t>* logit_rows) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "float32 activations x [T, H] expected");
   x = x.contiguous();
   cos = cos.contiguous();
   sin = sin.contiguous();
   const int64_t T = x.size(0), H = x.size(1);
-  const int64_t L = k_cache.size(0), S = k_cache.size(3), D = k_cache.size(4);
-  const int64_t keys = slot + T;
-  TORCH_CHECK(keys <= S && k_cache.size(1) == 1 && k_cache.size(2) == kv_heads, "cache shape");
-  TORCH_CHECK(cos.size(0) == T && cos.size(1) == D, "rotary rows [T, head_dim] expected");
+  TORCH_CHECK(cos.size(0) == T && cos.size(1) == D && sin.sizes() == cos.sizes(), "rotary rows [T, head_dim] expected");
   TORCH_CHECK(D % 8 == 0, "the lean step's attention reads head sizes that are multiples of 8");
-  TORCH_CHECK(visible.numel() == 0 || (visible.scalar_type() == at::kBool && visible.size(0) == T &&
-                                       visible.size(1) == keys), "visible: bool [T, slot + T] expected");
   // head = [final norm] alone (and no head kind): no output projection, empty logits (a hidden-state draft's chain
   // steps, whose logits come from one product over the whole chain afterwards)
   const bool has_head = head.size() > 1;
@@ -1135,14 +1142,18 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
     side = side.contiguous();
     side_norm = side_norm.contiguous();
   }
-  visible = visible.contiguous();
-  const bool* seen = visible.numel() ? visible.data_ptr<bool>() : nullptr;
+  std::vector<int64_t> segment_of(T, -1);
+  for (size_t i = 0; i < segments.size(); ++i)
+    for (int64_t t = segments[i].row0; t < segments[i].row0 + segments[i].rows; ++t) segment_of[t] = i;
+  TORCH_CHECK(std::find(segment_of.begin(), segment_of.end(), -1) == segment_of.end(), "every row needs a segment");
+  if (logit_rows)
+    for (int64_t r : *logit_rows) TORCH_CHECK(r >= 0 && r < T, "logit rows must be rows of the pass");
   const int64_t q_dim = heads * D, kv_dim = kv_heads * D, group = heads / kv_heads;
   const float scale = 1.f / std::sqrt(float(D));
   const float* c = cos.data_ptr<float>();
   const float* s = sin.data_ptr<float>();
-  float* K = k_cache.data_ptr<float>();
-  float* V = v_cache.data_ptr<float>();
+  int64_t widest_keys = 0;
+  for (const Segment& sg : segments) widest_keys = std::max(widest_keys, sg.slot + sg.rows);
 
   auto states = torch::empty({L + 1, T, H}, x.options());
   float* st = states.data_ptr<float>();
@@ -1176,50 +1187,60 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
       rows_over_threads(T, [&](int64_t t) { rms_norm(h.data() + t * H, in_norm, H, eps, normed.data() + t * H); });
       gemm(p_qkv, normed.data(), T, qkv.data(), sums.data(), act_q8);
     }
-    float* Kl = K + l * kv_heads * S * D;
-    float* Vl = V + l * kv_heads * S * D;
+    const int64_t layer_offset = l * kv_heads;  // in units of S * D, times each segment's S
     for (int64_t t = 0; t < T; ++t) {
+      const Segment& sg = segments[segment_of[t]];
       float* q = qkv.data() + t * p_qkv.N;
       float* k = q + q_dim;
       float* v = k + kv_dim;
       rope(q, heads, D, c + t * D, s + t * D);
       rope(k, kv_heads, D, c + t * D, s + t * D);
+      const int64_t slot = sg.slot + t - sg.row0;
       for (int64_t g = 0; g < kv_heads; ++g) {
-        std::copy(k + g * D, k + (g + 1) * D, Kl + (g * S + slot + t) * D);
-        std::copy(v + g * D, v + (g + 1) * D, Vl + (g * S + slot + t) * D);
+        std::copy(k + g * D, k + (g + 1) * D, sg.K + ((layer_offset + g) * sg.S + slot) * D);
+        std::copy(v + g * D, v + (g + 1) * D, sg.V + ((layer_offset + g) * sg.S + slot) * D);
       }
     }
-    // Few queries (a one-token step): a job a query head, to keep the threads busy. More: a job a kv head and a
-    // chunk of rows, whose queries read each block of keys and values once (attend_many). Either way each query
-    // gets the same arithmetic.
     auto query = [&](int64_t t, int64_t hq, float* p) {
-      return Query{qkv.data() + t * p_qkv.N + hq * D, seen ? seen + t * keys : nullptr, seen ? keys - 1 : slot + t,
-                   p, att.data() + t * q_dim + hq * D};
+      const Segment& sg = segments[segment_of[t]];
+      const int64_t keys = sg.slot + sg.rows, local = t - sg.row0;
+      return Query{qkv.data() + t * p_qkv.N + hq * D, sg.seen ? sg.seen + local * keys : nullptr,
+                   sg.seen ? keys - 1 : sg.slot + local, p, att.data() + t * q_dim + hq * D};
     };
+    auto keys_of = [&](const Segment& sg, int64_t g) { return sg.K + (layer_offset + g) * sg.S * D; };
+    auto values_of = [&](const Segment& sg, int64_t g) { return sg.V + (layer_offset + g) * sg.S * D; };
+    // Few queries (a one-token step): a job a query head, to keep the threads busy. More: a job a segment, kv head
+    // and chunk of its rows, whose queries read each block of keys and values once (attend_many). Either way each
+    // query gets the same arithmetic.
     const int64_t threads = at::get_num_threads();
     if (T * kv_heads < 4 * threads) {
-      at::parallel_for(0, T * heads, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> p(keys + 8);
-        for (int64_t job = begin; job < end; ++job) {
-          const int64_t t = job / heads, hq = job % heads, g = hq / group;
-          attend(query(t, hq, p.data()), Kl + g * S * D, Vl + g * S * D, D, scale);
-        }
+      dynamic_jobs(T * heads, [&](int64_t job) {
+        std::vector<float> p(widest_keys + 8);
+        const int64_t t = job / heads, hq = job % heads, g = hq / group;
+        const Segment& sg = segments[segment_of[t]];
+        attend(query(t, hq, p.data()), keys_of(sg, g), values_of(sg, g), D, scale);
       });
     } else {
-      const int64_t chunks = std::min(T, std::max<int64_t>(1, (2 * threads + kv_heads - 1) / kv_heads));
-      at::parallel_for(0, kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> p;
+      struct Job { int64_t segment, g, t0, t1; };
+      std::vector<Job> jobs;
+      const int64_t wanted = (2 * threads + kv_heads * int64_t(segments.size()) - 1) / (kv_heads * segments.size());
+      for (size_t i = 0; i < segments.size(); ++i) {
+        const Segment& sg = segments[i];
+        const int64_t chunks = std::min(sg.rows, std::max<int64_t>(1, wanted));
+        for (int64_t g = 0; g < kv_heads; ++g)
+          for (int64_t chunk = 0; chunk < chunks; ++chunk)
+            jobs.push_back({int64_t(i), g, sg.row0 + sg.rows * chunk / chunks, sg.row0 + sg.rows * (chunk + 1) / chunks});
+      }
+      dynamic_jobs(jobs.size(), [&](int64_t index) {
+        const Job& job = jobs[index];
+        const Segment& sg = segments[job.segment];
+        const int64_t stride = sg.slot + sg.rows + 8;
+        std::vector<float> p((job.t1 - job.t0) * group * stride);
         std::vector<Query> queries;
-        for (int64_t job = begin; job < end; ++job) {
-          const int64_t g = job / chunks, chunk = job % chunks;
-          const int64_t t0 = T * chunk / chunks, t1 = T * (chunk + 1) / chunks;
-          p.resize((t1 - t0) * group * (keys + 8));
-          queries.clear();
-          for (int64_t t = t0; t < t1; ++t)
-            for (int64_t hq = g * group; hq < (g + 1) * group; ++hq)
-              queries.push_back(query(t, hq, p.data() + queries.size() * (keys + 8)));
-          attend_many(queries, Kl + g * S * D, Vl + g * S * D, D, scale);
-        }
+        for (int64_t t = job.t0; t < job.t1; ++t)
+          for (int64_t hq = job.g * group; hq < (job.g + 1) * group; ++hq)
+            queries.push_back(query(t, hq, p.data() + queries.size() * stride));
+        attend_many(queries, keys_of(sg, job.g), values_of(sg, job.g), D, scale);
       });
     }
     gemm(p_o, att.data(), T, tmp.data(), sums.data(), act_q8);
@@ -1244,10 +1265,96 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
   std::copy(normed.begin(), normed.end(), st + L * T * H);
   if (!has_head) return {torch::empty({T, 0}, x.options()), states, last};
   Proj p_head = proj_of(kinds[L * 4], head, 1);
-  sums.resize(T * (p_head.K / 32 + 1));
-  auto logits = torch::empty({T, p_head.N}, x.options());
-  gemm(p_head, normed.data(), T, logits.data_ptr<float>(), sums.data(), act_q8);
+  const float* rows_in = normed.data();
+  int64_t R = T;
+  std::vector<float> picked;
+  if (logit_rows) {  // only these rows' logits (a prompt chunk needs none)
+    R = logit_rows->size();
+    picked.resize(R * H);
+    for (int64_t i = 0; i < R; ++i) {
+      const int64_t row = (*logit_rows)[i];
+      std::copy(normed.begin() + row * H, normed.begin() + (row + 1) * H, picked.begin() + i * H);
+    }
+    rows_in = picked.data();
+  }
+  sums.resize(R * (p_head.K / 32 + 1) + 1);
+  auto logits = torch::empty({R, p_head.N}, x.options());
+  if (R > 0) gemm(p_head, rows_in, R, logits.data_ptr<float>(), sums.data(), act_q8);
   return {logits, states, last};
+}
+
+Segment segment_of_cache(torch::Tensor& k_cache, torch::Tensor& v_cache, int64_t slot, int64_t row0, int64_t rows,
+                         torch::Tensor& visible, int64_t L, int64_t kv_heads) {
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat, "float32 caches expected");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
+              "contiguous caches of one shape expected");
+  TORCH_CHECK(k_cache.dim() == 5 && k_cache.size(0) == L && k_cache.size(1) == 1 && k_cache.size(2) == kv_heads,
+              "cache shape [layers, 1, kv_heads, slots, head_dim] expected");
+  const int64_t keys = slot + rows;
+  TORCH_CHECK(slot >= 0 && keys <= k_cache.size(3), "the pass's slots run past the cache");
+  TORCH_CHECK(visible.numel() == 0 || (visible.scalar_type() == at::kBool && visible.dim() == 2 &&
+                                       visible.size(0) == rows && visible.size(1) == keys),
+              "visible: bool [T, slot + T] expected");
+  visible = visible.contiguous();
+  return Segment{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), k_cache.size(3), slot, row0, rows,
+                 visible.numel() ? visible.data_ptr<bool>() : nullptr};
+}
+
+}  // namespace
+
+// A pass of T new tokens (a one-token step, or a verification pass of a few rows) after the cache's first `slot`
+// slots. x: [T, H] their embeddings; cos, sin: [T, D] their rotary rows; k_cache, v_cache: [L, 1, Hkv, S, D] float,
+// the new keys and values go to slots slot..slot+T-1; visible: bool [T, slot + T], which slots each new token
+// attends to (empty: all committed ones and the new ones up to itself). layers: per layer 2 norms then 4
+// projections (qkv, o, gate_up, down) as (codes or dense, scales, bias); head: the final norm, then the output
+// projection (or the final norm alone: no logits); kinds: the projections' kinds, 4 a layer then the head's.
+// side, side_norm (empty: none): EAGLE-3's head, whose one layer reads q, k and v from [norm(side), norm(x)] (the
+// token embeddings beside the hidden states) and keeps x as its residual.
+// Returns (logits [T, V], states [L + 1, T, H]: the embeddings, each layer's output but the last, the final normed
+// states; and the last layer's output before the final norm [T, H]). Every row gets the arithmetic it would get
+// alone: a token verified in a pass and the same token decoded in a one-token step compute the same numbers.
+std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache,
+                                       torch::Tensor v_cache, int64_t slot, torch::Tensor visible,
+                                       std::vector<torch::Tensor> layers, std::vector<torch::Tensor> head,
+                                       std::vector<int64_t> kinds, int64_t heads, int64_t kv_heads, double eps,
+                                       bool act_q8, torch::Tensor side, torch::Tensor side_norm) {
+  TORCH_CHECK(x.dim() == 2, "float32 activations x [T, H] expected");
+  const int64_t L = k_cache.size(0), D = k_cache.size(4);
+  const std::vector<Segment> segments = {segment_of_cache(k_cache, v_cache, slot, 0, x.size(0), visible, L, kv_heads)};
+  return run_pass(x, cos, sin, segments, L, D, layers, head, kinds, heads, kv_heads, eps, act_q8, side, side_norm,
+                  nullptr);
+}
+
+// One pass over several sequences' rows (continuous batching): x [T, H] holds segment 0's rows, then segment 1's,
+// ...; segment i writes its own caches k_caches[i], v_caches[i] ([L, 1, Hkv, S_i, D]) after its first slots[i]
+// slots, with visibles[i] as lean_decode's `visible` (empty: causal). The weights are read once for all rows.
+// logit_rows: the rows projected to the vocabulary, in order (empty: none). Returns (logits [len(logit_rows), V],
+// states [L + 1, T, H], the last layer's output before the final norm [T, H]); each row's numbers are those of
+// lean_decode over its sequence alone.
+std::vector<torch::Tensor> lean_decode_packed(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
+                                              std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches,
+                                              std::vector<int64_t> slots, std::vector<int64_t> rows,
+                                              std::vector<torch::Tensor> visibles, std::vector<torch::Tensor> layers,
+                                              std::vector<torch::Tensor> head, std::vector<int64_t> kinds,
+                                              int64_t heads, int64_t kv_heads, double eps, bool act_q8,
+                                              std::vector<int64_t> logit_rows) {
+  const size_t n = k_caches.size();
+  TORCH_CHECK(n > 0 && v_caches.size() == n && slots.size() == n && rows.size() == n && visibles.size() == n,
+              "one cache pair, slot, row count and mask a segment expected");
+  TORCH_CHECK(x.dim() == 2, "float32 activations x [T, H] expected");
+  const int64_t L = k_caches[0].size(0), D = k_caches[0].size(4);
+  std::vector<Segment> segments;
+  int64_t row0 = 0;
+  for (size_t i = 0; i < n; ++i) {
+    TORCH_CHECK(rows[i] > 0, "every segment needs a row");
+    TORCH_CHECK(k_caches[i].dim() == 5 && k_caches[i].size(4) == D, "all caches of one model expected");
+    segments.push_back(segment_of_cache(k_caches[i], v_caches[i], slots[i], row0, rows[i], visibles[i], L, kv_heads));
+    row0 += rows[i];
+  }
+  TORCH_CHECK(row0 == x.size(0), "the segments' rows must add up to x's");
+  const auto none = torch::empty({0});
+  return run_pass(x, cos, sin, segments, L, D, layers, head, kinds, heads, kv_heads, eps, act_q8, none, none,
+                  &logit_rows);
 }
 
 // y [M, N] = x [M, K] W^T for W as Q4 or Q8 blocks, a BF16 weight or I8X columns (kind, codes, scales as above;
@@ -1312,4 +1419,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_enabled", [] { return amx_on; }, "whether BF16A products now run on AMX");
   m.def("lean_decode", &lean_decode, "a pass of a few tokens through a Llama-shaped model, fp32 activations",
         py::call_guard<py::gil_scoped_release>());  // other Python threads (a server's) run meanwhile
+  m.def("lean_decode_packed", &lean_decode_packed, "one pass over several sequences' rows, each with its own cache",
+        py::call_guard<py::gil_scoped_release>());
 }

@@ -327,9 +327,10 @@ class LeanStep:
         self.max_rows = LEAN_MAX_ROWS
         self.interleave = interleave  # with 8-bit activations: the column-interleaved blocks (False: A/B runs)
         self.act_q8 = act_q8  # 8-bit activations in the block projections: lossy, opt-in (Transformer.use_lean_step)
-        from foretell.kernels import lean_decode
+        from foretell.kernels import lean_decode, lean_module
 
         self.kernel = lean_decode()
+        self.kernel_packed = lean_module().lean_decode_packed  # several sequences' rows (runtime/packed.py)
 
     @property
     def act_q8(self) -> bool:

@@ -403,10 +403,8 @@ class Transformer(nn.Module):
         the output layer run once over all their tokens, which is where a step's time goes at small batch sizes;
         attention runs per request over its own cache. Each output equals that pass run alone (up to float
         rounding of the larger matrix products)."""
-        # 8-bit activations: lean passes only; bf16 weights: a lean pass each beats one fp32 PyTorch pass over all
-        if len(passes) == 1 or (self.lean is not None and (self.lean.act_q8 or self.lean.streams_bf16)):
-            return [self(p.input_ids, p.positions, p.cache, p.tree_mask, p.hidden_layers, p.logits_rows)
-                    for p in passes]
+        if len(passes) == 1:
+            return [self(p.input_ids, p.positions, p.cache, p.tree_mask, p.hidden_layers, p.logits_rows)]
         sizes = [p.input_ids.shape[0] for p in passes]
         bounds = [(sum(sizes[:i]), sum(sizes[: i + 1])) for i in range(len(sizes))]
         # Padded to a bucketed row count: the runtime keeps kernels and buffers per matrix shape, and the sums of

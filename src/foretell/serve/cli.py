@@ -25,7 +25,7 @@ def add_serve_parser(sub) -> None:
         "serve", help="OpenAI-compatible HTTP server with speculative decoding",
         description="Serve one model on /v1/completions, /v1/chat/completions and /v1/models, with /health and "
         "/metrics (Prometheus). Speculation is configured as for `foretell generate`. Requests queue for the "
-        "engine and run one at a time.")
+        "engine, which decodes up to --max-batch of them together: one target pass a step for all of them.")
     add_model_args(p)
     add_speculative_args(p)
     defaults = ServeSettings()

@@ -1,0 +1,73 @@
+"""One target pass for every active request (continuous batching).
+
+Where the target runs the lean step (models/lean_step.py), every request's pass that the lean step takes (one-token
+steps, verification chains and trees, and with 8-bit activations prompt chunks too) goes into one native call
+(lean_decode_packed): each weight matrix is read once for all their rows, attention runs per request over its own
+cache, and each row gets the arithmetic it would get alone, so a request's tokens in a batch are its tokens alone.
+Passes the lean step does not take (long prompt chunks of a float-activation model) run in PyTorch beside it. A
+target without the lean step packs all passes into one PyTorch forward (Transformer.forward_packed).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from foretell.models.transformer import ForwardOutput, Transformer
+
+
+def forward_packed(target: Transformer, passes: list) -> list[ForwardOutput]:
+    """Each pass (decoding.TargetPass fields: input_ids, positions, cache, tree_mask, hidden_layers, logits_rows)
+    through `target`, in as few passes over the weights as this runtime allows; outputs in the passes' order."""
+    step = target.lean
+    if step is None:
+        return target.forward_packed(passes)
+    native = [i for i, p in enumerate(passes) if lean_takes(step, p)]
+    outputs: list[ForwardOutput | None] = [None] * len(passes)
+    if native:
+        for i, out in zip(native, lean_packed(target, [passes[i] for i in native])):
+            outputs[i] = out
+    for i, p in enumerate(passes):
+        if outputs[i] is None:  # a long prompt chunk: PyTorch's products are made for many rows
+            outputs[i] = target(p.input_ids, p.positions, p.cache, p.tree_mask, p.hidden_layers, p.logits_rows)
+    return outputs
+
+
+def lean_takes(step, p) -> bool:
+    cache = p.cache
+    return (step.takes(p.input_ids.shape[0], cache.length, p.tree_mask is not None) and cache.k.shape[1] == 1
+            and cache.k.dtype == torch.float32)
+
+
+def visible_slots(p) -> torch.Tensor:
+    """The pass's mask as the kernel reads it: bool [T, length + T] (empty: causal)."""
+    if p.tree_mask is None:
+        return torch.empty(0, dtype=torch.bool)
+    T, length = p.input_ids.shape[0], p.cache.length
+    visible = torch.ones(T, length + T, dtype=torch.bool)
+    visible[:, visible.shape[1] - p.tree_mask.shape[1]:] = p.tree_mask
+    return visible
+
+
+def lean_packed(target: Transformer, passes: list) -> list[ForwardOutput]:
+    """The passes' rows in one lean_decode_packed call (the caches get their new slots written)."""
+    step = target.lean
+    sizes = [p.input_ids.shape[0] for p in passes]
+    for p, size in zip(passes, sizes):
+        p.cache.check_room(size)
+    starts = [sum(sizes[:i]) for i in range(len(passes))]
+    positions = torch.cat([p.positions for p in passes])
+    cos, sin = target.rope(positions, int(positions.max()), torch.float32)
+    x = target.embed_tokens(torch.cat([p.input_ids for p in passes]))
+    picked = [torch.arange(start, start + size)[slice(None) if p.logits_rows is None else p.logits_rows]
+              for p, start, size in zip(passes, starts, sizes)]
+    logits, states, _ = step.kernel_packed(
+        x, cos, sin, [p.cache.k for p in passes], [p.cache.v for p in passes], [p.cache.length for p in passes],
+        sizes, [visible_slots(p) for p in passes], step.tensors, step.head, step.kinds, step.heads, step.kv_heads,
+        step.eps, step.act_q8, torch.cat(picked).tolist())
+    outputs, first = [], 0
+    for p, start, size, rows in zip(passes, starts, sizes, picked):
+        n = rows.numel()
+        hidden = {layer: states[layer, start:start + size] for layer in p.hidden_layers}
+        outputs.append(ForwardOutput(logits=logits[first:first + n], hidden=hidden))
+        first += n
+    return outputs

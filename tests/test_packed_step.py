@@ -1,0 +1,142 @@
+"""One native pass for every request in a batch (runtime/packed.py, kernels/lean_decode.cpp lean_decode_packed):
+each sequence's rows compute bit for bit what its own lean pass computes, whatever rides beside them, and a
+request's greedy tokens in a batch of four (mixed prompt lengths and drafters) equal its tokens alone, on dense
+fp32 weights and on a GGUF file's Q4_1 blocks (float and 8-bit activations)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import PROMPTS, make_hf_model, perturbed_copy
+from foretell.api import load
+from foretell.config import SpeculativeConfig
+from foretell.decoding import TargetPass
+from foretell.kernels import lean_decode
+from foretell.runtime import packed
+from foretell.types import SamplingParams
+
+pytestmark = pytest.mark.skipif(lean_decode() is None, reason="the lean step's kernel cannot be built on this machine")
+
+GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
+
+
+def tree_mask(parents: list[int]) -> torch.Tensor:
+    mask = torch.eye(len(parents), dtype=torch.bool)
+    for node, parent in enumerate(parents):
+        while parent >= 0:
+            mask[node, parent] = True
+            parent = parents[parent]
+    return mask
+
+
+def prefilled(model, context: list[int]):
+    cache = model.new_cache(64)
+    model(torch.tensor(context), torch.arange(len(context)), cache)
+    cache.commit_prefix(len(context))
+    return cache
+
+
+def clone_cache(model, cache):
+    copy = model.new_cache(64)
+    copy.k.copy_(cache.k)
+    copy.v.copy_(cache.v)
+    copy.length = cache.length
+    return copy
+
+
+@pytest.mark.parametrize("quant", ["none", "int4", "int4-q8"])
+def test_each_sequence_in_a_packed_pass_computes_what_it_computes_alone(tiny_pair, quant):
+    model = load(tiny_pair[0], "none", quant=quant, warm_up=False).target.model
+    assert model.lean is not None
+    contexts = [[1, 5, 9, 12, 5], [1, 7], list(range(1, 40))]
+    caches = [prefilled(model, c) for c in contexts]
+    # a one-token step, a 4-node tree and a 3-token chain, after contexts of 5, 2 and 39 tokens
+    passes = [
+        TargetPass(torch.tensor([9]), torch.tensor([5]), caches[0], hidden_layers=(1,)),
+        TargetPass(torch.tensor([9, 30, 7, 12]), 2 + torch.tensor([0, 1, 1, 2]), caches[1],
+                   tree_mask=tree_mask([-1, 0, 0, 1]), hidden_layers=(0, 2)),
+        TargetPass(torch.tensor([3, 4, 5]), torch.tensor([39, 40, 41]), caches[2], logits_rows=slice(2, 3)),
+    ]
+    alone_caches = [clone_cache(model, c) for c in caches]
+    together = packed.lean_packed(model, passes)
+    for p, cache, out in zip(passes, alone_caches, together):
+        alone = model(p.input_ids, p.positions, cache, p.tree_mask, p.hidden_layers, p.logits_rows)
+        assert torch.equal(out.logits, alone.logits)
+        assert set(out.hidden) == set(alone.hidden)
+        assert all(torch.equal(out.hidden[i], alone.hidden[i]) for i in alone.hidden)
+        end = p.cache.length + p.input_ids.shape[0]
+        assert torch.equal(p.cache.k[:, :, :, :end], cache.k[:, :, :, :end])
+        assert torch.equal(p.cache.v[:, :, :, :end], cache.v[:, :, :, :end])
+    assert together[2].logits.shape[0] == 1
+
+
+def test_a_prompt_chunk_asks_for_no_logits(tiny_pair):
+    model = load(tiny_pair[0], "none", quant="int4-q8", warm_up=False).target.model
+    cache = model.new_cache(64)
+    step = TargetPass(torch.arange(1, 41), torch.arange(40), cache, hidden_layers=(1,), logits_rows=slice(0, 0))
+    out = packed.forward_packed(model, [step])[0]
+    assert out.logits.shape == (0, model.config.vocab_size) and out.hidden[1].shape[0] == 40
+
+
+class CountingKernel:
+    """Wraps a LeanStep's packed kernel and records how many sequences each call carried."""
+
+    def __init__(self, step):
+        self.step, self.inner, self.segments = step, step.kernel_packed, []
+
+    def __enter__(self):
+        self.step.kernel_packed = self
+        return self
+
+    def __exit__(self, *exc):
+        self.step.kernel_packed = self.inner
+
+    def __call__(self, *args):
+        self.segments.append(len(args[3]))
+        return self.inner(*args)
+
+
+def assert_batch_of_four_decodes_as_alone(plain, draft_folder):
+    """Two prompts of different lengths beside two other requests (a draft tree, prompt lookup and a draft model
+    among them, one sampled): each greedy request's tokens equal its tokens alone, and the passes were packed."""
+    specs = {"none": SpeculativeConfig(method="none"), "prompt-lookup": SpeculativeConfig(gamma=3),
+             "draft-model": SpeculativeConfig(method="draft-model", model=str(draft_folder), gamma=3,
+                                              draft_quant="none"),
+             "draft-tree": SpeculativeConfig(method="draft-tree", model=str(draft_folder), draft_quant="none")}
+    pipes = {name: plain.with_speculative(spec) for name, spec in specs.items()}
+    long_prompt = [(5 * i + 1) % 48 for i in range(45)]
+    requests = [(PROMPTS[0], "draft-tree", GREEDY), (long_prompt, "prompt-lookup", GREEDY),
+                (PROMPTS[2], "draft-model", GREEDY), (PROMPTS[1], "none", GREEDY),
+                (PROMPTS[3], "draft-tree", SamplingParams(temperature=1.0, seed=3, max_new_tokens=12))]
+    greedy = [r for r in requests if r[2].temperature == 0]
+    alone = [pipes[name].engine.generate(prompt, params).tokens for prompt, name, params in greedy]
+    batch = plain.batch_engine(None, max_batch=4)
+    collected = []
+    for prompt, name, params in requests:
+        tokens: list[int] = []
+        batch.submit(prompt, params, lambda c, t=tokens: t.extend(c.tokens), pytest.fail, pipes[name].engine)
+        collected.append(tokens)
+    with CountingKernel(plain.target.model.lean) as kernel:
+        batch.run()
+    assert [t for t, r in zip(collected, requests) if r[2].temperature == 0] == alone
+    assert max(kernel.segments) == 4  # four sequences in one native pass
+
+
+def test_a_batch_of_four_decodes_as_alone_on_float32_weights(tiny_pair):
+    assert_batch_of_four_decodes_as_alone(load(tiny_pair[0], "none", warm_up=False), tiny_pair[1])
+
+
+@pytest.mark.parametrize("quant", ["gguf", "gguf-q8"])
+def test_a_batch_of_four_decodes_as_alone_on_gguf_q4_1_blocks(tiny_pair, tmp_path, quant):
+    pytest.importorskip("gguf")
+    from test_families_gguf import write_gguf
+
+    hf = make_hf_model("llama", 48, seed=0)  # tiny_pair's target, its projections as Q4_1 blocks
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    path = write_gguf(hf, "llama", tmp_path / "tiny-q4_1.gguf",
+                      q4_1=lambda name: name.endswith(tuple(f"{p}.weight" for p in projections)))
+    draft = write_gguf(perturbed_copy(hf, noise=0.5, seed=1), "llama", tmp_path / "draft.gguf")  # same vocabulary
+    plain = load(path, "none", quant=quant, warm_up=False, cache_dir=tmp_path)
+    assert plain.target.model.lean is not None and plain.target.model.lean.kinds[0] in (0, 3)  # Q4, Q4X
+    assert_batch_of_four_decodes_as_alone(plain, draft)
