@@ -1,5 +1,5 @@
 """Serving throughput with batching: plain batched vs speculative batched (foretell's batch-aware budget) vs the
-fixed-by-batch-size rule, and llama.cpp's OpenAI-compatible server on the same model, in one run.
+fixed-by-batch-size rule, and llama.cpp's own llama-server on the same GGUF file, in one run.
 
     .venv/bin/python benchmarks/serve_batching.py --out runs/serve_batching [--drafter "--drafter prompt-lookup"]
 
@@ -8,14 +8,19 @@ serves the same requests, the servers taking turns level by level so all see the
 tokens/s and per-request latency (time to first token, inter-token latency, end to end) and the ratios the
 batching issue asks for. Before the servers, an in-process check: the batching engine with one request against
 the single-request engine, same drafter, same prompts, interleaved. Writes OUT/results.json, OUT/report.md,
-OUT/serve_batching.png. llama.cpp needs llama-cpp-python with its server (scripts/install_llama_cpp.sh).
+OUT/serve_batching.png.
+
+llama.cpp's rows: the native llama-server (bash scripts/install_llama_cpp.sh builds it), restarted per level with
+-np = that level's clients (each client its own slot, decoded together), plain and with --spec-type ngram-simple
+(llama.cpp's n-gram drafting from the context, its default sizes); prompt caching off, as foretell's servers have
+none; the chat template is the GGUF's own, as foretell's. results.json records the build and command lines.
+Only some servers: --servers llama-server,llama-server-ngram (a quick look: --clients 1 --requests 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import random
 import sys
@@ -24,26 +29,37 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import Server, free_port, plot, run_level, start_and_wait, summarize  # noqa: E402  (a sibling script)
+from serve_load import Server, plot, run_level, summarize  # noqa: E402  (a sibling script)
 
 from foretell.bench.datasets import load_prompts  # noqa: E402
+from foretell.bench.llama_server import LlamaServer, ServerConfig, build_info, find_binary, missing_binary  # noqa: E402
+from foretell.errors import ForetellError  # noqa: E402
+
+FORETELL_SERVERS = ("plain", "speculative", "fixed-by-batch-size")
+LLAMA_SERVERS = {"llama-server": None, "llama-server-ngram": "ngram-simple"}  # row name -> --spec-type
 
 
-class LlamaCppServer:
-    """llama-cpp-python's OpenAI-compatible server on the preset's own GGUF file, on a free port."""
+def llama_server_starter(args, spec_type: str | None):
+    """start(clients, log) -> a running llama-server with one slot per client; None when it cannot run."""
+    binary = find_binary("llama-server")
+    if binary is None:
+        print(f"serve_batching: no llama.cpp rows: {missing_binary('llama-server')}", file=sys.stderr)
+        return None
+    from foretell.bench.llama_server import peer_gguf
 
-    def __init__(self, gguf: Path, threads: int, log: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "m", "--host",
-               "127.0.0.1", "--port", str(self.port), "--n_threads", str(threads), "--n_ctx", "4096",
-               "--interrupt_requests", "False"]  # queue concurrent requests instead of cutting the running one off
-        self.command = " ".join(cmd[1:])
-        self.proc = start_and_wait(cmd, log, f"{self.url}/v1/models", "llama.cpp's server", 300)
+    gguf = peer_gguf(args.model)
+    if gguf is None:
+        print(f"serve_batching: no llama.cpp rows: no GGUF file on disk for {args.model!r}", file=sys.stderr)
+        return None
 
-    def stop(self) -> int:
-        self.proc.terminate()
-        return self.proc.wait(timeout=60)
+    def start(clients: int, log: Path) -> LlamaServer:
+        try:
+            return LlamaServer(binary, ServerConfig(gguf, threads=args.threads, slots=clients,
+                                                    slot_context=args.slot_context, spec_type=spec_type), log=log)
+        except ForetellError as e:
+            raise SystemExit(f"serve_batching: {e}") from None
+
+    return start
 
 
 def single_vs_batch(model: str, drafter_flags: list[str], prompts: list[str], max_tokens: int, threads: int) -> dict:
@@ -96,10 +112,19 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--per-category", type=int, default=4)
     p.add_argument("--single-prompts", type=int, default=8, help="prompts of the in-process check (0 = skip)")
-    p.add_argument("--no-llama-cpp", action="store_true")
+    p.add_argument("--servers", default=",".join([*FORETELL_SERVERS, *LLAMA_SERVERS]),
+                   help="which servers to run (default: %(default)s)")
+    p.add_argument("--no-llama-cpp", action="store_true", help="drop the llama-server rows")
+    p.add_argument("--slot-context", type=int, default=4096, help="llama-server's KV tokens per slot (default: "
+                   "%(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/serve_batching") / time.strftime("%Y%m%d-%H%M%S"))
     args = p.parse_args()
+    chosen = [name.strip() for name in args.servers.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - {*FORETELL_SERVERS, *LLAMA_SERVERS})
+    if unknown:
+        known = ", ".join([*FORETELL_SERVERS, *LLAMA_SERVERS])
+        raise SystemExit(f"unknown --servers {', '.join(unknown)}; use {known}")
     args.out.mkdir(parents=True, exist_ok=True)
     prompts = [row["prompt"] for row in load_prompts(["spec-bench"], args.per_category)]
     random.Random(args.seed).shuffle(prompts)
@@ -111,29 +136,40 @@ def main() -> None:
         print(json.dumps(results["single_vs_batched"]), file=sys.stderr)
 
     args.leave_share = 0.0
-    servers: dict[str, object] = {
-        "plain": Server("plain", args, ["--drafter", "none"], args.out / "server-plain.log"),
-        "speculative": Server("speculative", args, [*drafter, "--batch-budget", "auto"], args.out / "server-spec.log"),
-        "fixed-by-batch-size": Server("fixed-by-batch-size", args, [*drafter, "--batch-budget", "fixed"],
-                                      args.out / "server-fixed.log"),
-    }
-    if not args.no_llama_cpp and importlib.util.find_spec("llama_cpp") is not None:
-        from foretell.models.presets import gguf_file
-
-        gguf = gguf_file(args.model)
-        if gguf is not None:
-            servers["llama.cpp"] = LlamaCppServer(gguf, args.threads, args.out / "server-llama-cpp.log")
+    flags = {"plain": (["--drafter", "none"], "server-plain.log"),
+             "speculative": ([*drafter, "--batch-budget", "auto"], "server-spec.log"),
+             "fixed-by-batch-size": ([*drafter, "--batch-budget", "fixed"], "server-fixed.log")}
+    servers: dict[str, object] = {name: Server(name, args, flags[name][0], args.out / flags[name][1])
+                                  for name in FORETELL_SERVERS if name in chosen}
+    starters = {} if args.no_llama_cpp else {name: llama_server_starter(args, spec) for name, spec in
+                                             LLAMA_SERVERS.items() if name in chosen}
+    starters = {name: start for name, start in starters.items() if start is not None}
+    if starters:
+        results["llama_cpp"] = {"build": build_info(), "commands": {}}
     for name, server in servers.items():  # warm-up: every prompt once
         asyncio.run(run_level(server.url, "m", prompts, len(prompts), 1, 8, 0.0, random.Random(0)))
-    for clients, count in zip([int(c) for c in args.clients.split(",")], [int(n) for n in args.requests.split(",")]):
-        for name, server in servers.items():
-            outcomes, wall = asyncio.run(run_level(server.url, "m", prompts, count, clients, args.max_tokens, 0.0,
-                                                   random.Random(args.seed + clients)))
-            row = summarize(name, clients, outcomes, wall)
-            results["levels"].append(row)
-            print(json.dumps(row), file=sys.stderr)
-    for server in servers.values():
-        server.stop()
+    try:
+        for clients, count in zip([int(c) for c in args.clients.split(",")],
+                                  [int(n) for n in args.requests.split(",")]):
+            for name, server in servers.items():
+                outcomes, wall = asyncio.run(run_level(server.url, "m", prompts, count, clients, args.max_tokens, 0.0,
+                                                       random.Random(args.seed + clients)))
+                row = summarize(name, clients, outcomes, wall)
+                results["levels"].append(row)
+                print(json.dumps(row), file=sys.stderr)
+            for name, start in starters.items():  # restarted per level: -np follows the clients
+                with start(clients, args.out / f"server-{name}-{clients}.log") as server:
+                    results["llama_cpp"]["commands"][f"{name} x{clients}"] = " ".join(server.command)
+                    # warm-up: a round of short requests (nothing to compile, but first touches of the weights)
+                    asyncio.run(run_level(server.url, "m", prompts, clients, clients, 8, 0.0, random.Random(0)))
+                    outcomes, wall = asyncio.run(run_level(server.url, "m", prompts, count, clients, args.max_tokens,
+                                                           0.0, random.Random(args.seed + clients)))
+                row = summarize(name, clients, outcomes, wall)
+                results["levels"].append(row)
+                print(json.dumps(row), file=sys.stderr)
+    finally:
+        for server in servers.values():
+            server.stop()
     results["ratios"] = ratios(results["levels"])
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     write_report(args.out, results)
@@ -144,14 +180,16 @@ def main() -> None:
 
 def ratios(levels: list[dict]) -> dict:
     """Per concurrency: each server's total tokens/s over plain batched decoding's, and foretell's best over
-    llama.cpp's."""
+    each llama-server's."""
     out = {}
     for clients in sorted({r["clients"] for r in levels}):
         rate = {r["server"]: r["tokens_per_second"] for r in levels if r["clients"] == clients}
-        row = {f"{name} / plain": round(v / rate["plain"], 3) for name, v in rate.items() if name != "plain"}
-        if "llama.cpp" in rate:
-            best = max(v for name, v in rate.items() if name != "llama.cpp")
-            row["foretell best / llama.cpp"] = round(best / rate["llama.cpp"], 3)
+        row = {f"{name} / plain": round(v / rate["plain"], 3) for name, v in rate.items()
+               if name != "plain" and "plain" in rate}
+        foretell = [v for name, v in rate.items() if name not in LLAMA_SERVERS]
+        for name in LLAMA_SERVERS:
+            if foretell and rate.get(name):
+                row[f"foretell best / {name}"] = round(max(foretell) / rate[name], 3)
         out[clients] = row
     return out
 
@@ -170,10 +208,15 @@ def write_report(out: Path, results: dict) -> None:
         tau = f"{r['mean_acceptance_length']:.2f}" if r["mean_acceptance_length"] else "–"
         lines.append(f"| {r['server']} | {r['clients']} | {r['served']} | {r['failed']} | {r['tokens_per_second']:.1f} "
                      f"| {ttft} | {itl} | {tau} |")
-    lines += ["", "| clients | " + " | ".join(next(iter(results["ratios"].values()))) + " |",
-              "|---|" + "---:|" * len(next(iter(results["ratios"].values())))]
-    for clients, row in results["ratios"].items():
-        lines.append(f"| {clients} | " + " | ".join(f"{v:.3f}" for v in row.values()) + " |")
+    columns = list(next(iter(results["ratios"].values()), {}))
+    if columns:
+        lines += ["", "| clients | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+        for clients, row in results["ratios"].items():
+            lines.append(f"| {clients} | " + " | ".join(f"{row[c]:.3f}" if c in row else "–" for c in columns) + " |")
+    if "llama_cpp" in results:
+        build = results["llama_cpp"]["build"]
+        lines += ["", f"llama-server: {build.get('build', 'unknown')} build of llama-cpp-python "
+                      f"{build.get('version', '?')}'s llama.cpp ({' '.join(build.get('cmake_flags', []))})."]
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
 

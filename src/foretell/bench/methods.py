@@ -5,12 +5,14 @@ weights plus the KV caches of its last run) and `reset()`. Every foretell method
 over one loaded target (`Pipeline.with_speculative`, drafter weights shared): named methods (METHODS),
 their variants (M@N, M-lookup, M-cache, M-lossy-T, M-gate, M-fp: `variant_spec`), and configurations
 from files (`foretell bench --spec-config NAME=FILE`). The transformers and llama.cpp peers run their own
-copies of the weights.
+copies of the weights (llama.cpp: its own llama-server binary, llama_server.py; the Python binding stays as
+llama-cpp-python).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol
@@ -18,6 +20,8 @@ from typing import Callable, Protocol
 import torch
 
 from foretell.api import Pipeline, load
+from foretell.bench.llama_server import (INSTALL_COMMAND, LlamaServer, ServerConfig, build_info, completion_request,
+                                         find_binary, missing_binary, parse_completion, peer_gguf)
 from foretell.bench.runner import MONITOR_KEYS
 from foretell.config import HiddenStateOptions, SpeculativeConfig, TreeShape
 from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB
@@ -194,13 +198,59 @@ def hf_kv_bytes(model, seq_len: int) -> int:
     return 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * seq_len * model.dtype.itemsize
 
 
-class LlamaCppMethod:
-    """llama-cpp-python on the model's original GGUF file (its own quantized weights)."""
+class LlamaServerMethod:
+    """llama.cpp's own llama-server on the model's GGUF file (its own quantized weights), one process for the
+    whole bench: each prompt goes to /completion as foretell's token ids, prompt caching off."""
+
+    def __init__(self, name: str, server: LlamaServer, opts: MethodOptions, stop_ids: set[int]):
+        self.name = name
+        self.server = server
+        self.opts = opts
+        self.stop_ids = stop_ids
+
+    def run(self, prompt_ids, max_new_tokens):
+        body = completion_request(prompt_ids, max_new_tokens, self.opts.temperature, self.opts.seed)
+        return parse_completion(self.server.post("/completion", body), self.stop_ids)
+
+    def reset(self) -> None:
+        pass  # no prompt cache: nothing outlives a request
+
+    def memory_bytes(self) -> int:
+        return self.server.rss_bytes()  # weights, KV cache and buffers of the server process
+
+
+def make_llama_server(models: Models, opts: MethodOptions, draft: bool = False):
+    """llama-server on the target's GGUF (with -md the draft's: llama.cpp's own speculative decoding), started
+    now and stopped when the bench's process ends; a string saying why when it cannot run."""
+    binary = find_binary("llama-server")
+    if binary is None:
+        return missing_binary("llama-server")
+    target = peer_gguf(models.target)
+    if target is None:
+        return f"no GGUF file on disk for {models.target!r} (llama.cpp runs GGUF files: give --model a .gguf)"
+    draft_gguf = peer_gguf(models.draft) if draft and models.draft else None
+    if draft and draft_gguf is None:
+        return f"no GGUF file on disk for the draft {models.draft!r} (give --draft a .gguf or a GGUF preset)"
+    name = "llama-cpp-draft" if draft else "llama-cpp"
+    cfg = ServerConfig(target, threads=opts.threads, draft=draft_gguf)
+    try:
+        server = LlamaServer(binary, cfg)
+    except ForetellError as e:
+        return str(e)
+    info = build_info()
+    print(f"foretell bench: {name}: {' '.join(server.command[1:])} ({info.get('build', 'unknown')} build "
+          f"{' '.join(info.get('cmake_flags', []))})", file=sys.stderr)
+    return LlamaServerMethod(name, server, opts, models.pipeline().engine.stop_ids)
+
+
+class LlamaCppPythonMethod:
+    """llama-cpp-python, the Python binding (a Python loop per token), on the model's GGUF file: the peer of
+    figures measured before the native binaries."""
 
     def __init__(self, gguf: Path, opts: MethodOptions, stop_ids: set[int]):
         from llama_cpp import Llama
 
-        self.name = "llama-cpp"
+        self.name = "llama-cpp-python"
         self.gguf = gguf
         self.llm = Llama(model_path=str(gguf), n_ctx=4096, n_threads=opts.threads, seed=opts.seed or 0, verbose=False)
         self.opts = opts
@@ -224,13 +274,13 @@ class LlamaCppMethod:
         return self.gguf.stat().st_size  # weights only: llama.cpp's cache is not exposed
 
 
-def make_llama_cpp(models: Models, opts: MethodOptions):
+def make_llama_cpp_python(models: Models, opts: MethodOptions):
     if importlib.util.find_spec("llama_cpp") is None:
-        return "llama-cpp-python is not installed (pip install llama-cpp-python)"
+        return "llama-cpp-python is not installed (pip install llama-cpp-python==0.3.36 builds it: minutes)"
     gguf = gguf_file(models.target)
     if gguf is None:
         return f"no GGUF file on disk for {models.target!r}"
-    return LlamaCppMethod(gguf, opts, models.pipeline().engine.stop_ids)
+    return LlamaCppPythonMethod(gguf, opts, models.pipeline().engine.stop_ids)
 
 
 HIDDEN_HOT_VOCAB = DEFAULT_HOT_VOCAB  # the hot-vocabulary size of the hidden-state methods
@@ -326,7 +376,13 @@ PEERS: dict[str, PeerSpec] = {
                             "transformers assisted generation (its own draft-length schedule)", "draft"),
     "hf-prompt-lookup": PeerSpec(lambda m, o: HFMethod("hf-prompt-lookup", m, o, prompt_lookup_num_tokens=o.gamma),
                                  "transformers prompt lookup (--gamma tokens)"),
-    "llama-cpp": PeerSpec(make_llama_cpp, "llama-cpp-python on the GGUF file, if installed"),
+    "llama-cpp": PeerSpec(make_llama_server, "llama.cpp's own llama-server on the GGUF file, -np 1, --threads "
+                          f"(`{INSTALL_COMMAND}` builds it)"),
+    "llama-cpp-draft": PeerSpec(lambda m, o: make_llama_server(m, o, draft=True),
+                                "llama-server with -md, the draft's GGUF (--spec-type draft-simple): llama.cpp's "
+                                "own speculative decoding, its default draft length", "draft"),
+    "llama-cpp-python": PeerSpec(make_llama_cpp_python, "llama-cpp-python, the Python binding (older figures' "
+                                 "peer), if installed"),
 }
 
 VARIANTS_HELP = ("M@N (the tree of at most N nodes), M-lookup (prompt lookup's match as one more tree branch), "
