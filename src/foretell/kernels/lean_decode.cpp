@@ -60,10 +60,14 @@ inline float hsum(__m256 v) {
 }
 
 // e^x for 8 floats: x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^7 (relative error ~1e-8,
-// below float rounding), times 2^n built in the exponent bits. Inputs are clamped to [-87, 88] (e^-87 ~ 1e-38).
+// below float rounding), times 2^n built in the exponent bits. Inputs are clamped to [-80, 88], and below -80 the
+// result is 0: e^-80 ~ 2e-35 is lost in any sum with softmax's largest term (1) or in SiLU's 1 + e^-g, while the
+// values near e^-87 this once returned were denormal floats, each product with them ~100x slower (a one-token
+// step over a context full of such keys took 180 ms instead of 8; docs/speed.md).
 // The scalar std::exp cost ~2 ms a token in softmax and SiLU at 256 tokens of context.
 inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 kept = _mm256_cmp_ps(x, _mm256_set1_ps(-80.0f), _CMP_GE_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-80.0f)), _mm256_set1_ps(88.0f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);  // ln 2 in two parts: r stays exact
@@ -77,7 +81,7 @@ inline __m256 exp8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
   const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(scale)), kept);
 }
 
 // v[i] = e^(v[i] - shift) for i < n
