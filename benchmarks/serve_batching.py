@@ -35,7 +35,16 @@ from foretell.bench.datasets import load_prompts  # noqa: E402
 from foretell.bench.llama_server import LlamaServer, ServerConfig, build_info, find_binary, missing_binary  # noqa: E402
 from foretell.errors import ForetellError  # noqa: E402
 
-FORETELL_SERVERS = ("plain", "speculative", "fixed-by-batch-size")
+# row name -> `foretell serve` flags (after --dtype, so a row's own --dtype wins). The GGUF's Q4_1 blocks with 8-bit
+# activations are llama.cpp's arithmetic on the same file; "DRAFTER" becomes --drafter's flags (none: the target's
+# default drafter); "fixed-by-batch-size" is vLLM's rule as the reference for foretell's batch-aware budget.
+Q8 = ["--quant", "gguf-q8", "--dtype", "float32"]
+FORETELL_SERVERS = {
+    "plain": [*Q8, "--drafter", "none"],
+    "speculative": [*Q8, "DRAFTER", "--batch-budget", "auto"],
+    "speculative-bf16": ["--dtype", "bfloat16", "DRAFTER", "--batch-budget", "auto"],
+    "fixed-by-batch-size": [*Q8, "DRAFTER", "--batch-budget", "fixed"],
+}
 LLAMA_SERVERS = {"llama-server": None, "llama-server-ngram": "ngram-simple"}  # row name -> --spec-type
 
 
@@ -105,8 +114,9 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--threads", type=int, default=2, help="threads of every server (default: %(default)s)")
-    p.add_argument("--drafter", default="--drafter prompt-lookup",
-                   help="the speculative servers' drafter flags (default: %(default)s)")
+    p.add_argument("--drafter", default="",
+                   help="the speculative servers' drafter flags, e.g. \"--drafter prompt-lookup\" (default: none, the "
+                   "target's default drafter)")
     p.add_argument("--clients", default="1,4,16")
     p.add_argument("--requests", default="12,24,48", help="requests per level and server (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -136,11 +146,12 @@ def main() -> None:
         print(json.dumps(results["single_vs_batched"]), file=sys.stderr)
 
     args.leave_share = 0.0
-    flags = {"plain": (["--drafter", "none"], "server-plain.log"),
-             "speculative": ([*drafter, "--batch-budget", "auto"], "server-spec.log"),
-             "fixed-by-batch-size": ([*drafter, "--batch-budget", "fixed"], "server-fixed.log")}
-    servers: dict[str, object] = {name: Server(name, args, flags[name][0], args.out / flags[name][1])
+    def flags(name: str) -> list[str]:
+        return [f for flag in FORETELL_SERVERS[name] for f in (drafter if flag == "DRAFTER" else [flag])]
+
+    servers: dict[str, object] = {name: Server(name, args, flags(name), args.out / f"server-{name}.log")
                                   for name in FORETELL_SERVERS if name in chosen}
+    results["settings"]["servers"] = {name: server.command for name, server in servers.items()}
     starters = {} if args.no_llama_cpp else {name: llama_server_starter(args, spec) for name, spec in
                                              LLAMA_SERVERS.items() if name in chosen}
     starters = {name: start for name, start in starters.items() if start is not None}
