@@ -290,6 +290,14 @@ def packed_projection(layer: nn.Module, interleave: bool,
     return kind, main, scales, bias
 
 
+def visible_slots(tree_mask: torch.Tensor, rows: int, length: int) -> torch.Tensor:
+    """A tree pass's mask as lean_decode reads it, bool [rows, length + rows]: the last K slots per the tree mask
+    [rows, K], the committed ones before them all visible."""
+    visible = torch.ones(rows, length + rows, dtype=torch.bool)
+    visible[:, visible.shape[1] - tree_mask.shape[1]:] = tree_mask
+    return visible
+
+
 def run_chunked(kernel, max_rows: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache,
                 tree_mask: torch.Tensor | None, weights: tuple, side: torch.Tensor | None = None,
                 side_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -297,10 +305,7 @@ def run_chunked(kernel, max_rows: int, x: torch.Tensor, cos: torch.Tensor, sin: 
     on the rows beside it), writing their cache slots. weights: (layers, head, kinds, heads, kv_heads, eps,
     act_q8). Returns logits [T, V], states [L + 1, T, H] and the last layer's outputs before the final norm."""
     T = x.shape[0]
-    visible = None
-    if tree_mask is not None:  # the last K slots per the tree, the committed ones before them all visible
-        visible = torch.ones(T, cache.length + T, dtype=torch.bool)
-        visible[:, visible.shape[1] - tree_mask.shape[1]:] = tree_mask
+    visible = None if tree_mask is None else visible_slots(tree_mask, T, cache.length)
     empty = torch.empty(0)
     parts = []
     for start in range(0, T, max_rows):
@@ -355,6 +360,12 @@ class LeanStep:
         self.streams_bf16 = any(kind in (BF16, BF16X, BF16A) for kind in self.kinds)
         self.amx = BF16A in self.kinds  # bf16 products on AMX tiles
 
+    @property
+    def weights(self) -> tuple:
+        """The kernel's arguments after the activations and caches: (layers, head, kinds, heads, kv_heads, eps,
+        act_q8)."""
+        return self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps, self.act_q8
+
     def takes(self, rows: int, context: int, tree: bool = False) -> bool:
         """Whether a pass of `rows` tokens after `context` committed ones runs here (else in PyTorch): every pass
         with 8-bit activations; else up to max_rows, a tree of any size, and after a context up to
@@ -368,7 +379,6 @@ class LeanStep:
         8-bit activations) run in consecutive chunks."""
         model = self.model
         cos, sin = model.rope(positions, int(positions.max()), torch.float32)
-        weights = (self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps, self.act_q8)
         logits, states, _ = run_chunked(self.kernel, self.max_rows, model.embed_tokens(input_ids), cos, sin, cache,
-                                        tree_mask, weights)
+                                        tree_mask, self.weights)
         return logits, states

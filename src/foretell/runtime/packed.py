@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from foretell.models.lean_step import visible_slots
 from foretell.models.transformer import ForwardOutput, Transformer
 
 
@@ -38,16 +39,6 @@ def lean_takes(step, p) -> bool:
             and cache.k.dtype == torch.float32)
 
 
-def visible_slots(p) -> torch.Tensor:
-    """The pass's mask as the kernel reads it: bool [T, length + T] (empty: causal)."""
-    if p.tree_mask is None:
-        return torch.empty(0, dtype=torch.bool)
-    T, length = p.input_ids.shape[0], p.cache.length
-    visible = torch.ones(T, length + T, dtype=torch.bool)
-    visible[:, visible.shape[1] - p.tree_mask.shape[1]:] = p.tree_mask
-    return visible
-
-
 def lean_packed(target: Transformer, passes: list) -> list[ForwardOutput]:
     """The passes' rows in one lean_decode_packed call (the caches get their new slots written)."""
     step = target.lean
@@ -62,8 +53,9 @@ def lean_packed(target: Transformer, passes: list) -> list[ForwardOutput]:
               for p, start, size in zip(passes, starts, sizes)]
     logits, states, _ = step.kernel_packed(
         x, cos, sin, [p.cache.k for p in passes], [p.cache.v for p in passes], [p.cache.length for p in passes],
-        sizes, [visible_slots(p) for p in passes], step.tensors, step.head, step.kinds, step.heads, step.kv_heads,
-        step.eps, step.act_q8, torch.cat(picked).tolist())
+        sizes, [torch.empty(0, dtype=torch.bool) if p.tree_mask is None else
+                visible_slots(p.tree_mask, size, p.cache.length) for p, size in zip(passes, sizes)],
+        *step.weights, torch.cat(picked).tolist())
     outputs, first = [], 0
     for p, start, size, rows in zip(passes, starts, sizes, picked):
         n = rows.numel()
