@@ -15,14 +15,15 @@ from foretell.types import GenerationStats
 
 
 @contextmanager
-def running(app):
-    """Serve `app` with uvicorn in a background thread; yields its base URL. The socket is bound here, on a
-    free port, and handed to uvicorn, so no other process can take the port in between."""
-    import uvicorn
+def serving(app):
+    """Serve `app` as `foretell serve` does (serve/server.py) in a background thread; yields the server and its
+    base URL. The socket is bound here, on a free port, and handed to uvicorn, so no other process can take the
+    port in between. Leaving the block shuts the server down as SIGTERM would."""
+    from foretell.serve.server import Server
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = Server(app, log_level="warning")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -30,11 +31,18 @@ def running(app):
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield server, f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
-        thread.join(30)
+        thread.join(60)
         sock.close()
+
+
+@contextmanager
+def running(app):
+    """serving(app), yielding only the base URL."""
+    with serving(app) as (_, url):
+        yield url
 
 
 def metric(base_url: str, name: str, **labels) -> float:

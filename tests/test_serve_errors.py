@@ -96,15 +96,35 @@ def test_error_messages_name_the_problem(server):
     assert assert_openai_error(r, 400)["param"] == "temperature"
     r = httpx.post(server + CHAT, json=chat(max_tokens=10**12))
     assert "context window is 256" in assert_openai_error(r, 400)["message"]
-    r = httpx.post(server + CHAT, content=b"{oops")
+    r = httpx.post(server + CHAT, content=b"{oops", headers={"content-type": "application/json"})
     assert "not valid JSON" in assert_openai_error(r, 400)["message"]
     assert "n must be 1" in assert_openai_error(httpx.post(server + CHAT, json=chat(n=3)), 400)["message"]
+
+
+NAMED_FIELDS = {  # checks across fields, and pydantic's own: each 400 names the field in `param`
+    "n": (CHAT, chat(n=3)),
+    "stream_options": (CHAT, chat(stream_options={"include_usage": True})),
+    "stop": (CHAT, chat(stop=[""])),
+    "frequency_penalty": (CHAT, chat(frequency_penalty=0.5)),
+    "tools": (CHAT, chat(tools=[{"type": "function"}])),
+    "max_completion_tokens": (CHAT, chat(max_tokens=4, max_completion_tokens=5)),
+    "prompt": (COMPLETIONS, {"model": MODEL, "prompt": ["w1", "w2"]}),
+    "max_tokens": (CHAT, chat(max_tokens="ten")),
+    "messages": (CHAT, chat(messages=[{"role": "robot", "content": "w1"}])),
+}
+
+
+@pytest.mark.parametrize("param, path, body", [(k, *v) for k, v in NAMED_FIELDS.items()], ids=NAMED_FIELDS.keys())
+def test_a_400_about_a_field_names_it_in_param(server, param, path, body):
+    error = assert_openai_error(httpx.post(server + path, json=body), 400)
+    assert error["param"] == param and param in error["message"]
 
 
 def test_oversized_body_without_content_length(server):
     """A chunked body has no Content-Length: it is counted as it arrives and refused past the limit."""
     chunks = (b'{"model": "tiny", "prompt": "' + b"w1 " * 500 for _ in range(10))
-    assert_openai_error(httpx.post(server + COMPLETIONS, content=chunks), 413, "request_too_large")
+    r = httpx.post(server + COMPLETIONS, content=chunks, headers={"content-type": "application/json"})
+    assert_openai_error(r, 413, "request_too_large")
 
 
 def test_unknown_route_and_method(server):
@@ -134,7 +154,13 @@ def test_api_key(pipeline):
         assert_openai_error(httpx.post(url + COMPLETIONS, json=body), 401, "invalid_api_key")
         assert_openai_error(httpx.post(url + COMPLETIONS, json=body, headers={"Authorization": "Bearer nope"}), 401)
         assert_openai_error(httpx.get(url + "/v1/models", headers={"Authorization": "k3y"}), 401)
+        assert_openai_error(httpx.get(url + "/v1/models", headers={"Authorization": "Basic k3y"}), 401)
         assert httpx.post(url + COMPLETIONS, json=body, headers={"Authorization": "Bearer k3y"}).status_code == 200
+        for scheme in ("bearer", "BEARER", "BeArEr"):  # a scheme is case-insensitive (RFC 9110)
+            assert httpx.get(url + "/v1/models", headers={"Authorization": f"{scheme} k3y"}).status_code == 200
+        for headers in ({}, {"Authorization": "Bearer nope"}):  # a 401 says which scheme to use (RFC 9110)
+            refused = httpx.get(url + "/v1/models", headers=headers)
+            assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer ")
         assert httpx.get(url + "/health").status_code == 200  # probes need no key
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
@@ -143,7 +169,8 @@ def test_api_key(pipeline):
 
 def test_settings_are_checked():
     for bad in (dict(max_queue=0), dict(request_timeout=0), dict(max_body_bytes=10), dict(api_key="two words"),
-                dict(max_batch=0), dict(batch_budget="some"), dict(prefill_chunk=0)):
+                dict(max_batch=0), dict(batch_budget="some"), dict(prefill_chunk=0), dict(shutdown_timeout=-1),
+                dict(header_timeout=0), dict(keep_alive_timeout=float("nan"))):
         with pytest.raises(ForetellError):
             ServeSettings(**bad)
 

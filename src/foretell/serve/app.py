@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import sys
 import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -18,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from foretell.api import Pipeline
 from foretell.errors import ForetellError
@@ -33,7 +33,8 @@ COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completion
 
 def create_app(pipeline: Pipeline, model_name: str, settings: ServeSettings, batch=None) -> FastAPI:
     """An app serving `pipeline` as `model_name`. The app owns one worker thread driving a batching engine
-    (`batch`, by default one over the pipeline per the settings), started and stopped with the app's lifespan."""
+    (`batch`, by default one over the pipeline per the settings), started and stopped with the app's lifespan.
+    Serve it with server.Server, which applies the settings' timeouts and says how the shutdown went."""
     server = Routes(pipeline, model_name, settings, batch)
 
     @asynccontextmanager
@@ -41,9 +42,9 @@ def create_app(pipeline: Pipeline, model_name: str, settings: ServeSettings, bat
         server.worker.start()
         yield
         await asyncio.to_thread(server.worker.stop)
-        print("foretell serve: shut down cleanly", file=sys.stderr, flush=True)
 
     app = FastAPI(title="foretell", lifespan=lifespan)
+    app.state.settings, app.state.worker = settings, server.worker
     add_error_handlers(app, server.metrics)
     app.add_api_route("/health", server.health, methods=["GET"])
     app.add_api_route("/metrics", server.prometheus, methods=["GET"])
@@ -78,12 +79,14 @@ class Routes:
         self.created = int(time.time())
 
     def require_key(self, request: Request) -> None:
+        """`Authorization: Bearer <key>`, the scheme in any case (RFC 9110 makes it case-insensitive)."""
         if self.settings.api_key is None:
             return
-        given = request.headers.get("authorization", "").encode()
-        if not secrets.compare_digest(given, f"Bearer {self.settings.api_key}".encode()):
+        scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+        key = self.settings.api_key.encode()
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key):
             raise APIError(401, "missing or wrong API key: send the header Authorization: Bearer <key>",
-                           code="invalid_api_key")
+                           code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="foretell"'})
 
     async def health(self) -> dict:
         if not self.worker.alive:
@@ -156,10 +159,13 @@ async def read_body(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise too_large(int(declared), limit)
     body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > limit:
-            raise too_large(len(body), limit)
+    try:
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise too_large(len(body), limit)
+    except ClientDisconnect:  # an answer nobody reads, not a server error with a traceback in the log
+        raise Cancelled("the client left before sending its whole body") from None
     return bytes(body)
 
 
@@ -168,7 +174,21 @@ def too_large(size: int, limit: int) -> APIError:
                     f"takes at most {limit} (--max-body-bytes)", code="request_too_large")
 
 
+def require_json(request: Request) -> None:
+    """415 unless the body is declared JSON. Besides telling a client what is wrong, this keeps web pages off the
+    server: a browser sends a cross-site POST without asking first (a CORS preflight) only for form and
+    text/plain bodies, and a JSON one it never sends, as the server grants no cross-site access."""
+    declared = request.headers.get("content-type", "")
+    media, *params = (part.strip().lower() for part in declared.split(";"))
+    charset = next((p.partition("=")[2].strip('"') for p in params if p.startswith("charset=")), "utf-8")
+    if media != "application/json" or charset not in ("utf-8", "utf8"):
+        got = f"Content-Type: {declared}" if declared else "no Content-Type"
+        raise APIError(415, f"the body must be JSON in UTF-8, sent with Content-Type: application/json; got {got}",
+                       code="unsupported_media_type")
+
+
 async def parse(request: Request, model: type[BaseModel], limit: int):
+    require_json(request)
     body = await read_body(request, limit)
     try:
         return model.model_validate_json(body)

@@ -1,4 +1,5 @@
-"""The `foretell serve` command: flags -> ServeSettings and a SpeculativeConfig, a pipeline, then uvicorn.
+"""The `foretell serve` command: flags -> ServeSettings and a SpeculativeConfig, a pipeline, then uvicorn
+(server.py).
 
 Imports of the web stack wait until the command runs, so the rest of the CLI works without the serve extra.
 """
@@ -25,7 +26,8 @@ def add_serve_parser(sub) -> None:
         "serve", help="OpenAI-compatible HTTP server with speculative decoding",
         description="Serve one model on /v1/completions, /v1/chat/completions and /v1/models, with /health and "
         "/metrics (Prometheus). Speculation is configured as for `foretell generate`. Requests queue for the "
-        "engine, which decodes up to --max-batch of them together: one target pass a step for all of them.")
+        "engine, which batches them continuously: up to --max-batch are decoded together, one target pass a step "
+        "for all of them, and a request joins or leaves the batch between passes.")
     add_model_args(p)
     add_speculative_args(p)
     defaults = ServeSettings()
@@ -44,16 +46,22 @@ def add_serve_parser(sub) -> None:
     g.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes,
                    help="largest request body; larger ones get 413 (default: %(default)s)")
     g.add_argument("--max-batch", type=int, default=defaults.max_batch,
-                   help="requests decoded together, one target pass verifying all their drafts; 1 = one at a time "
-                   "(default: %(default)s)")
+                   help="requests decoded together, one target pass verifying all their drafts; 1 turns batching "
+                   "off (default: %(default)s)")
     g.add_argument("--batch-budget", default=defaults.batch_budget, choices=("auto", "fixed", "none"),
                    help="draft tokens each request may have verified per pass: auto = foretell's batch-aware budget "
                    "(measured cost curve), fixed = by batch size (vLLM's rule), none = each drafter as configured "
                    "(default: %(default)s)")
     g.add_argument("--prefill-chunk", type=int, default=defaults.prefill_chunk,
                    help="prompt tokens read per pass, so long prompts never stall running requests (default: %(default)s)")
-    g.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="on SIGTERM or Ctrl-C, seconds to let requests in flight finish (default: %(default)s)")
+    g.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
+                   help="on SIGTERM or Ctrl-C, seconds to let requests in flight finish; the ones still running then "
+                   "are answered 503 (a stream: an error event, then [DONE]) (default: %(default)s)")
+    g.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
+                   help="seconds a connection may take to send a request's line and headers; slower ones are "
+                   "closed (default: %(default)s)")
+    g.add_argument("--keep-alive-timeout", type=float, default=defaults.keep_alive_timeout,
+                   help="seconds an idle connection stays open between requests (default: %(default)s)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level; info logs every request (default: %(default)s)")
     p.set_defaults(run=run_serve)
@@ -61,9 +69,8 @@ def add_serve_parser(sub) -> None:
 
 def run_serve(args: argparse.Namespace) -> None:
     try:
-        import uvicorn
-
         from foretell.serve.app import create_app
+        from foretell.serve.server import Server
     except ImportError as e:
         raise ForetellError(f"foretell serve needs the serve extra ({e.name} is missing): "
                             "pip install 'foretell[serve]'") from None
@@ -77,7 +84,9 @@ def run_serve(args: argparse.Namespace) -> None:
     settings = ServeSettings(api_key=args.api_key or os.environ.get("FORETELL_API_KEY") or None,
                              max_queue=args.max_queue, request_timeout=args.request_timeout,
                              max_body_bytes=args.max_body_bytes, max_batch=args.max_batch,
-                             batch_budget=args.batch_budget, prefill_chunk=args.prefill_chunk)
+                             batch_budget=args.batch_budget, prefill_chunk=args.prefill_chunk,
+                             shutdown_timeout=args.shutdown_timeout, header_timeout=args.header_timeout,
+                             keep_alive_timeout=args.keep_alive_timeout)
     if not 0 <= args.port <= 65535:
         raise ForetellError(f"--port must be in 0..65535, got {args.port}")
     spec, why = speculative_from_args(args, args.model)
@@ -97,11 +106,16 @@ def run_serve(args: argparse.Namespace) -> None:
     if args.host not in LOOPBACK and settings.api_key is None:
         print(f"[warning: listening on {args.host} without an API key: anyone who can reach it may use it]",
               file=sys.stderr)
-    # uvicorn handles SIGTERM itself (stop accepting, let requests in flight finish, stop the worker), then
-    # raises the signal again for the previous handler: this one makes that a clean exit, status 0.
+    # uvicorn handles SIGTERM itself (stop accepting, let requests in flight finish or end them, stop the worker),
+    # then raises the signal again for the previous handler: this one makes that an exit with status 0.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=args.shutdown_timeout)
+    server = Server(app, host=args.host, port=args.port, log_level=args.log_level)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn raises it again once it has shut down
+        pass
+    if not server.started:
+        raise ForetellError(f"the server did not start on {args.host}:{args.port}: see the log above")
 
 
 def _exit_cleanly(signum, frame) -> None:

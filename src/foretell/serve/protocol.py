@@ -63,8 +63,22 @@ def from_validation_error(e: ValidationError) -> APIError:
         message = err["msg"].removeprefix("Value error, ")
         parts.append(f"{where}: {message}" if where else message)
     more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-    param = str(errors[0]["loc"][0]) if errors and errors[0]["loc"] else None
-    return invalid("invalid request: " + "; ".join(parts) + more, param=param)
+    return invalid("invalid request: " + "; ".join(parts) + more, param=field_of(errors[0]) if errors else None)
+
+
+class FieldError(ValueError):
+    """A check across a request's fields that fails because of one of them: its 400 names it in `param`."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+def field_of(error: dict) -> str | None:
+    """The top-level field one pydantic error is about: from its location, else from a FieldError."""
+    if error["loc"]:
+        return str(error["loc"][0])
+    return getattr((error.get("ctx") or {}).get("error"), "param", None)
 
 
 class StreamOptions(BaseModel):
@@ -98,16 +112,16 @@ class _GenerationRequest(BaseModel):
     @model_validator(mode="after")
     def _supported(self):
         if self.n != 1:
-            raise ValueError(f"n must be 1 (this server returns one choice per request), got {self.n}")
+            raise FieldError("n", f"n must be 1 (this server returns one choice per request), got {self.n}")
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed with stream: true")
+            raise FieldError("stream_options", "stream_options is only allowed with stream: true")
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
-            raise ValueError(f"stop takes 1 to {MAX_STOP_STRINGS} non-empty strings")
+            raise FieldError("stop", f"stop takes 1 to {MAX_STOP_STRINGS} non-empty strings")
         for name, neutral in NEUTRAL.items():
             value = getattr(self, name, None)
             if not any(value == v and type(value) is type(v) for v in neutral):
-                raise ValueError(f"{name} is not supported by this server; leave it out (got {value!r})")
+                raise FieldError(name, f"{name} is not supported by this server; leave it out (got {value!r})")
         return self
 
     @property
@@ -127,8 +141,9 @@ class _GenerationRequest(BaseModel):
                 top_k=max(self.top_k or 0, 0), top_p=1.0 if self.top_p is None else float(self.top_p),
                 seed=self.seed, max_new_tokens=max_new_tokens, stop=stop,
             )
-        except ForetellError as e:
-            raise invalid(str(e)) from None
+        except ForetellError as e:  # the engine's checks name the parameter first, as the request spells it
+            named = next((f for f in type(self).model_fields if str(e).startswith(f + " ")), None)
+            raise invalid(str(e), param=named) from None
 
 
 class CompletionRequest(_GenerationRequest):
@@ -142,7 +157,7 @@ class CompletionRequest(_GenerationRequest):
     @model_validator(mode="after")
     def _one_prompt(self):
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise ValueError(f"prompt: one prompt per request, got a list of {len(self.prompt)}")
+            raise FieldError("prompt", f"prompt: one prompt per request, got a list of {len(self.prompt)}")
         return self
 
     @property
@@ -182,7 +197,7 @@ class ChatCompletionRequest(_GenerationRequest):
     @model_validator(mode="after")
     def _one_limit(self):
         if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
-            raise ValueError("max_tokens and max_completion_tokens disagree: give one")
+            raise FieldError("max_completion_tokens", "max_tokens and max_completion_tokens disagree: give one")
         return self
 
     @property

@@ -19,6 +19,12 @@ class ServeSettings:
         batch-aware budget, from this machine's measured cost curve), fixed (by batch size, as vLLM
         configures it) or none (each drafter as configured).
     prefill_chunk: prompt tokens read per pass, so a long prompt never stalls the requests already running.
+    shutdown_timeout: on SIGTERM, seconds the requests in flight may take to finish; past it each still running is
+        ended with an error (a 503, or an error event and [DONE] in a stream).
+    header_timeout: seconds a connection may take to send a request's line and headers, counted from its opening
+        or from the end of its previous response; past it the connection is closed (a client that never
+        finishes its headers holds no connection for long).
+    keep_alive_timeout: seconds an idle connection is kept open between requests.
     """
 
     api_key: str | None = None
@@ -29,6 +35,9 @@ class ServeSettings:
     max_batch: int = 16
     batch_budget: str = "auto"
     prefill_chunk: int = 256
+    shutdown_timeout: float = 30.0
+    header_timeout: float = 30.0
+    keep_alive_timeout: float = 5.0
 
     def __post_init__(self):
         if self.api_key is not None and (not self.api_key or not self.api_key.isprintable() or " " in self.api_key):
@@ -43,5 +52,10 @@ class ServeSettings:
             raise ForetellError(f"--max-batch and --prefill-chunk must be >= 1, got {self.max_batch} and {self.prefill_chunk}")
         if self.batch_budget not in ("auto", "fixed", "none"):
             raise ForetellError(f"--batch-budget must be auto, fixed or none, got {self.batch_budget!r}")
+        if not self.shutdown_timeout >= 0:
+            raise ForetellError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
+        for flag, seconds in (("--header-timeout", self.header_timeout), ("--keep-alive-timeout", self.keep_alive_timeout)):
+            if not seconds > 0:
+                raise ForetellError(f"{flag} must be > 0 seconds, got {seconds}")
         if self.retry_after < 0:
             raise ForetellError(f"retry_after must be >= 0 seconds, got {self.retry_after}")

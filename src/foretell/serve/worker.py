@@ -132,6 +132,8 @@ class Worker:
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._running: list[Running] = []
+        # Requests a client still waited for that ended because the server stopped (for the exit message).
+        self.ended_by_shutdown = 0
 
     @property
     def alive(self) -> bool:
@@ -144,6 +146,7 @@ class Worker:
     def submit(self, job: Job) -> None:
         """Queue a job; QueueFull or ShuttingDown when it cannot be."""
         if self._closing.is_set():
+            self.ended_by_shutdown += 1
             raise ShuttingDown("the server is shutting down")
         self._metrics.waiting.inc()  # before the put, so the worker's dec never comes first
         try:
@@ -152,8 +155,9 @@ class Worker:
             self._metrics.waiting.dec()
             raise QueueFull(f"the server is busy: {self._jobs.maxsize} requests are already waiting") from None
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Cancel the running jobs, fail the waiting ones, and wait for the thread."""
+    def stop(self, timeout: float = 10.0) -> int:
+        """End the running and the waiting jobs with ShuttingDown and wait for the thread; returns how many
+        requests (whose clients still waited) the server's stopping has ended so far. Stopping twice is fine."""
         self._closing.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -163,7 +167,8 @@ class Worker:
             except queue.Empty:
                 break
             self._metrics.waiting.dec()
-            self._stopped_early(job, "shutdown")
+            self._stopped_early(job, self._reason_to_stop(job))
+        return self.ended_by_shutdown
 
     def _run(self) -> None:
         while not self._closing.is_set():
@@ -181,9 +186,10 @@ class Worker:
                 if not self._running:
                     release_free_memory()
         for run in self._running:
-            run.request.cancel()
-            self._stopped_early(run.job, "shutdown")
-            self._end(run)
+            if not run.done:
+                run.request.cancel()
+                self._stopped_early(run.job, self._reason_to_stop(run.job))
+                self._end(run)
 
     def _admit(self, block: bool) -> None:
         """Jobs from the queue into the batch while it has room (waiting briefly for one when nothing runs)."""
@@ -247,4 +253,8 @@ class Worker:
     def _stopped_early(self, job: Job, reason: str) -> None:
         """Count a job stopped before its end and end its request's wait (the request may be gone already)."""
         self._metrics.aborted.labels(reason=reason).inc()
-        job.channel.send(ShuttingDown("the server is shutting down") if reason == "shutdown" else Cancelled(reason))
+        if reason == "shutdown":
+            self.ended_by_shutdown += 1
+            job.channel.send(ShuttingDown("the server shut down before this request finished"))
+        else:
+            job.channel.send(Cancelled(reason))
