@@ -276,3 +276,16 @@ def test_cli_checks_server_flags_before_loading(tiny_pair, capsys):
     assert "--port" in capsys.readouterr().err
     assert main([*model, "--drafter", "none", "--gamma", "3"]) == 2  # the speculative config is checked as for generate
     assert "gamma" in capsys.readouterr().err
+    assert main([*model, "--header-timeout", "0"]) == 2
+    assert "--header-timeout must be > 0" in capsys.readouterr().err
+
+
+def test_serve_help_says_what_the_server_does(capsys):
+    from foretell.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exited.value.code == 0
+    assert "batches them continuously" in text and "one at a time" not in text
+    assert "--header-timeout" in text and "--keep-alive-timeout" in text and "error event, then [DONE]" in text
