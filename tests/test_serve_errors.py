@@ -102,10 +102,10 @@ def test_error_messages_name_the_problem(server):
 
 
 NAMED_FIELDS = {  # checks across fields, and pydantic's own: each 400 names the field in `param`
-    "n": (CHAT, chat(n=3)),
+    "n": (CHAT, chat(n=0)),
     "stream_options": (CHAT, chat(stream_options={"include_usage": True})),
     "stop": (CHAT, chat(stop=[""])),
-    "frequency_penalty": (CHAT, chat(frequency_penalty=0.5)),
+    "echo": (COMPLETIONS, {"model": MODEL, "prompt": "w1", "echo": True}),
     "tools": (CHAT, chat(tools=[{"type": "function"}])),
     "max_completion_tokens": (CHAT, chat(max_tokens=4, max_completion_tokens=5)),
     "prompt": (COMPLETIONS, {"model": MODEL, "prompt": ["w1", "w2"]}),
