@@ -9,7 +9,7 @@ import torch
 
 from conftest import PROMPTS
 from foretell.api import load
-from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize, node_values, truncate
+from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize, chain_values, node_values, truncate
 from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
 from foretell.models.eagle3 import new_eagle3_head, save_eagle3_head
@@ -199,6 +199,44 @@ def test_batch_aware_budget_looks_past_a_step_in_the_cost_curve():
     stepped = BatchAwareBudget(cost=lambda n: 1.0 if n <= 1 else 1.6)
     assert stepped.caps([[0.5, 0.5, 0.5, 0.5]]) == [4]
     assert stepped.caps([[0.5, 0.05]]) == [0]  # 1.55 tokens in 1.6 s is worse than 1 in 1 s
+
+
+def test_before_drafting_a_dear_drafter_is_not_run():
+    """The pre-draft rule: the same expected acceptance pays from a cheap drafter and not from a dear one."""
+    budget = BatchAwareBudget(cost=lambda n: 1.0 + 0.01 * n)
+    values = [chain_values([0.8, 0.6], 4), chain_values([0.8, 0.6], 4)]
+    assert values[0] == pytest.approx([0.8, 0.48, 0.288, 0.1728])
+    assert budget.caps(values, [0.01, 0.01]) == [4, 4]
+    assert budget.caps(values, [0.01, 5.0]) == [4, 0]  # a level of the second drafter costs five passes
+    caps = budget.caps(values, [0.3, 0.3])  # the deep levels no longer pay for their drafting
+    assert 0 < caps[0] < 4 and 0 < caps[1] < 4
+    assert chain_values([], 2) == [0.5, 0.25] and chain_values([0.9], 0) == []
+
+
+def test_the_batch_budget_learns_what_each_request_adds_to_a_pass():
+    budget = BatchAwareBudget(cost=lambda n: 0.01 * n, smoothing=0.5)
+    for _ in range(30):
+        budget.observe(tokens=4, requests=2, seconds=0.05)  # 0.04 s by the curve, 0.005 s more a request
+    assert budget.per_request == pytest.approx(0.005)
+    budget.observe(tokens=4, requests=2, seconds=0.01)  # faster than the curve: no negative cost
+    assert 0.0 <= budget.per_request < 0.005
+
+
+def test_requests_whose_drafts_would_not_pay_are_not_drafted(pipes):
+    """With the batch-aware budget and more than one request, a drafter whose level costs more than its drafts
+    return is not run at all; the tokens stay each request's tokens alone."""
+    pipe = pipes["draft-model"]
+    alone = [pipe.engine.generate(p, GREEDY).tokens for p in PROMPTS[:2]]
+    name = pipe.engine.drafter.name
+    for seconds_a_level, drafted in [(100.0, False), (0.0, True)]:
+        batch = pipe.batch_engine(BatchAwareBudget(cost=lambda n: 1.0 + 0.001 * n), max_batch=4)
+        batch.draft_seconds.per_level[name] = seconds_a_level
+        batch.draft_seconds.smoothing = 0.0  # keep the figure set here
+        mine = [submit(batch, p, GREEDY) for p in PROMPTS[:2]]
+        batch.run()
+        assert [c.tokens for c in mine] == alone
+        verified = sum(c.result.stats.draft_tokens_verified for c in mine)
+        assert (verified > 0) == drafted, (seconds_a_level, verified)
 
 
 def test_fixed_by_batch_size():

@@ -8,7 +8,11 @@ what it returns, and speculation must shrink or it slows serving down. Two polic
   path probability under the drafter, scaled by how well that request's drafter has been calibrated so far; a
   drafter without probabilities gets its request's measured acceptance by depth). Nodes are taken best first
   across all requests while the pass's expected tokens per second still rise: (B + sum of values) / c(B + n).
-  Speculation turns itself off, for a request or the whole pass, exactly when it stops paying.
+  Speculation turns itself off, for a request or the whole pass, exactly when it stops paying. The same rule runs
+  once before drafting too, on each request's expected acceptance by depth and its drafter's measured seconds a
+  level: a request whose drafts would not pay is not drafted at all (drafting it and dropping the drafts cost a
+  batch of four more than its speculation won). What a pass costs beyond the single-sequence curve (each request's
+  attention over its own cache, its bookkeeping) is learned from the passes served.
 - FixedByBatchSize (the peer): a draft length per batch-size range, as vLLM configures it.
 """
 
@@ -100,32 +104,75 @@ class BatchAwareBudget:
     cost: Callable[[int], float]  # seconds of a target pass over this many tokens in all
     per_request: float = 0.0  # seconds each request adds to a pass regardless of tokens (its attention, bookkeeping)
     name: str = "batch-aware"
+    smoothing: float = 0.1  # observe()'s moving average
 
-    def caps(self, values: list[list[float]]) -> list[int]:
+    def caps(self, values: list[list[float]], draft_seconds: list[float] | None = None) -> list[int]:
         """values[i]: request i's node values in proposal order (parents first). Returns how many of its nodes
-        each request keeps; node order is kept, so a prefix is always a valid tree."""
+        each request keeps; node order is kept, so a prefix is always a valid tree. draft_seconds[i] (before
+        drafting): what each of request i's nodes costs to draft, one level of its drafter."""
         b = len(values)
-        gain, tokens = float(b), b  # every request produces one token per pass without drafts
-        best, best_taken = gain / (self.cost(tokens) + self.per_request * b), 0
-        # Nodes best first across requests (values never grow along a path, so a node comes after its ancestors;
-        # ties keep proposal order). The whole order is scored and its best prefix kept, not stopped at the first
-        # node that does not pay: a cost curve with steps can make one more token a loss and three a gain.
-        heap = [(-v[0], i, 0) for i, v in enumerate(values) if v]
+        fixed = self.per_request * b
+        gain, tokens, drafting = float(b), b, 0.0  # every request produces one token per pass without drafts
+        best, best_taken = gain / (self.cost(tokens) + fixed), 0
+        # Nodes best first across requests, by value per second of drafting and verifying it (values never grow
+        # along a path, so a node comes after its ancestors; ties keep proposal order). The whole order is scored
+        # and its best prefix kept, not stopped at the first node that does not pay: a cost curve with steps can
+        # make one more token a loss and three a gain.
+        drafts = draft_seconds if draft_seconds is not None else [0.0] * b
+        token = max(self.cost(b + 1) - self.cost(b), 1e-9)
+        heap = [(-v[0] / (drafts[i] + token), i, 0) for i, v in enumerate(values) if v]
         heapq.heapify(heap)
         order: list[int] = []
         while heap:
-            neg, i, j = heapq.heappop(heap)
+            _, i, j = heapq.heappop(heap)
             order.append(i)
-            gain, tokens = gain - neg, tokens + 1
-            rate = gain / (self.cost(tokens) + self.per_request * b)
+            gain, tokens = gain + values[i][j], tokens + 1
+            drafting += drafts[i]
+            rate = gain / (self.cost(tokens) + fixed + drafting)
             if rate > best:
                 best, best_taken = rate, len(order)
             if j + 1 < len(values[i]):
-                heapq.heappush(heap, (-values[i][j + 1], i, j + 1))
+                heapq.heappush(heap, (-values[i][j + 1] / (drafts[i] + token), i, j + 1))
         caps = [0] * b
         for i in order[:best_taken]:
             caps[i] += 1
         return caps
+
+    def observe(self, tokens: int, requests: int, seconds: float) -> None:
+        """A decode pass of `requests` requests and `tokens` tokens in all took `seconds`: per_request follows what
+        the pass cost beyond the curve, a moving average (a request's attention grows with its context)."""
+        if requests < 1:
+            return
+        residual = max(0.0, (seconds - self.cost(tokens)) / requests)
+        self.per_request += self.smoothing * (residual - self.per_request)
+
+
+def chain_values(acceptance: list[float], depth: int) -> list[float]:
+    """Before drafting: the chance each level 1..depth of a request's next proposal is reached, from its
+    acceptance by depth (past its history, the last rate; without history, 0.5)."""
+    values, reach = [], 1.0
+    for d in range(depth):
+        reach *= acceptance[d] if d < len(acceptance) else (acceptance[-1] if acceptance else 0.5)
+        values.append(reach)
+    return values
+
+
+@dataclass
+class DraftSeconds:
+    """Seconds one draft level costs, per drafter (a moving average over the proposals drafted in a batch)."""
+
+    per_level: dict[str, float] = field(default_factory=dict)
+    smoothing: float = 0.2
+
+    def get(self, drafter: str) -> float:
+        return self.per_level.get(drafter, 0.0)  # not measured yet: drafting is tried, and measured
+
+    def record(self, drafter: str, levels: int, seconds: float) -> None:
+        if levels < 1:
+            return
+        now = seconds / levels
+        old = self.per_level.get(drafter)
+        self.per_level[drafter] = now if old is None else old + self.smoothing * (now - old)
 
 
 @dataclass

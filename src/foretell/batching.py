@@ -21,13 +21,16 @@ from typing import Callable
 
 import torch
 
-from foretell.batch_budget import (BatchAwareBudget, BudgetStats, Calibration, DepthAcceptance, FixedByBatchSize,
-                                   node_values)
+from foretell.batch_budget import (BatchAwareBudget, BudgetStats, Calibration, DepthAcceptance, DraftSeconds,
+                                   FixedByBatchSize, chain_values, node_values)
 from foretell.decoding import Decoding
 from foretell.engine import Chunk, Engine
 from foretell.errors import ForetellError
 from foretell.runtime.packed import forward_packed
 from foretell.types import SamplingParams
+
+
+PLANNED_DEPTH = 8  # the deepest level the pre-draft rule weighs (acceptance that deep is rarely worth a pass)
 
 
 @dataclass
@@ -88,6 +91,7 @@ class BatchEngine:
         self.active: list[Request] = []
         self.budget_stats = BudgetStats()
         self.served_acceptance: dict[str, DepthAcceptance] = {}  # by drafter name, over requests that left
+        self.draft_seconds = DraftSeconds()  # what a draft level costs, by drafter name (the budget's pre-draft rule)
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, on_chunk: Callable[[Chunk], None],
                on_error: Callable[[Exception], None], engine: Engine | None = None) -> Request:
@@ -111,7 +115,11 @@ class BatchEngine:
             if not prefills and not decodes:
                 return
             passes = [p for _, p in prefills] + [p for _, p in decodes]
+            started = time.perf_counter()
             outputs = forward_packed(self.target, passes)
+            if isinstance(self.budget, BatchAwareBudget) and not prefills:  # a prompt chunk is off the curve's scale
+                self.budget.observe(sum(p.input_ids.numel() for p in passes), len(passes),
+                                    time.perf_counter() - started)
             for (request, step), out in zip(prefills, outputs):
                 request.state.prefilled_pass(step, out)
             for (request, _), out in zip(decodes, outputs[len(prefills):]):
@@ -177,16 +185,35 @@ class BatchEngine:
                 room -= step.input_ids.numel()
                 prefills.append((request, step))
         ready = [r for r in self.active if not r.state.prefilling]
-        proposals = [r.state.draft() for r in ready]
-        if self.budget is not None and len(self.active) > 1 and any(p.size for p in proposals):
-            values = [node_values(p, acceptance, r.calibration.factor)
-                      for p, r, acceptance in zip(proposals, ready, self._acceptance(ready))]
+        batched = self.budget is not None and len(self.active) > 1
+        acceptance = self._acceptance(ready) if batched else []
+        limits = self._draft_limits(ready, acceptance) if batched else [None] * len(ready)
+        proposals = [self._draft(r, limit) for r, limit in zip(ready, limits)]
+        if batched and any(p.size for p in proposals):
+            values = [node_values(p, rates, r.calibration.factor) for p, r, rates in zip(proposals, ready, acceptance)]
             caps = self.budget.caps(values)
             self.budget_stats.record([p.size for p in proposals], caps)
             for r, cap, v in zip(ready, caps, values):
                 r.state.keep(cap)
                 r.kept_value = sum(v[:cap])
         return prefills, [(r, r.state.target_pass()) for r in ready]
+
+    def _draft_limits(self, ready: list[Request], acceptance: list[list[float]]) -> list[int | None]:
+        """Before drafting, the depth each request may draft to: the batch-aware rule on its expected acceptance by
+        depth and its drafter's seconds a level (0: not drafted this pass). Other budgets: no limit."""
+        if not isinstance(self.budget, BatchAwareBudget):
+            return [None] * len(ready)
+        depths = [min(r.state.engine.max_draft, PLANNED_DEPTH) if r.state.engine.drafter is not None else 0
+                  for r in ready]
+        values = [chain_values(rates, depth) for rates, depth in zip(acceptance, depths)]
+        return self.budget.caps(values, [self.draft_seconds.get(drafter_name(r)) for r in ready])
+
+    def _draft(self, request: Request, limit: int | None):
+        started = time.perf_counter()
+        proposal = request.state.draft(limit)
+        if proposal.size:
+            self.draft_seconds.record(drafter_name(request), proposal.depth, time.perf_counter() - started)
+        return proposal
 
     def _settle(self, request: Request, out) -> None:
         before = request.state.stats.accepted_tokens
