@@ -109,11 +109,12 @@ class Server(uvicorn.Server):
             self.closed += 1
 
     def exit_message(self) -> str:
-        ended = self.worker.ended_by_shutdown
-        if not (ended or self.closed):
-            return "shut down cleanly"
-        message = (f"shut down after --shutdown-timeout ({self.settings.shutdown_timeout:g} s): {ended} "
-                   f"request(s) still in flight were ended with an error (503, or an error event in a stream)")
+        ended, parts = self.worker.ended_by_shutdown, []
+        if ended:
+            parts.append(f"{ended} request(s) still in flight were answered with an error (503, or an error event "
+                         "in a stream)")
         if self.closed:
-            message += f"; {self.closed} connection(s) were closed with their response unfinished"
-        return message
+            parts.append(f"{self.closed} connection(s) were closed with their response unfinished")
+        if not parts:
+            return "shut down cleanly"
+        return f"shut down after --shutdown-timeout ({self.settings.shutdown_timeout:g} s): " + "; ".join(parts)
