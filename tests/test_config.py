@@ -74,9 +74,6 @@ def test_an_option_for_another_method_is_refused(method, option):
 @pytest.mark.parametrize("changes, message", [
     ({"method": "eagle"}, "unknown speculative method 'eagle'; use one of none, prompt-lookup"),
     ({"method": "draft-model"}, "draft-model method needs model: a draft model"),
-    ({"method": "parallel-head"}, "needs model: a saved head folder"),
-    ({"method": "hidden-state"}, "needs model: a saved hidden-state draft folder"),
-    ({"method": "eagle3"}, "needs model: an EAGLE-3 head folder"),
     ({"gamma": 0}, "gamma .* between 1 and 16"),
     ({"gamma": 17}, "between 1 and 16"),
     ({"gamma": "4"}, "gamma must be an integer, got '4'"),

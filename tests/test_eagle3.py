@@ -268,8 +268,7 @@ def test_configuration_options():
         SpeculativeConfig(method="eagle3", model="h", hot_vocab=64)
     with pytest.raises(ForetellError, match="eagle_tree.max_nodes fixes"):
         SpeculativeConfig(method="eagle3", model="h", eagle_tree=EagleTreeShape(max_nodes=8), budget="auto")
-    with pytest.raises(ForetellError, match="needs model: an EAGLE-3 head"):
-        SpeculativeConfig(method="eagle3")
+    assert SpeculativeConfig(method="eagle3").model is None  # the target's shipped head (DrafterWeights.folder)
     with pytest.raises(ForetellError, match="eagle_tree .* applies to the eagle3"):
         SpeculativeConfig(method="parallel-head", model="h", eagle_tree=EagleTreeShape(depth=2))
     with pytest.raises(ForetellError, match="eagle3 tree depth, width and max_nodes must be >= 1"):

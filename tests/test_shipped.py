@@ -129,6 +129,16 @@ def test_a_damaged_or_misused_shipped_drafter_is_refused(shipped, tiny_pair):
         engine_for(target, root)
 
 
+def test_a_head_method_without_weights_uses_the_targets_shipped_drafter(shipped, tiny_pair, plain):
+    target, root = shipped
+    weights = DrafterWeights(target, str(tiny_pair[0]), shipped_root=root)
+    engine = build_engine(SpeculativeConfig(method="parallel-head"), weights)
+    assert engine.drafter is not None and engine.drafter.name != "none"
+    assert engine.generate(PROMPTS[0], greedy_params()).tokens == plain.engine.generate(PROMPTS[0], greedy_params()).tokens
+    with pytest.raises(ForetellError, match="no eagle3 drafter is shipped for .*: give its folder with --eagle"):
+        build_engine(SpeculativeConfig(method="eagle3"), weights)
+
+
 def test_an_eagle3_head_ships_and_loads_by_name(tiny_pair, tmp_path, plain):
     from foretell.models.eagle3 import Eagle3Config, new_eagle3_head, save_eagle3_head
 

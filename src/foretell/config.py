@@ -20,6 +20,7 @@ from foretell.errors import ForetellError
 METHODS = ("none", "prompt-lookup", "draft-model", "draft-tree", "parallel-head", "hidden-state", "eagle3")
 TREE_METHODS = ("draft-tree", "parallel-head", "hidden-state", "eagle3")  # propose trees; size themselves
 WEIGHTED_METHODS = ("draft-model", "draft-tree", "parallel-head", "hidden-state", "eagle3")  # need `model`: their weights
+HEAD_METHODS = ("parallel-head", "hidden-state", "eagle3")  # without `model`: the target's shipped drafter of the kind
 # Drafters scoring the target's output layer (or a draft model's): a hot vocabulary cuts it. An EAGLE-3 head
 # has its own reduced draft vocabulary instead (its d2t map), so hot_vocab does not apply to it.
 HOT_VOCAB_METHODS = ("draft-model", "draft-tree", "parallel-head", "hidden-state")
@@ -254,12 +255,10 @@ class SpeculativeConfig:
                     f"{option} ({flag}) applies to the {', '.join(methods)} method(s), not {self.method}: "
                     f"remove it or pick one of those methods"
                 )
-        if self.method in WEIGHTED_METHODS and not self.model:
-            kind = {"parallel-head": "a saved head folder (--head)",
-                    "hidden-state": "a saved hidden-state draft folder (--hidden-draft)",
-                    "eagle3": "an EAGLE-3 head folder (--eagle): foretell's, or a checkpoint vLLM / SGLang load"}.get(
-                self.method, "a draft model (--draft): preset, .gguf file or HF folder")
-            raise ForetellError(f"the {self.method} method needs model: {kind}")
+        if self.method in WEIGHTED_METHODS and self.method not in HEAD_METHODS and not self.model:
+            # a head method without one uses the target's shipped drafter of that kind (DrafterWeights.folder)
+            raise ForetellError(f"the {self.method} method needs model: a draft model (--draft): preset, .gguf file "
+                                "or HF folder")
         self._check_values()
 
     def _is_set(self, option: str) -> bool:

@@ -92,7 +92,21 @@ class DrafterWeights:
         from foretell.models.shipped import SHIPPED_DIR, resolve_drafter_folder
 
         root = self.shipped_root or SHIPPED_DIR
+        model = model or self.shipped_name(method)
         return self._once(("folder", model, method), lambda: resolve_drafter_folder(model, method, self.target.model, root))
+
+    def shipped_name(self, method: str) -> str:
+        """The shipped drafter of kind `method` for this target (its default first), for a head method given
+        without weights."""
+        from foretell.models.shipped import SHIPPED_DIR, shipped_manifests
+
+        mine = [m for m in shipped_manifests(self.shipped_root or SHIPPED_DIR)
+                if m.kind == method and m.target.name == self.target_name]
+        if not mine:
+            flag = {"parallel-head": "--head", "hidden-state": "--hidden-draft", "eagle3": "--eagle"}[method]
+            raise ForetellError(f"no {method} drafter is shipped for {self.target_name}: give its folder with {flag} "
+                                "(train one: docs/training.md)")
+        return max(mine, key=lambda m: m.default).name
 
     def corpus(self, name: str | None):
         """A corpus of the target's own answers (a file, or a shipped corpus's name: checked), None for None."""
