@@ -8,7 +8,7 @@
 # Scale on 2 cores (measured): self data ~?; teacher pass 1.5B bf16 ~115 tokens/s; each training stage
 # STEPS x BATCH x 256 tokens at ~50 tokens/s (60 x 8 x 256: ~40 min).
 # Environment: OUT (runs/adaspec-qwen), SELF (160) GSM8K train prompts answered, TEST (32) held-out ones,
-# SHAREGPT_ROWS (240), STEPS (60), BATCH (8), LR (2e-5), KS ("0.4 0.2"), THREADS (2).
+# SHAREGPT_ROWS (240), STEPS (60), BATCH (8), LR (2e-5), KS ("0.4 0.2"), THREADS (2), DECODE_PROMPTS (12).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F=.venv/bin/foretell
@@ -34,4 +34,22 @@ COMMON=(--target $TARGET --draft-init "$DRAFT_DIR" --data "$OUT/self-gsm8k.jsonl
 $F train adaspec "${COMMON[@]}" --stage reference
 for K in ${KS:-0.4 0.2}; do
   $F train adaspec "${COMMON[@]}" --stage draft --select-fraction "$K" --draft-name "adaspec-k$K"
+done
+# Measured as the paper does and as users feel it: alpha on the target's held-out answers (GSM8K test, ShareGPT
+# test), then real draft-model speculation (acceptance, tau, tokens/s against plain decoding in the same run), greedy
+# and at T=1, on GSM8K test prompts and on Spec-Bench. Pause other work on the cores while this runs.
+DRAFTS=(--draft "undistilled=$DRAFT_DIR" --draft "distill-all-tokens=$OUT/run/reference/model")
+for K in ${KS:-0.4 0.2}; do DRAFTS+=(--draft "adaspec-k$K=$OUT/run/adaspec-k$K/model"); done
+EVAL=(--target $TARGET "${DRAFTS[@]}" --num-sequences "${TEST:-32}" --seq-len 256 --max-new-tokens 128 --gamma 4
+  --dtype bfloat16 --threads "$T")
+for HELD in gsm8k sharegpt; do
+  [ -f "$OUT/eval-alpha-$HELD.json" ] || $F eval-draft "${EVAL[@]}" --data "$OUT/self-$HELD-test.jsonl" --prompts 0 \
+    --json "$OUT/eval-alpha-$HELD.json"
+done
+for FROM in data spec-bench; do
+  for TEMP in 0 1; do
+    [ -f "$OUT/eval-decode-$FROM-t$TEMP.json" ] || $F eval-draft "${EVAL[@]}" --data "$OUT/self-gsm8k-test.jsonl" \
+      --num-sequences 1 --prompts "${DECODE_PROMPTS:-12}" --prompts-from $FROM --decode-temperature $TEMP \
+      --json "$OUT/eval-decode-$FROM-t$TEMP.json"
+  done
 done

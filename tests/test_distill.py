@@ -313,6 +313,11 @@ def test_eval_draft_cli_reports_alpha_and_real_decoding(prepared, tmp_path, caps
         assert 0 < r["alpha"] <= 1 and 0 <= r["acceptance_rate"] <= 1 and r["tau"] >= 1 and r["speedup"] > 0
         assert 0 <= r["first_acceptance"] <= 1
     assert "| init |" in capsys.readouterr().out
+    greedy_file = tmp_path / "greedy.json"  # greedy decoding; alpha stays at its own temperature
+    assert main([*argv[:-1], str(greedy_file), "--decode-temperature", "0"]) == 0
+    greedy = json.loads(greedy_file.read_text())
+    assert [r["alpha"] for r in greedy] == [r["alpha"] for r in rows]
+    assert all(0 <= r["acceptance_rate"] <= 1 and r["tau"] >= 1 for r in greedy)
 
 
 # --- errors ---------------------------------------------------------------------------------
@@ -333,6 +338,8 @@ def test_cli_errors_are_one_line(prepared, tmp_path, capsys):
     cases = [
         (["eval-draft", "--target", cfg.target, "--draft", str(other), "--data", cfg.data.source], "different tokenizers"),
         (["eval-draft", "--target", cfg.target, "--draft", str(tmp_path / "missing"), "--data", cfg.data.source], "no model"),
+        (["eval-draft", "--target", cfg.target, "--draft", str(other), "--decode-temperature", "-1"],
+         "--decode-temperature must be >= 0"),
         (["train", "adaspec", "--target", cfg.target, "--stage", "draft", "--data", cfg.data.source, "--out", str(tmp_path / "new"),
           "--seq-len", str(SEQ_LEN), "--steps", "2", "--batch-size", "4", "--topk-teacher", "8"], "needs the reference"),
         (["train", "adaspec", "--target", cfg.target, "--out", str(tmp_path / "x"), "--batch-size", "6", "--micro-batch-size", "4"],

@@ -75,7 +75,10 @@ def add_eval_draft_parser(sub) -> None:
                    "(default: %(default)s)")
     e.add_argument("--max-new-tokens", type=int, default=o.max_new_tokens, help="(default: %(default)s)")
     e.add_argument("--gamma", type=int, default=o.gamma, help="draft tokens per step (default: %(default)s)")
-    e.add_argument("--temperature", type=float, default=o.temperature, help="(default: %(default)s)")
+    e.add_argument("--temperature", type=float, default=o.temperature,
+                   help="alpha's temperature, > 0 (default: %(default)s); also the decoding's unless --decode-temperature")
+    e.add_argument("--decode-temperature", type=float,
+                   help="temperature of the real speculative decoding, 0 = greedy (default: --temperature)")
     e.add_argument("--seed", type=int, default=o.seed)
     e.add_argument("--dtype", default=o.dtype, choices=("float32", "bfloat16", "float16"))
     e.add_argument("--json", help="also write the rows to this JSON file")
@@ -153,10 +156,14 @@ def cmd_eval_draft(args) -> None:
         torch.set_num_threads(args.threads)
     check_positive(num_sequences=args.num_sequences, seq_len=args.seq_len, gamma=args.gamma, max_new_tokens=args.max_new_tokens)
     if args.temperature <= 0:
-        raise ForetellError("--temperature must be > 0: alpha compares sampling distributions")
+        raise ForetellError("--temperature must be > 0: alpha compares sampling distributions (greedy decoding: "
+                            "--decode-temperature 0)")
+    if args.decode_temperature is not None and args.decode_temperature < 0:
+        raise ForetellError(f"--decode-temperature must be >= 0 (0 = greedy), got {args.decode_temperature}")
     opts = EvalOptions(args.num_sequences, args.seq_len, args.prompts, args.max_new_tokens, args.gamma,
                        args.temperature, args.seed, args.dtype,
-                       prompt_source=None if args.prompts_from == "data" else args.prompts_from)
+                       prompt_source=None if args.prompts_from == "data" else args.prompts_from,
+                       decode_temperature=args.decode_temperature)
     rows = compare_drafts(args.target, parse_drafts(args.draft), args.data, opts)
     print(format_table(rows))
     if args.json:

@@ -145,6 +145,7 @@ class EvalOptions:
     dtype: str = "float32"
     batch_size: int = 4
     prompt_source: str | None = None  # where the decoded prompts come from (None: the held-out data; or spec-bench)
+    decode_temperature: float | None = None  # the real decoding's (0: greedy); None: `temperature`
 
 
 def compare_drafts(target: str | Path, drafts: dict[str, Path], source: str, opts: EvalOptions) -> list[dict]:
@@ -166,8 +167,9 @@ def compare_drafts(target: str | Path, drafts: dict[str, Path], source: str, opt
     rows = [{"draft": name, "path": str(draft_dirs[name]), "alpha": round(alphas[name], 4)} for name in drafts]
     if opts.prompts:
         prompts = eval_prompts(opts.prompt_source or source, opts.prompts)
+        temperature = opts.temperature if opts.decode_temperature is None else opts.decode_temperature
         results = speculative_decoding(target_dir, draft_dirs, prompts, opts.gamma,
-                                       opts.max_new_tokens, opts.temperature, opts.seed, opts.dtype)
+                                       opts.max_new_tokens, temperature, opts.seed, opts.dtype)
         for row in rows:
             row.update(results[row["draft"]].to_dict())
     return rows
