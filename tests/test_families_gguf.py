@@ -13,6 +13,7 @@ import torch
 
 from foretell.errors import ForetellError
 from foretell.models.loading import load_model
+from gguf_blocks import quantize
 from test_families import LLAMA3_ROPE, PROMPT, VOCAB, WINDOW, build
 
 gguf = pytest.importorskip("gguf")
@@ -35,9 +36,10 @@ def llama3_rope_freqs(head_dim: int, p: dict) -> list[float]:
 
 
 def write_gguf(hf, arch: str, path, name: str = "tiny", metadata=lambda writer: None, tensors: dict | None = None,
-               q4_1=lambda hf_name: False, q8_0=lambda hf_name: False):
+               q4_1=lambda hf_name: False, q8_0=lambda hf_name: False, blocks=lambda hf_name: None):
     """A GGUF of `hf` with a word-level gpt2-type vocabulary (token ids as in conftest.make_tokenizer): F32, but
-    Q4_1 for the tensors q4_1(name) picks and Q8_0 for those q8_0(name) picks."""
+    Q4_1 for the tensors q4_1(name) picks, Q8_0 for those q8_0(name) picks, and the block type blocks(name) names
+    where it names one (gguf_blocks.quantize)."""
     c = hf.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -75,9 +77,10 @@ def write_gguf(hf, arch: str, path, name: str = "tiny", metadata=lambda writer: 
         if arch.startswith("gemma") and hf_name.endswith("norm.weight"):  # llama.cpp stores Gemma's 1 + w
             t = t + 1
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if q4_1(hf_name) or q8_0(hf_name):
-            kind = gguf.GGMLQuantizationType.Q4_1 if q4_1(hf_name) else gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(gguf_name, gguf.quants.quantize(np.ascontiguousarray(t), kind), raw_dtype=kind)
+        kind = blocks(hf_name) or (gguf.GGMLQuantizationType.Q4_1 if q4_1(hf_name) else
+                                   gguf.GGMLQuantizationType.Q8_0 if q8_0(hf_name) else None)
+        if kind is not None:
+            w.add_tensor(gguf_name, quantize(t, kind), raw_dtype=kind)
         else:
             w.add_tensor(gguf_name, np.ascontiguousarray(t))
     for tensor_name, values in (tensors or {}).items():

@@ -25,6 +25,9 @@
 // group_q4x below says how):
 //   Q4X: codes uint8 [N / 8, K / 32, 128], scales float [N / 8, K / 32, 2, 8] (the 8 columns' d, then their m)
 //   Q8X: codes int8 [N / 8, K / 32, 256], scales float [N / 8, K / 32, 8]
+//   GGUF: a GGUF file's blocks as it ships them, bytes uint8 [total] and a layout int64 [1 + 2 P]: K, then each
+//         part's (ggml type, rows); the parts' rows follow one another (a fused q, k, v may mix Q4_K and Q6_K, as
+//         llama.cpp's Q4_K_M files do). Types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (the GGUF section below)
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -41,7 +44,14 @@
 
 namespace {
 
-enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2, Q4X = 3, Q8X = 4, BF16 = 5, BF16X = 6, I8X = 7, BF16A = 8 };
+enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2, Q4X = 3, Q8X = 4, BF16 = 5, BF16X = 6, I8X = 7, BF16A = 8, GGUF = 9 };
+
+// One part of a GGUF projection: its rows first .. first + rows - 1, each row_bytes of the file's blocks from base
+struct GgufPart {
+  int64_t type, first, rows, row_bytes;
+  const uint8_t* base;
+};
+constexpr int64_t GGUF_MAX_PARTS = 8;
 
 struct Proj {
   int64_t kind, N, K;
@@ -50,6 +60,14 @@ struct Proj {
   const float* dense = nullptr;    // F32
   const uint16_t* half = nullptr;  // BF16, BF16X, BF16A
   const float* bias = nullptr;     // optional [N]
+  GgufPart parts[GGUF_MAX_PARTS];  // GGUF
+  int64_t n_parts = 0;
+
+  const GgufPart& part_of(int64_t n) const {  // the GGUF part holding output row n
+    int64_t i = 0;
+    while (n >= parts[i].first + parts[i].rows) ++i;
+    return parts[i];
+  }
 };
 
 inline float hsum(__m256 v) {
@@ -717,6 +735,287 @@ void group_q8x(const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y, i
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * g, acc[r]);
 }
 
+// GGUF blocks as the file ships them (kind GGUF), each row in its part's type. The codes stay in the file's bytes,
+// and a block's scales are decoded as its inputs are read, so a weight streams in the file's bits per weight.
+// Types, by ggml's numbers (w: an input's weight; d, m fp16):
+//   Q4_0 (2), Q5_0 (6): 32 inputs, d and 4- or 5-bit codes q: w = d (q - 8), w = d (q - 16)
+//   Q4_1 (3), Q5_1 (7): 32 inputs, d, m and 4- or 5-bit codes q: w = d q + m
+//   Q8_0 (8): 32 inputs, d and int8 codes q: w = d q
+//   Q4_K (12), Q5_K (13): 256 inputs, d, dmin, then a 6-bit scale s and min m for each 32: w = (d s) q - (dmin m)
+//   Q6_K (14): 256 inputs, 6-bit codes q, an int8 scale s for each 16, d: w = (d s) (q - 32)
+// Every block reads as chunks of 32 inputs (Chunk): 32 codes and their scales. Float activations turn a chunk into
+// its 32 weights in registers (chunk_weights: the reference dequantization's products, with one rounding where it
+// has two); 8-bit activations multiply its codes as integers with the activations' own codes, as llama.cpp's dot
+// products do (the activations in blocks of 32 for every type, where llama.cpp quantizes them per 256 for K-quants).
+// A chunk is decoded once for all rows of a pass, and each row's sums run in one fixed order.
+enum GgmlType : int64_t { GQ4_0 = 2, GQ4_1 = 3, GQ5_0 = 6, GQ5_1 = 7, GQ8_0 = 8, GQ4_K = 12, GQ5_K = 13, GQ6_K = 14 };
+
+// an fp16 number (little-endian, as GGUF stores them) as a float: exact, without F16C (not in the build's flags)
+inline float half_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t magnitude = h & 0x7FFF;
+  float f;
+  if (magnitude >= 0x400) {  // normal (or inf / NaN): the exponent rebased from 15 to 127
+    const uint32_t bits = magnitude >= 0x7C00 ? 0x7F800000 | ((magnitude & 0x3FF) << 13) : (magnitude << 13) + (112u << 23);
+    std::memcpy(&f, &bits, 4);
+  } else {
+    f = float(magnitude) * 5.9604644775390625e-8f;  // subnormal: magnitude * 2^-24
+  }
+  return (h & 0x8000) ? -f : f;
+}
+
+struct Chunk {
+  __m256i q;     // 32 codes in input order: unsigned (0..63) or, for signed types, with their offset taken off
+  float lo, hi;  // the scale of inputs 0..15 and of inputs 16..31 (the same but in Q6_K)
+  float min;     // added to every weight (unsigned types)
+};
+
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 16 bytes of nibbles: inputs 0..15 in the low nibbles, 16..31 in the high ones (the 32-input blocks' order)
+inline __m256i nibbles16(const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), low4 = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+}
+
+// 32 bytes of nibbles, the low (high = false) or the high ones: 32 inputs
+inline __m256i nibbles32(const uint8_t* qs, bool high) {
+  const __m256i raw = load32(qs);
+  return _mm256_and_si256(high ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0F));
+}
+
+// byte i = 16 where bit i of `bits` is set, else 0 (Q5_0 / Q5_1's fifth bits)
+inline __m256i fifth_bits(const uint8_t* p) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m256i which = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+  const __m256i byte_of = _mm256_shuffle_epi8(_mm256_set1_epi32(int(bits)), which);  // byte i: byte i / 8 of bits
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));               // byte i: bit i % 8
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(byte_of, bit), bit), _mm256_set1_epi8(16));
+}
+
+// bits `shift` .. shift + width - 1 of each of 32 bytes, as 0 .. 2^width - 1
+inline __m256i bit_field(const uint8_t* p, int shift, int mask) {
+  return _mm256_and_si256(_mm256_srl_epi16(load32(p), _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(char(mask)));
+}
+
+// Q4_K / Q5_K: the 6-bit scale and min of 32-input chunk j from the block's 12 bytes
+inline void scale_min_k(int j, const uint8_t* s, int& scale, int& min) {
+  if (j < 4) {
+    scale = s[j] & 63;
+    min = s[j + 4] & 63;
+  } else {  // low 4 bits in byte j + 4, high 2 in the top bits of byte j - 4 (scale) and j (min)
+    scale = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// Per type: inputs a block (values), a block's bytes, whether its codes are signed, and chunk(block, j)
+template <int64_t T>
+struct Gguf;
+
+template <>
+struct Gguf<GQ4_0> {
+  static constexpr int64_t values = 32, bytes = 18;
+  static constexpr bool is_signed = true;
+  static Chunk chunk(const uint8_t* b, int) {
+    const float d = half_float(b);
+    return {_mm256_sub_epi8(nibbles16(b + 2), _mm256_set1_epi8(8)), d, d, 0.f};
+  }
+};
+
+template <>
+struct Gguf<GQ4_1> {
+  static constexpr int64_t values = 32, bytes = 20;
+  static constexpr bool is_signed = false;
+  static Chunk chunk(const uint8_t* b, int) {
+    const float d = half_float(b);
+    return {nibbles16(b + 4), d, d, half_float(b + 2)};
+  }
+};
+
+template <>
+struct Gguf<GQ5_0> {
+  static constexpr int64_t values = 32, bytes = 22;
+  static constexpr bool is_signed = true;
+  static Chunk chunk(const uint8_t* b, int) {  // d, 4 bytes of fifth bits (input i: bit i), 16 of nibbles
+    const float d = half_float(b);
+    const __m256i q = _mm256_or_si256(nibbles16(b + 6), fifth_bits(b + 2));
+    return {_mm256_sub_epi8(q, _mm256_set1_epi8(16)), d, d, 0.f};
+  }
+};
+
+template <>
+struct Gguf<GQ5_1> {
+  static constexpr int64_t values = 32, bytes = 24;
+  static constexpr bool is_signed = false;
+  static Chunk chunk(const uint8_t* b, int) {  // d, m, fifth bits, nibbles
+    const float d = half_float(b);
+    return {_mm256_or_si256(nibbles16(b + 8), fifth_bits(b + 4)), d, d, half_float(b + 2)};
+  }
+};
+
+template <>
+struct Gguf<GQ8_0> {
+  static constexpr int64_t values = 32, bytes = 34;
+  static constexpr bool is_signed = true;
+  static Chunk chunk(const uint8_t* b, int) {
+    const float d = half_float(b);
+    return {load32(b + 2), d, d, 0.f};
+  }
+};
+
+// Q4_K: d, dmin, 12 bytes of scales and mins, 128 of codes: chunks 2i and 2i + 1 are the low and high nibbles of
+// bytes 32i .. 32i + 31
+template <>
+struct Gguf<GQ4_K> {
+  static constexpr int64_t values = 256, bytes = 144;
+  static constexpr bool is_signed = false;
+  static Chunk chunk(const uint8_t* b, int j) {
+    int scale, min;
+    scale_min_k(j, b + 4, scale, min);
+    const float d = half_float(b) * float(scale);
+    return {nibbles32(b + 16 + 32 * (j / 2), j & 1), d, d, -(half_float(b + 2) * float(min))};
+  }
+};
+
+// Q5_K: as Q4_K, with 32 bytes of fifth bits before the codes: input l of chunk j has bit j of byte l
+template <>
+struct Gguf<GQ5_K> {
+  static constexpr int64_t values = 256, bytes = 176;
+  static constexpr bool is_signed = false;
+  static Chunk chunk(const uint8_t* b, int j) {
+    int scale, min;
+    scale_min_k(j, b + 4, scale, min);
+    const float d = half_float(b) * float(scale);
+    const __m256i fifth = _mm256_slli_epi16(bit_field(b + 16, j, 1), 4);
+    return {_mm256_or_si256(nibbles32(b + 48 + 32 * (j / 2), j & 1), fifth), d, d, -(half_float(b + 2) * float(min))};
+  }
+};
+
+// Q6_K: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, d. Each half of the block (128 inputs):
+// 64 bytes of nibbles (inputs l and 64 + l in byte l's low and high nibble, l < 64) and 32 of bit pairs (byte l:
+// the high bits of inputs l, 32 + l, 64 + l, 96 + l); the scales in input order, one for each 16.
+template <>
+struct Gguf<GQ6_K> {
+  static constexpr int64_t values = 256, bytes = 210;
+  static constexpr bool is_signed = true;
+  static Chunk chunk(const uint8_t* b, int j) {
+    const int half = j / 4, k = j % 4;
+    const __m256i low = nibbles32(b + 64 * half + 32 * (k & 1), k >= 2);
+    const __m256i high = _mm256_slli_epi16(bit_field(b + 128 + 32 * half, 2 * k, 3), 4);
+    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = half_float(b + 208);
+    return {_mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32)), d * float(scales[2 * j]),
+            d * float(scales[2 * j + 1]), 0.f};
+  }
+};
+
+// run(T) with the type as a compile-time constant
+template <class Run>
+void with_gguf_type(int64_t type, Run run) {
+  switch (type) {
+    case GQ4_0: return run(std::integral_constant<int64_t, GQ4_0>());
+    case GQ4_1: return run(std::integral_constant<int64_t, GQ4_1>());
+    case GQ5_0: return run(std::integral_constant<int64_t, GQ5_0>());
+    case GQ5_1: return run(std::integral_constant<int64_t, GQ5_1>());
+    case GQ8_0: return run(std::integral_constant<int64_t, GQ8_0>());
+    case GQ4_K: return run(std::integral_constant<int64_t, GQ4_K>());
+    case GQ5_K: return run(std::integral_constant<int64_t, GQ5_K>());
+    case GQ6_K: return run(std::integral_constant<int64_t, GQ6_K>());
+    default: TORCH_CHECK(false, "GGUF block type ", type, " has no kernel (ggml types 2, 3, 6, 7, 8, 12, 13, 14 do)");
+  }
+}
+
+// A row's bytes for K inputs of `type`
+int64_t gguf_row_bytes(int64_t type, int64_t K) {
+  int64_t out = 0;
+  with_gguf_type(type, [&](auto T) {
+    using G = Gguf<decltype(T)::value>;
+    TORCH_CHECK(K % G::values == 0, "GGUF type ", type, " holds rows of whole blocks of ", G::values, " inputs, not ", K);
+    out = K / G::values * G::bytes;
+  });
+  return out;
+}
+
+// A chunk's 32 weights, 8 a vector
+template <bool SIGNED>
+inline void chunk_weights(const Chunk& c, __m256 w[4]) {
+  const __m128i low = _mm256_castsi256_si128(c.q), high = _mm256_extracti128_si256(c.q, 1);
+  const __m128i eights[4] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};
+  for (int i = 0; i < 4; ++i) {
+    const __m256 scale = _mm256_set1_ps(i < 2 ? c.lo : c.hi);
+    if constexpr (SIGNED) w[i] = _mm256_mul_ps(bytes_i8(eights[i]), scale);
+    else w[i] = _mm256_fmadd_ps(bytes_u8(eights[i]), scale, _mm256_set1_ps(c.min));
+  }
+}
+
+// chunk(b, j, k) for each chunk of a row of K inputs: b its block, j its index there, k its first input
+template <int64_t T, class Each>
+inline void over_chunks(const uint8_t* row, int64_t K, Each each) {
+  using G = Gguf<T>;
+  for (int64_t block = 0; block < K / G::values; ++block)
+    for (int j = 0; j < int(G::values / 32); ++j) each(row + block * G::bytes, j, block * G::values + 32 * j);
+}
+
+// Output column n of R rows of float activations x [R, K] against one row of blocks: the chunk's weights made once
+// for all R rows, each row's sum in two chains (even and odd vectors of 8 inputs), the same for every R
+template <int64_t T, int R>
+void rows_gguf(const uint8_t* row, int64_t K, const float* x, float* y, int64_t y_stride, int64_t n) {
+  __m256 even[R], odd[R];
+  for (int r = 0; r < R; ++r) even[r] = _mm256_setzero_ps(), odd[r] = _mm256_setzero_ps();
+  over_chunks<T>(row, K, [&](const uint8_t* b, int j, int64_t k) {
+    __m256 w[4];
+    chunk_weights<Gguf<T>::is_signed>(Gguf<T>::chunk(b, j), w);
+    for (int r = 0; r < R; ++r) {
+      const float* xr = x + r * K + k;
+      even[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr), w[0], even[r]);
+      odd[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), w[1], odd[r]);
+      even[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 16), w[2], even[r]);
+      odd[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 24), w[3], odd[r]);
+    }
+  });
+  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(_mm256_add_ps(even[r], odd[r]));
+}
+
+// The same with 8-bit activations (rows m .. m + R - 1 of x): per chunk the integer products of its codes with the
+// activations' codes, 8 sums of 4 inputs (lanes 0-3 inputs 0..15, lanes 4-7 16..31, so Q6_K's two scales apply per
+// half), times the scales and the activations' d; unsigned types add min * (d * the activations' code sum).
+// Signed codes: their magnitude as unsigned, their sign moved onto the activations (maddubs multiplies unsigned by
+// signed bytes); 2 products of |code| <= 128 by |activation| <= 127 fit its 16-bit sums.
+template <int64_t T, int R>
+void rows_gguf_q8(const uint8_t* row, int64_t K, const RowsQ8& x, int64_t m, float* y, int64_t y_stride, int64_t n) {
+  constexpr bool SIGNED = Gguf<T>::is_signed;
+  const int64_t blocks = K / 32;  // the activations' blocks
+  __m256 acc[R];
+  float offsets[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.f;
+  over_chunks<T>(row, K, [&](const uint8_t* b, int j, int64_t k) {
+    const Chunk c = Gguf<T>::chunk(b, j);
+    const __m256 scale = _mm256_set_m128(_mm_set1_ps(c.hi), _mm_set1_ps(c.lo));
+    const __m256i magnitude = SIGNED ? _mm256_sign_epi8(c.q, c.q) : c.q;
+    for (int r = 0; r < R; ++r) {
+      const int64_t a = (m + r) * blocks + k / 32;
+      __m256i q = load32(reinterpret_cast<const uint8_t*>(x.codes.data()) + a * 32);
+      if constexpr (SIGNED) q = _mm256_sign_epi8(q, c.q);
+      acc[r] = _mm256_fmadd_ps(block_products(magnitude, q), _mm256_mul_ps(scale, _mm256_set1_ps(x.d[a])), acc[r]);
+      if constexpr (!SIGNED) offsets[r] = std::fma(c.min, x.d_sum[a], offsets[r]);
+    }
+  });
+  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]) + offsets[r];
+}
+
+// One row of blocks as its K float weights (a prompt's many-row product runs dense on them)
+template <int64_t T>
+void dequantize_gguf_row(const uint8_t* row, int64_t K, float* out) {
+  over_chunks<T>(row, K, [&](const uint8_t* b, int j, int64_t k) {
+    __m256 w[4];
+    chunk_weights<Gguf<T>::is_signed>(Gguf<T>::chunk(b, j), w);
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + k + 8 * i, w[i]);
+  });
+}
+
 // run(R, m) over M rows in groups: R = 4 while four are left, then the remaining 3, 2 or 1 (R a compile-time count)
 template <class Run>
 void in_fours(int64_t M, Run run) {
@@ -730,13 +1029,37 @@ void in_fours(int64_t M, Run run) {
   }
 }
 
+// y [M, N] = x [M, K] W^T (+ bias) for GGUF blocks: output rows over torch's threads, each in its part's type, x's
+// rows 4 at a time; xq: x's 8-bit codes (nullptr: float activations)
+void gemm_gguf(const Proj& p, const float* x, int64_t M, float* y, const RowsQ8* xq) {
+  at::parallel_for(0, p.N, 32, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const GgufPart& part = p.part_of(n);
+      const uint8_t* row = part.base + (n - part.first) * part.row_bytes;
+      with_gguf_type(part.type, [&](auto T) {
+        constexpr int64_t type = decltype(T)::value;
+        if (xq)
+          in_fours(M, [&](auto R, int64_t m) {
+            rows_gguf_q8<type, decltype(R)::value>(row, p.K, *xq, m, y + m * p.N, p.N, n);
+          });
+        else
+          in_fours(M, [&](auto R, int64_t m) {
+            rows_gguf<type, decltype(R)::value>(row, p.K, x + m * p.K, y + m * p.N, p.N, n);
+          });
+      });
+      if (p.bias)
+        for (int64_t r = 0; r < M; ++r) y[r * p.N + n] += p.bias[n];
+    }
+  });
+}
+
 // y [M, N] = x [M, K] W^T (+ bias), output rows spread over torch's threads, x's rows 4 at a time.
 // x_sums: scratch of M * K / 32 floats. act_q8: 8-bit activations for block projections (above).
 void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, bool act_q8 = false) {
   RowsQ8 xq;
   const bool interleaved = p.kind == Q4X || p.kind == Q8X;
   TORCH_CHECK(act_q8 || !interleaved, "interleaved blocks run with 8-bit activations only");
-  const bool q8 = act_q8 && (p.kind == Q4 || p.kind == Q8 || interleaved);  // others keep fp32 activations
+  const bool q8 = act_q8 && (p.kind == Q4 || p.kind == Q8 || p.kind == GGUF || interleaved);  // others: fp32
   if (q8) {
     const int64_t blocks = p.K / 32;
     xq.codes.resize(M * p.K);
@@ -779,6 +1102,7 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
     });
     return;
   }
+  if (p.kind == GGUF) return gemm_gguf(p, x, M, y, q8 ? &xq : nullptr);
   if (interleaved) {
     at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; ++g) {
@@ -1049,6 +1373,30 @@ void attend_many(const std::vector<Query>& queries, const float* K, const float*
       [&](const Query& a, int64_t j0, int64_t end) { weigh_keys(a, V, D, j0, end); });
 }
 
+// A GGUF projection's parts from its bytes (uint8 [total]) and layout (int64 [K, type, rows, type, rows, ...])
+void gguf_parts(Proj& p, const torch::Tensor& bytes, const torch::Tensor& layout) {
+  TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.dim() == 1 && bytes.is_contiguous(),
+              "GGUF blocks: contiguous uint8 bytes [total] expected");
+  TORCH_CHECK(layout.scalar_type() == at::kLong && layout.dim() == 1 && layout.numel() % 2 == 1 &&
+                  layout.numel() >= 3 && layout.numel() <= 1 + 2 * GGUF_MAX_PARTS && layout.is_contiguous(),
+              "GGUF layout: int64 [K, then (type, rows) for each of 1..", GGUF_MAX_PARTS, " parts] expected");
+  const int64_t* l = layout.data_ptr<int64_t>();
+  p.K = l[0];
+  TORCH_CHECK(p.K > 0 && p.K % 32 == 0, "GGUF rows hold whole blocks of 32 inputs");
+  p.codes = bytes.data_ptr<uint8_t>();
+  p.N = 0;
+  p.n_parts = (layout.numel() - 1) / 2;
+  int64_t offset = 0;
+  for (int64_t i = 0; i < p.n_parts; ++i) {
+    const int64_t type = l[1 + 2 * i], rows = l[2 + 2 * i], row_bytes = gguf_row_bytes(type, p.K);
+    TORCH_CHECK(rows > 0, "a GGUF part needs rows");
+    p.parts[i] = GgufPart{type, p.N, rows, row_bytes, p.codes + offset};
+    offset += rows * row_bytes;
+    p.N += rows;
+  }
+  TORCH_CHECK(offset == bytes.numel(), "GGUF blocks: ", bytes.numel(), " bytes where the layout says ", offset);
+}
+
 Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
   // t[at]: codes or the dense weight, t[at + 1]: scales (empty for F32), t[at + 2]: bias (empty for none)
   Proj p;
@@ -1082,6 +1430,8 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
     p.N = main.size(0) * 16;
     p.K = main.size(1);
     p.codes = reinterpret_cast<const uint8_t*>(main.data_ptr<int8_t>());
+  } else if (p.kind == GGUF) {
+    gguf_parts(p, main, t[at + 1]);
   } else if (p.kind == BF16) {
     p.K = main.size(1);
     p.half = reinterpret_cast<const uint16_t*>(main.data_ptr<at::BFloat16>());
@@ -1089,7 +1439,8 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
     p.K = main.size(1);
     p.dense = main.data_ptr<float>();
   }
-  if (p.kind != F32 && p.kind != BF16 && p.kind != BF16X && p.kind != BF16A) p.scales = t[at + 1].data_ptr<float>();
+  if (p.kind != F32 && p.kind != BF16 && p.kind != BF16X && p.kind != BF16A && p.kind != GGUF)
+    p.scales = t[at + 1].data_ptr<float>();
   if (t[at + 2].numel()) p.bias = t[at + 2].data_ptr<float>();
   return p;
 }
@@ -1361,14 +1712,14 @@ std::vector<torch::Tensor> lean_decode_packed(torch::Tensor x, torch::Tensor cos
                   &logit_rows);
 }
 
-// y [M, N] = x [M, K] W^T for W as Q4 or Q8 blocks, a BF16 weight or I8X columns (kind, codes, scales as above;
-// a BF16 weight's scales empty): the products of a pass over the same weights as the lean step, with the same
+// y [M, N] = x [M, K] W^T for W as Q4 or Q8 blocks, GGUF blocks (codes: the bytes, scales: the layout), a BF16 weight
+// or I8X columns (kind, codes, scales as above; a BF16 weight's scales empty): the products of a pass over the same weights as the lean step, with the same
 // per-row arithmetic.
 torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, torch::Tensor scales, bool act_q8) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x float32 [M, K] expected");
   TORCH_CHECK(kind == Q4 || kind == Q8 || kind == Q4X || kind == Q8X || kind == BF16 || kind == BF16X || kind == I8X ||
-                  kind == BF16A,
-              "Q4 or Q8 blocks, a bf16 weight or interleaved int8 columns expected");
+                  kind == BF16A || kind == GGUF,
+              "Q4 or Q8 blocks, GGUF blocks, a bf16 weight or interleaved int8 columns expected");
   x = x.contiguous();
   const std::vector<torch::Tensor> parts = {codes.contiguous(), scales.contiguous(), torch::empty({0})};
   Proj p = proj_of(kind, parts, 0);
@@ -1410,11 +1761,33 @@ torch::Tensor dequantize_q4(torch::Tensor codes, torch::Tensor dm) {
   return out;
 }
 
+// The float32 weight [N, K] of GGUF blocks (bytes, layout as the GGUF kind reads them): chunk_weights' values, the
+// reference dequantization's up to one rounding (a prompt's many-row product runs dense on it)
+torch::Tensor dequantize_gguf(torch::Tensor bytes, torch::Tensor layout) {
+  Proj p;
+  p.kind = GGUF;
+  bytes = bytes.contiguous();
+  layout = layout.contiguous();
+  gguf_parts(p, bytes, layout);
+  auto out = torch::empty({p.N, p.K}, torch::kFloat);
+  float* w = out.data_ptr<float>();
+  at::parallel_for(0, p.N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const GgufPart& part = p.part_of(n);
+      const uint8_t* row = part.base + (n - part.first) * part.row_bytes;
+      with_gguf_type(part.type, [&](auto T) { dequantize_gguf_row<decltype(T)::value>(row, p.K, w + n * p.K); });
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("block_gemm", &block_gemm, "x fp32 [M, K] times Q4_1 / Q8_0 blocks -> fp32 [M, N]", py::arg("x"),
+  m.def("block_gemm", &block_gemm, "x fp32 [M, K] times a block or packed weight -> fp32 [M, N]", py::arg("x"),
         py::arg("kind"), py::arg("codes"), py::arg("scales"), py::arg("act_q8") = false,
         py::call_guard<py::gil_scoped_release>());
   m.def("dequantize_q4", &dequantize_q4, "Q4_1 blocks -> the float32 weight [N, K]",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("dequantize_gguf", &dequantize_gguf, "GGUF blocks (bytes, layout) -> the float32 weight [N, K]",
         py::call_guard<py::gil_scoped_release>());
   m.def("lean_avx512", &lean_avx512, "BF16X / I8X products on AVX-512 (the default where the CPU has it): "
         "whether they now are");

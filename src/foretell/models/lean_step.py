@@ -8,11 +8,12 @@ verified in a tree and the same token decoded alone compute the same numbers; ag
 weights (prompts) it agrees up to summation order, as PyTorch passes of different widths already do.
 
 Where it applies: a CPU model in float32 whose layers are Llama-shaped (RMSNorm, SiLU MLP, full rotary, no
-soft-caps, sliding windows or q/k norms; biases allowed), with projections stored as the file's Q4_1 blocks or
-foretell's int4 (Int4Linear), GGUF Q8_0 blocks (BlockQ8Linear), foretell's int8 (Int8Linear: one scale a row,
-so every block of a row has it) or dense fp32 (read as bf16 where every value is a bf16 number: a bf16 target on
-CPU runs so, run_bf16_as_float32). `lean_support` says why not
-otherwise; the step is then simply not used.
+soft-caps, sliding windows or q/k norms; biases allowed: Qwen2's q, k, v), with projections stored as the file's
+Q4_1 blocks or foretell's int4 (Int4Linear), GGUF Q8_0 blocks (BlockQ8Linear), a GGUF file's blocks of any type
+the kernel reads (gguf_quant.GGUFLinear: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), foretell's int8
+(Int8Linear: one scale a row, so every block of a row has it) or dense fp32 (read as bf16 where every value is a
+bf16 number: a bf16 target on CPU runs so, run_bf16_as_float32). `lean_support` says why not otherwise; the step
+is then simply not used.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foretell.models.gguf_quant import q4_1_blocks
+from foretell.models.gguf_quant import GGUF_KIND, GGUFLinear, q4_1_blocks
 from foretell.models.quant import FUSED_MAX_ROWS, Int4Linear, Int8Linear, fp32_block_gemm
 from foretell.models.wide_linear import Bf16ProductLinear
 
@@ -34,6 +35,8 @@ BF16, BF16X = 5, 6
 I8X = 7
 # a bf16 model's weight (wide_linear.Bf16ProductLinear) where the CPU has AMX: bf16 products on its tiles (amx_tiles)
 BF16A = 8
+# a GGUF file's blocks as it ships them, parts of rows in their own types (gguf_quant.GGUFLinear)
+GGUF = GGUF_KIND
 # Passes of up to this many tokens (one-token steps, verification trees) run natively in one call; longer ones
 # (prompts) in PyTorch, whose products are made for many rows.
 LEAN_MAX_ROWS = 32
@@ -133,6 +136,9 @@ def projection(layer: nn.Module, bf16: bool = True) -> tuple[int, torch.Tensor, 
     weight of bf16 numbers as bf16 (False: as fp32, for A/B runs)."""
     empty = torch.empty(0)
     kind = kind_of(layer)
+    if kind == GGUF:  # the bytes, and their layout (int64, not scales)
+        bias = torch.empty(0) if layer.bias is None else layer.bias.detach().float().contiguous()
+        return kind, layer.raw, layer.layout, bias
     if isinstance(layer, BlockQ8Linear):
         main, scales = layer.codes, layer.scales
     elif kind == Q8:  # an Int8Linear
@@ -254,6 +260,8 @@ def run_bf16_as_float32(model) -> bool:
 
 
 def kind_of(layer: nn.Module) -> int:
+    if isinstance(layer, GGUFLinear):
+        return GGUF
     if isinstance(layer, BlockQ8Linear) or (isinstance(layer, Int8Linear) and layer.in_features % 32 == 0):
         return Q8
     if isinstance(layer, Int4Linear):

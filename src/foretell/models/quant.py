@@ -224,7 +224,9 @@ class Int4Linear(nn.Module):
 
 def select_rows(layer: nn.Module, rows: torch.Tensor) -> nn.Module:
     """Keep only some output rows of a linear layer, plain or quantized (a copy, contiguous for speed)."""
-    if isinstance(layer, (Int8Linear, Int4Linear)):
+    from foretell.models.gguf_quant import GGUFLinear
+
+    if isinstance(layer, (Int8Linear, Int4Linear, GGUFLinear)):
         return layer.select_rows(rows)
     from foretell.models.wide_linear import WideLinear
 

@@ -1,0 +1,197 @@
+"""A GGUF target runs the blocks its file ships (quant="gguf"): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K,
+Q5_K, Q6_K, in the lean step's GGUF kind (kernels/lean_decode.cpp). The kernel's weights are the reference
+dequantization's (gguf.quants.dequantize) bit for bit; its products match the dense product of those weights
+(float activations: up to summation order; 8-bit activations: of the activations rounded as the kernel rounds
+them), and each row is what it would be alone; a tiny model of each block type gives the dense model's logits, and
+speculation reproduces its plain greedy decoding; a block type foretell does not run is refused by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import assert_drafters_reproduce_plain
+from foretell.api import load
+from foretell.errors import ForetellError
+from foretell.kernels import block_gemm, lean_module
+from foretell.models.gguf_quant import GGUF_KIND, GGUFLinear
+from foretell.models.lean_step import BlockQ8Linear
+from foretell.models.quant import Int4Linear, select_rows
+from gguf_blocks import T, quantize
+from test_lean_step import q8_activations
+
+gguf = pytest.importorskip("gguf")
+pytestmark = pytest.mark.skipif(lean_module() is None, reason="the lean kernels cannot be built on this machine")
+
+TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+# The tiny models: inputs of every projection a multiple of 256 (K-quant blocks), vocabulary 48 (conftest's prompts)
+DIMS = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+            num_hidden_layers=2, initializer_range=0.05)
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def blocks_of(kind, rows: int = 24, cols: int = 512, seed: int = 0) -> tuple[np.ndarray, torch.Tensor]:
+    """A random weight [rows, cols] as blocks of `kind`: (the bytes [rows, row bytes], their reference weight)."""
+    w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) * 0.05
+    raw = quantize(w, kind)
+    reference = torch.from_numpy(gguf.quants.dequantize(raw, kind).reshape(rows, cols).astype(np.float32))
+    # the test's quantizers are quantizers: the blocks stand for w, to within their steps
+    assert (reference - torch.from_numpy(w)).abs().max() < 0.1 * np.abs(w).max()
+    return raw, reference
+
+
+def layer_of(parts: list[tuple[int, np.ndarray]], bias: torch.Tensor | None = None) -> GGUFLinear:
+    return GGUFLinear([(int(kind), torch.from_numpy(raw)) for kind, raw in parts], bias)
+
+
+@pytest.mark.parametrize("kind", TYPES, ids=lambda k: k.name)
+def test_the_kernels_weights_are_the_reference_dequantization(kind):
+    """Bit for bit: each type's scales times codes in fp32 (a K-quant's d * s has at most 11 + 8 significant bits
+    and its codes 6, so the products the kernel fuses with the minimum are exact, as the reference's are)."""
+    raw, reference = blocks_of(kind)
+    layer = layer_of([(kind, raw)])
+    assert (layer.out_features, layer.in_features) == (24, 512)
+    assert torch.equal(layer.dequantized(), reference)
+
+
+@pytest.mark.parametrize("act_q8", [False, True], ids=["float", "8-bit"])
+@pytest.mark.parametrize("kind", TYPES, ids=lambda k: k.name)
+def test_block_products_match_dense_and_each_row_alone(kind, act_q8):
+    """1..9 rows: the dense product of the reference weights (of the activations rounded to 8 bits with act_q8),
+    and each row bit for bit what it gives alone (a verification pass computes a one-token step's numbers)."""
+    raw, reference = blocks_of(kind, seed=int(kind))
+    layer = layer_of([(kind, raw)])
+    gemm = block_gemm()
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(1))
+    want = (q8_activations(x) if act_q8 else x) @ reference.T
+    for rows in range(1, 10):
+        y = gemm(x[:rows], GGUF_KIND, layer.raw, layer.layout, act_q8)
+        torch.testing.assert_close(y, want[:rows], rtol=1e-5, atol=1e-4)
+        assert all(torch.equal(y[r], gemm(x[r:r + 1], GGUF_KIND, layer.raw, layer.layout, act_q8)[0])
+                   for r in range(rows))
+    if act_q8:  # the rounding is real: float activations give other sums
+        assert (gemm(x, GGUF_KIND, layer.raw, layer.layout, act_q8) - x @ reference.T).abs().max() > 1e-3
+
+
+def test_a_projection_of_mixed_parts():
+    """A fused projection whose parts differ in type (a Q4_K_M file's q, k: Q4_K, v: Q6_K): each part's rows are
+    its own product, the bias added, in the layer's PyTorch forward too (bf16 activations: in fp32, then rounded);
+    a selection of rows (a hot vocabulary) keeps the rows' own blocks."""
+    parts = [blocks_of(T.Q4_K, rows=16, seed=1), blocks_of(T.Q6_K, rows=8, seed=2), blocks_of(T.Q8_0, rows=8, seed=3)]
+    bias = torch.randn(32)
+    layer = layer_of([(kind, raw) for kind, (raw, _) in zip((T.Q4_K, T.Q6_K, T.Q8_0), parts)], bias)
+    weight = torch.cat([reference for _, reference in parts])
+    assert torch.equal(layer.dequantized(), weight) and layer.layout.tolist() == [512, 12, 16, 14, 8, 8, 8]
+    x = torch.randn(5, 512)
+    for act_q8 in (False, True):
+        whole = block_gemm()(x, GGUF_KIND, layer.raw, layer.layout, act_q8)
+        alone = []
+        for kind, (raw, _) in zip((T.Q4_K, T.Q6_K, T.Q8_0), parts):
+            part = layer_of([(kind, raw)])
+            alone.append(block_gemm()(x, GGUF_KIND, part.raw, part.layout, act_q8))
+        assert torch.equal(whole, torch.cat(alone, dim=1))
+    torch.testing.assert_close(layer(x), x @ weight.T + bias, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(layer(x.repeat(8, 1)), (x @ weight.T + bias).repeat(8, 1), rtol=1e-5, atol=1e-4)
+    assert layer(x.bfloat16()).dtype == torch.bfloat16
+    rows = torch.tensor([30, 2, 3, 17, 16])  # from the Q8_0, Q4_K, Q4_K, Q6_K and Q6_K parts
+    picked = select_rows(layer, rows)
+    assert isinstance(picked, GGUFLinear) and [kind for kind, _ in picked.parts()] == [8, 12, 14]
+    assert torch.equal(picked.dequantized(), weight[rows]) and torch.equal(picked.bias, bias[rows])
+
+
+def tiny_gguf(path, kinds, arch: str = "qwen2"):
+    """A tiny model of `arch` (qwen2: q, k, v biases; llama: q / k rows permuted in the file) written as GGUF, the
+    tensors named by kinds(hf_name) as those blocks (the embedding's too, which loads dequantized), the rest F32."""
+    from test_families import build
+    from test_families_gguf import write_gguf
+
+    hf = build("qwen2-swa", use_sliding_window=False, **DIMS) if arch == "qwen2" else \
+        build("mistral-swa", sliding_window=None, **DIMS)  # written as llama: no window
+    return write_gguf(hf, arch, path, blocks=kinds)
+
+
+def projection_kind(kind):
+    return lambda name: kind if name.endswith(tuple(f"{p}.weight" for p in PROJECTIONS)) or name in (
+        "lm_head.weight", "model.embed_tokens.weight") else None
+
+
+def prompt_and_steps(model) -> torch.Tensor:
+    """Logits of a 40-token prompt, then of 4 one-token steps."""
+    ids = torch.tensor([(7 * i + 3) % 48 for i in range(44)])
+    cache = model.new_cache(64)
+    logits = [model(ids[:40], torch.arange(40), cache).logits]
+    cache.commit_prefix(40)
+    for i in range(40, 44):
+        logits.append(model(ids[i:i + 1], torch.tensor([i]), cache).logits)
+        cache.commit_prefix(1)
+    return torch.cat(logits)
+
+
+def assert_logits_match_the_dense_model(kept, dense):
+    """The kept blocks' logits (the prompt through PyTorch's path on the dequantized blocks; the steps through the
+    lean step, then through PyTorch's few-row products on the blocks) against the same file loaded dense."""
+    lean = kept.lean
+    assert lean is not None
+    with_lean = prompt_and_steps(kept)
+    kept.lean = None
+    without = prompt_and_steps(kept)
+    kept.lean = lean
+    want = prompt_and_steps(dense)
+    for out in (with_lean, without):
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4 * want.abs().max())
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return tmp_path_factory.mktemp("kquants")
+
+
+@pytest.mark.parametrize("kind", TYPES, ids=lambda k: k.name)
+def test_a_tiny_model_of_each_block_type(kind, files):
+    """Every projection and the output layer in one type: the file's blocks are kept (Q4_1 projections in the int4
+    layout, a Q8_0 output layer as BlockQ8Linear), the lean step runs them, the logits are the dense model's up to
+    summation order, and prompt lookup and a draft model reproduce plain greedy decoding."""
+    path = tiny_gguf(files / f"tiny-{kind.name}.gguf", projection_kind(kind))
+    dense = load(path, "none", warm_up=False, cache_dir=files).target.model
+    plain = load(path, "none", quant="gguf", warm_up=False, cache_dir=files)
+    kept = plain.target.model
+    expected = Int4Linear if kind == T.Q4_1 else GGUFLinear
+    assert all(isinstance(getattr(layer, name), expected) for layer in kept.layers
+               for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
+    assert isinstance(kept.lm_head, BlockQ8Linear if kind == T.Q8_0 else GGUFLinear)
+    assert kept.lean is not None and GGUF_KIND in kept.lean.kinds
+    assert_logits_match_the_dense_model(kept, dense)
+    assert_drafters_reproduce_plain(plain, path)
+
+
+
+@pytest.fixture(scope="module")
+def q4_k_m(files):
+    """A file laid out as llama.cpp's Q4_K_M: q, k, o, gate, up in Q4_K; v, down and the output layer in Q6_K; on
+    the llama architecture, whose q / k rows the file permutes."""
+    def kinds(name):
+        if name.endswith(("v_proj.weight", "down_proj.weight")) or name == "lm_head.weight":
+            return T.Q6_K
+        return T.Q4_K if name.endswith(".weight") and "norm" not in name else None
+    return tiny_gguf(files / "tiny-q4_k_m.gguf", kinds, arch="llama")
+
+
+@pytest.mark.parametrize("quant", ["gguf", "gguf-q8"])
+def test_a_q4_k_m_file_runs_its_blocks(q4_k_m, files, quant):
+    """q, k, v in one native product of two types; float activations: the dense model's logits; both: speculation
+    (prompt lookup, a draft model, a draft tree) reproduces plain greedy decoding of the same quantized model."""
+    plain = load(q4_k_m, "none", quant=quant, warm_up=False, cache_dir=files)
+    kept = plain.target.model
+    qkv = kept.layers[0].qkv_proj
+    assert isinstance(qkv, GGUFLinear) and [kind for kind, _ in qkv.parts()] == [12, 12, 14]
+    assert kept.lean is not None and kept.lean.act_q8 == (quant == "gguf-q8")
+    if quant == "gguf":
+        assert_logits_match_the_dense_model(kept, load(q4_k_m, "none", warm_up=False, cache_dir=files).target.model)
+    assert_drafters_reproduce_plain(plain, q4_k_m)
+
+
+def test_an_unsupported_block_type_is_named(files):
+    path = tiny_gguf(files / "tiny-q2_k.gguf", lambda name: T.Q2_K if name.endswith("down_proj.weight") else None)
+    with pytest.raises(ForetellError, match=r"Q2_K \(blk\.0\.ffn_down\.weight\).*Q4_0, .*Q4_K, Q5_K, Q6_K"):
+        load(path, "none", quant="gguf", warm_up=False, cache_dir=files)
