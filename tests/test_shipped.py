@@ -238,6 +238,26 @@ def test_run_sh_default_is_the_shipped_drafter_and_exact_in_fp32(capsys):
     assert spec["tokens"] == run("--drafter", "none")[0]["tokens"]
 
 
+def test_generate_with_a_head_method_alone_uses_the_shipped_head(capsys):
+    """`foretell generate --drafter eagle3` on SmolLM2, no weights given: the shipped EAGLE-3 head drafts, and
+    in fp32 the text is plain decoding's."""
+    from foretell.cli import main
+
+    shipped = [m.name for m in shipped_manifests() if m.target.name == "smollm2-135m" and m.kind == "eagle3"]
+    if not shipped:
+        pytest.skip("no EAGLE-3 head shipped for smollm2-135m")
+    args = ["generate", "Name three primary colors and one use of each.", "--dtype", "float32",
+            "--max-new-tokens", "32", "--json"]
+
+    def run(*extra):
+        assert main([*args, *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    spec = run("--drafter", "eagle3")
+    assert spec["speculative"]["model"] in shipped and spec["stats"]["mean_verified_drafts"] > 0
+    assert spec["tokens"] == run("--drafter", "none")["tokens"]
+
+
 def test_every_shipped_smollm2_drafter_is_exact_in_fp32(capsys):
     """Each drafter shipped for SmolLM2 (not only the default), with its manifest's configuration: fp32 greedy
     text equals plain decoding's."""

@@ -15,7 +15,7 @@ import torch
 
 from foretell.config import SpeculativeConfig, as_speculative
 from foretell.drafters.base import Drafter
-from foretell.drafters.factory import DrafterWeights, build_engine, default_speculative
+from foretell.drafters.factory import DrafterWeights, build_engine, default_speculative, with_shipped_model
 from foretell.drafters.length_policy import DraftLengthPolicy, make_length_policy
 from foretell.engine import Chunk, Engine, GenerationResult
 from foretell.errors import ForetellError
@@ -54,7 +54,7 @@ class Pipeline:
 
     def with_speculative(self, speculative: SpeculativeConfig | dict | str) -> Pipeline:
         """The same target with another configuration; drafter weights already loaded are shared."""
-        spec = as_speculative(speculative)
+        spec = with_shipped_model(as_speculative(speculative), self.weights)
         return replace(self, engine=build_engine(spec, self.weights), speculative=spec)
 
     def batch_engine(self, budget=None, max_batch: int = 16, prefill_chunk: int = 256):
@@ -149,6 +149,7 @@ def load(
     # drafters follow the target's activations (a float32 EAGLE-3 head steps in the lean step too)
     weights = DrafterWeights(loaded, str(target), "float32" if as_float32 else dtype, device, cache_dir,
                              bf16_numbers=as_float32)
+    spec = with_shipped_model(spec, weights)
     engine = build_engine(spec, weights)
     if warm_up:
         engine.warm_up()

@@ -138,6 +138,7 @@ def cmd_generate(args) -> None:
     if args.save_spec_config:
         print(f"[speculative config written to {spec.save(args.save_spec_config)}]", file=sys.stderr)
     pipe = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant, compile=args.compile)
+    spec = pipe.speculative  # with the weights it resolved to (a head method alone: the shipped head)
     if why:
         print(f"[drafter: {spec.describe()}: {why}; --drafter picks another]", file=sys.stderr)
     result = None

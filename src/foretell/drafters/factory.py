@@ -7,13 +7,13 @@ server. Drafter weights come from a DrafterWeights store, so several configurati
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from foretell.budget import CostCurve, HardwareAwareLength, cost_curve
-from foretell.config import HeadTreeShape, SpeculativeConfig
+from foretell.config import HEAD_METHODS, HeadTreeShape, SpeculativeConfig
 from foretell.draft_gate import DraftGate
 from foretell.drafters.base import Drafter
 from foretell.drafters.length_policy import DraftLengthPolicy, make_length_policy
@@ -235,6 +235,14 @@ def build_drafter(spec: SpeculativeConfig, weights: DrafterWeights) -> tuple[Dra
 
     draft = weights.hidden_draft(spec.model, spec.hot_vocab, spec.draft_quant)
     return HiddenStateDrafter(draft, spec.hidden, scheduler), policy
+
+
+def with_shipped_model(spec: SpeculativeConfig, weights: DrafterWeights) -> SpeculativeConfig:
+    """`spec` with its weights named: a head method given without them gets the target's shipped drafter of that
+    kind, so the configuration a pipeline reports (and saves) says which drafter ran."""
+    if spec.method in HEAD_METHODS and not spec.model:
+        return replace(spec, model=weights.shipped_name(spec.method))
+    return spec
 
 
 def build_engine(spec: SpeculativeConfig, weights: DrafterWeights) -> Engine:
