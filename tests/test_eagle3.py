@@ -242,6 +242,13 @@ def test_save_load_round_trip_and_errors(plain, tmp_path, tiny_pair):
     deeper = Transformer(replace(target.config, num_hidden_layers=3))
     with pytest.raises(ForetellError, match="built for a target with hidden size 64, vocabulary 48 and 2 layers"):
         load_eagle3_head(folder, deeper)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    state["d2t"][0] = -1  # a draft column mapped before the first token
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ForetellError, match=f"{folder / 'model.safetensors'}: its d2t maps draft columns outside"):
+        load_eagle3_head(folder, target)
     (folder / "eagle3.json").write_text("{}")
     with pytest.raises(ForetellError, match="not a foretell-eagle3"):
         load_eagle3_head(folder, target)

@@ -200,6 +200,21 @@ def test_unsupported_checkpoints_are_refused(deep, tmp_path, change, message):
         load_eagle3_head(folder, pipe.target.model)
 
 
+@pytest.mark.parametrize("damage, message", [
+    (lambda s: s["d2t"].fill_(VOCAB), "its d2t maps draft columns outside the target vocabulary"),  # ids past the end
+    (lambda s: s["d2t"].zero_(), "its t2d does not mark exactly the tokens d2t maps to"),  # d2t no longer t2d's ids
+    (lambda s: s["fc.weight"].__setitem__((0, 0), float("nan")), "holds NaN or infinite values \\(in fc.weight\\)"),
+])
+def test_damaged_weights_are_refused_naming_the_file(deep, tmp_path, damage, message):
+    _, pipe, head = deep
+    folder = export_eagle3(head, tmp_path / "x", torch.float32)
+    state = load_file(str(folder / "model.safetensors"))
+    damage(state)
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(ForetellError, match=f"{folder / 'model.safetensors'}.*{message}"):
+        load_eagle3_head(folder, pipe.target.model)
+
+
 def test_a_foreign_embedding_is_refused(deep, tmp_path):
     _, pipe, head = deep
     folder = export_eagle3(head, tmp_path / "x")

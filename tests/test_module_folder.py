@@ -1,10 +1,15 @@
 """The folder format shared by trained drafter modules: every kind fails the same clear way."""
 
+import json
+
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from foretell.api import load
+from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
-from foretell.models import hidden_draft, parallel_head
+from foretell.models import eagle3, hidden_draft, parallel_head
 from foretell.models.module_folder import WEIGHTS_FILE
 
 KINDS = {
@@ -12,7 +17,11 @@ KINDS = {
                       parallel_head.load_parallel_head, parallel_head.CONFIG_FILE),
     "hidden-state draft": (hidden_draft.new_hidden_draft, hidden_draft.save_hidden_draft,
                            hidden_draft.load_hidden_draft, hidden_draft.CONFIG_FILE),
+    "EAGLE-3 head": (eagle3.new_eagle3_head, eagle3.save_eagle3_head, eagle3.load_eagle3_head, eagle3.CONFIG_FILE),
 }
+# the method that loads each kind, and the subfolder of a training run's --out folder it is saved in
+METHODS = {"parallel head": ("parallel-head", "head"), "hidden-state draft": ("hidden-state", "draft"),
+           "EAGLE-3 head": ("eagle3", "head")}
 
 
 @pytest.fixture(scope="module")
@@ -37,4 +46,38 @@ def test_damaged_folders_fail_with_one_clear_line(kind, target, tmp_path):
         load_module(folder, target)
     (folder / config_file).unlink()
     with pytest.raises(ForetellError, match=f"no {config_file}"):
+        load_module(folder, target)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_training_runs_folder_loads_the_drafter_it_saved(kind, target, tiny_pair, tmp_path):
+    """`foretell train KIND --out RUN` saves the drafter in RUN/head (RUN/draft): RUN itself names it, for the
+    loaders and for the configuration the CLI's --head / --eagle / --hidden-draft build."""
+    new, save, load_module, config_file = KINDS[kind]
+    method, part = METHODS[kind]
+    saved = save(new(target), tmp_path / "run" / part)
+    from_run, direct = load_module(tmp_path / "run", target), load_module(saved, target)
+    assert all(torch.equal(a, b) for a, b in zip(from_run.state_dict().values(), direct.state_dict().values()))
+    pipe = load(tiny_pair[0], SpeculativeConfig(method=method, model=str(tmp_path / "run")), warm_up=False)
+    assert pipe.engine.drafter is not None and pipe.generate("w1 w2 w3", max_new_tokens=4, temperature=0.0).text is not None
+    # a run not finished yet, and a folder that is neither: the error says where the drafter would be
+    (tmp_path / "unfinished" / "train").mkdir(parents=True)
+    (tmp_path / "unfinished" / "train" / "job.json").write_text("{}")
+    with pytest.raises(ForetellError, match=f"training run whose {kind} is not saved yet .*rerun its `foretell train`"):
+        load_module(tmp_path / "unfinished", target)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ForetellError, match=f"has no {config_file}, nor has .*empty/{part}.* saves it in OUT/{part}"):
+        load_module(tmp_path / "empty", target)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_naming_the_file_and_tensor(kind, bad, target, tmp_path):
+    new, save, load_module, _ = KINDS[kind]
+    folder = save(new(target), tmp_path / "saved")
+    state = load_file(str(folder / WEIGHTS_FILE))
+    name = next(k for k, v in state.items() if v.is_floating_point() and v.dim() == 2)
+    state[name][0, 0] = bad
+    save_file(state, str(folder / WEIGHTS_FILE))
+    with pytest.raises(ForetellError, match=f"{folder / WEIGHTS_FILE} holds NaN or infinite values \\(in {name}\\)"):
         load_module(folder, target)

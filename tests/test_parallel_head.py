@@ -274,6 +274,16 @@ def test_load_errors(plain, tmp_path, tiny_pair):
         load_parallel_head(tmp_path / "two", target)
     with pytest.raises(ForetellError, match="no parallel-head drafter is shipped for .*--head"):
         load(tiny_pair[0], SpeculativeConfig(method="parallel-head"), warm_up=False)
+    # a head with its own vocabulary whose saved ids are damaged: the error names the file
+    from safetensors.torch import load_file, save_file
+
+    own = ParallelHeadConfig.for_target(target.config, draft_vocab_size=16)
+    folder = save_parallel_head(new_parallel_head(target, own, draft_vocab=torch.arange(16) * 2), tmp_path / "own")
+    state = load_file(str(folder / WEIGHTS_FILE))
+    state["draft_vocab_ids"] = state["draft_vocab_ids"].flip(0)  # descending: not a vocabulary
+    save_file(state, str(folder / WEIGHTS_FILE))
+    with pytest.raises(ForetellError, match=f"{folder / WEIGHTS_FILE}: a parallel head's vocabulary needs 16 distinct"):
+        load_parallel_head(folder, target)
     with pytest.raises(ForetellError, match="fuse_layers"):
         ParallelHeadConfig.for_target(target.config, fuse_layers=(1, 7))
     with pytest.raises(ForetellError, match="exceeds the parallel head's depth"):

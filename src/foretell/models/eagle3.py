@@ -31,7 +31,9 @@ from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
 from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
 from foretell.models.rope import RopeScaling
-from foretell.models.module_folder import FolderFormat, load_weights, read_config, save_module
+from foretell.models.module_folder import (
+    WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module, saved_folder,
+)
 from foretell.models.transformer import RMSNorm, RotaryTables, Transformer
 
 FOLDER_FORMAT = FolderFormat(name="foretell-eagle3", version=1, config_file="eagle3.json", what="EAGLE-3 head")
@@ -229,13 +231,15 @@ class Eagle3Head(DrafterModule):
             self.lm_head = Int8Linear.from_weight(self.lm_head.weight)
         return self
 
-    def check_vocab_maps(self) -> None:
-        """d2t and t2d must describe the same set of target ids, each a real token."""
+    def check_vocab_maps(self, source: Path | str) -> None:
+        """d2t and t2d must describe the same set of target ids, each a real token; `source` names the weights
+        file they came from."""
         ids = self.vocab_ids
         if int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size or len(ids.unique()) != len(ids):
-            raise ForetellError("the head's d2t maps draft columns outside the target vocabulary or twice to one token")
+            raise ForetellError(f"{source}: its d2t maps draft columns outside the target vocabulary or twice to one "
+                                "token; the file is damaged or made for another target")
         if int(self.t2d.sum()) != len(ids) or not bool(self.t2d[ids].all()):
-            raise ForetellError("the head's t2d does not mark exactly the tokens d2t maps to")
+            raise ForetellError(f"{source}: its t2d does not mark exactly the tokens d2t maps to; the file is damaged")
 
     def features(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         """[..., len(aux_layers) * H]: the aux layers' hidden states side by side, in layer order."""
@@ -349,13 +353,14 @@ def save_eagle3_head(head: Eagle3Head, folder: str | Path) -> Path:
 
 
 def read_eagle3_config(folder: Path) -> Eagle3Config:
-    return read_config(folder, Eagle3Config, FOLDER_FORMAT)
+    return read_config(saved_folder(folder, FOLDER_FORMAT), Eagle3Config, FOLDER_FORMAT)
 
 
 def load_eagle3_head(folder: str | Path, target: Transformer) -> Eagle3Head:
     """A head saved by save_eagle3_head, or an EAGLE-3 checkpoint in the layout vLLM and SGLang load
-    (config.json + model.safetensors; models/eagle3_format.py), onto `target` (its dtype and device)."""
-    folder = Path(folder)
+    (config.json + model.safetensors; models/eagle3_format.py), onto `target` (its dtype and device). `folder` may
+    be the --out folder of the training run that saved it."""
+    folder = saved_folder(folder, FOLDER_FORMAT)
     if not (folder / CONFIG_FILE).is_file() and (folder / "config.json").is_file():
         from foretell.models.eagle3_format import import_eagle3
 
@@ -364,5 +369,5 @@ def load_eagle3_head(folder: str | Path, target: Transformer) -> Eagle3Head:
     config.check_target(target.config)
     head = Eagle3Head(config, target)
     load_weights(head, folder, FOLDER_FORMAT)
-    head.check_vocab_maps()
+    head.check_vocab_maps(folder / WEIGHTS_FILE)
     return head.to(dtype=target.dtype, device=target.device)

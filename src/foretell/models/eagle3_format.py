@@ -30,7 +30,7 @@ import torch
 
 from foretell.errors import ForetellError
 from foretell.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
-from foretell.models.module_folder import int8_rows_expanded
+from foretell.models.module_folder import check_finite, int8_rows_expanded
 from foretell.models.transformer import Transformer
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # SGLang's class name; vLLM's registry maps it to Eagle3LlamaForCausalLM
@@ -196,13 +196,14 @@ def import_eagle3(folder: str | Path, target: Transformer) -> Eagle3Head:
         state = int8_rows_expanded(load_file(str(folder / WEIGHTS)))  # a shipped head may store int8 rows
     except (SafetensorError, OSError, ValueError) as e:
         raise ForetellError(f"{folder / WEIGHTS} is not a readable safetensors file ({e})") from None
+    check_finite(state, folder / WEIGHTS, "EAGLE-3 head")
     head = Eagle3Head(config, target)
     own = fused_state(state, config, target, folder)
     wrong = [k for k, v in own.items() if v.shape != head.state_dict()[k].shape]
     if wrong:
         raise ForetellError(f"{folder / WEIGHTS} does not match its config.json: wrong shape {wrong[:5]}")
     head.load_state_dict({k: v.to(head.state_dict()[k].dtype) for k, v in own.items()})
-    head.check_vocab_maps()
+    head.check_vocab_maps(folder / WEIGHTS)
     return head.to(dtype=target.dtype, device=target.device)
 
 
@@ -234,7 +235,8 @@ def fused_state(state: dict[str, torch.Tensor], c: Eagle3Config, target: Transfo
     own["d2t"] = d2t.long()
     if t2d is None:
         t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
-        t2d[torch.arange(c.draft_vocab_size) + own["d2t"]] = True
+        ids = torch.arange(c.draft_vocab_size) + own["d2t"]
+        t2d[ids[(ids >= 0) & (ids < c.vocab_size)]] = True  # an id out of range: check_vocab_maps names the file
     own["t2d"] = t2d.bool()
     embedding = next((state.pop(k) for k in ("embed_tokens.weight", "model.embed_tokens.weight") if k in state), None)
     if embedding is not None and not same_embedding(embedding, target):

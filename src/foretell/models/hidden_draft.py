@@ -30,12 +30,15 @@ from foretell.hot_vocab import HotVocab, checked_vocab_ids
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
 from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
-from foretell.models.module_folder import FolderFormat, load_weights, read_config, save_module
+from foretell.models.module_folder import (
+    WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module, saved_folder,
+)
 from foretell.models.quant import quantize_int8, resolve_quant
 from foretell.models.token_info import TokenInfo
 from foretell.models.transformer import DecoderLayer, RotaryTables, Transformer, make_norm, softcap
 
-FOLDER_FORMAT = FolderFormat(name="foretell-hidden-draft", version=1, config_file="hidden_draft.json", what="hidden-state draft")
+FOLDER_FORMAT = FolderFormat(name="foretell-hidden-draft", version=1, config_file="hidden_draft.json",
+                             what="hidden-state draft", run_part="draft")
 FORMAT, FORMAT_VERSION, CONFIG_FILE = FOLDER_FORMAT.name, FOLDER_FORMAT.version, FOLDER_FORMAT.config_file
 
 
@@ -301,19 +304,23 @@ def save_hidden_draft(draft: HiddenDraft, folder: str | Path) -> Path:
 
 
 def read_hidden_draft_config(folder: Path) -> HiddenDraftConfig:
-    return read_config(folder, HiddenDraftConfig, FOLDER_FORMAT)
+    return read_config(saved_folder(folder, FOLDER_FORMAT), HiddenDraftConfig, FOLDER_FORMAT)
 
 
 def load_hidden_draft(folder: str | Path, target: Transformer, hot: HotVocab | None = None) -> HiddenDraft:
     """Load a draft saved by save_hidden_draft onto `target` (its dtype and device). `hot` (a load-time hot
-    vocabulary) is ignored by a draft trained on its own vocabulary: it drafts among that one."""
-    folder = Path(folder)
+    vocabulary) is ignored by a draft trained on its own vocabulary: it drafts among that one. `folder` may be the
+    --out folder of the training run that saved it."""
+    folder = saved_folder(folder, FOLDER_FORMAT)
     config = read_hidden_draft_config(folder)
     config.check_target(target.config)
     draft = HiddenDraft(config, target, None if config.draft_vocab_size else hot)
     load_weights(draft, folder, FOLDER_FORMAT)
     if config.draft_vocab_size:
-        draft.set_draft_vocab(draft.vocab_ids.clone(), target)
+        try:
+            draft.set_draft_vocab(draft.vocab_ids.clone(), target)
+        except ForetellError as e:
+            raise ForetellError(f"{folder / WEIGHTS_FILE}: {e}; the file is damaged") from None
     return draft.to(dtype=target.dtype, device=target.device)
 
 

@@ -52,6 +52,37 @@ class FolderFormat:
     version: int
     config_file: str  # e.g. "parallel_head.json"
     what: str  # how errors name it, e.g. "parallel head"
+    run_part: str = "head"  # the subfolder of a training run's folder that `foretell train KIND --out RUN` saves it in
+
+
+def saved_folder(folder: str | Path, fmt: FolderFormat) -> Path:
+    """`folder` when it holds a saved module, else the module inside it when it is a training run's folder (RUN/head
+    or RUN/draft), so the folder given to `foretell train --out` names the trained drafter too."""
+    folder = Path(folder)
+    inner = folder / fmt.run_part
+    if not (folder / fmt.config_file).is_file() and (inner / fmt.config_file).is_file():
+        return inner
+    return folder
+
+
+def not_saved_here(folder: Path, fmt: FolderFormat) -> str:
+    """Why `folder` (a folder without the config file) holds no saved module, and where one would be."""
+    inner = folder / fmt.run_part
+    if (folder / "train" / "job.json").is_file():
+        return (f"{folder} is a training run whose {fmt.what} is not saved yet ({inner} has no {fmt.config_file}): "
+                "rerun its `foretell train` command to finish training")
+    return (f"{folder} has no {fmt.config_file}, nor has {inner}: it is not a saved {fmt.what}, nor the --out folder of "
+            f"a training run that saved one (a run saves it in OUT/{fmt.run_part})")
+
+
+def check_finite(state: dict[str, torch.Tensor], path: Path, what: str) -> None:
+    """NaN or infinity in a drafter's weights loads without complaint and then spoils every draft (no draft is
+    accepted): refuse the file, naming it and the tensors."""
+    bad = [name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise ForetellError(f"{path} holds NaN or infinite values (in {', '.join(bad[:3])}{more}): the {what}'s "
+                            "weights are damaged; train or save it again")
 
 
 def save_module(module: torch.nn.Module, config: Any, folder: str | Path, fmt: FolderFormat) -> Path:
@@ -70,7 +101,7 @@ def read_config(folder: Path, config_cls: type, fmt: FolderFormat):
     if not folder.is_dir():
         raise ForetellError(f"no {fmt.what} folder at {folder}: expected a folder with {fmt.config_file} and {WEIGHTS_FILE}")
     if not path.is_file():
-        raise ForetellError(f"{folder} has no {fmt.config_file}: it is not a saved {fmt.what}")
+        raise ForetellError(not_saved_here(folder, fmt))
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -107,4 +138,5 @@ def load_weights(module: torch.nn.Module, folder: Path, fmt: FolderFormat) -> No
             f"{weights} does not match {fmt.config_file}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
             f"wrong shape {wrong[:5]}; save the {fmt.what} again"
         )
+    check_finite(state, weights, fmt.what)
     module.load_state_dict(state)

@@ -27,10 +27,13 @@ from foretell.hot_vocab import HotVocab, checked_vocab_ids
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
 from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
-from foretell.models.module_folder import FolderFormat, load_weights, read_config, save_module
+from foretell.models.module_folder import (
+    WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module, saved_folder,
+)
 from foretell.models.transformer import DecoderLayer, RMSNorm, RotaryTables, Transformer, softcap
 
-FOLDER_FORMAT = FolderFormat(name="foretell-parallel-head", version=1, config_file="parallel_head.json", what="parallel head")
+FOLDER_FORMAT = FolderFormat(name="foretell-parallel-head", version=1, config_file="parallel_head.json", what="parallel head",
+                             run_part="head")
 FORMAT, FORMAT_VERSION, CONFIG_FILE = FOLDER_FORMAT.name, FOLDER_FORMAT.version, FOLDER_FORMAT.config_file
 
 
@@ -301,17 +304,21 @@ def save_parallel_head(head: ParallelHead, folder: str | Path) -> Path:
 
 
 def read_head_config(folder: Path) -> ParallelHeadConfig:
-    return read_config(folder, ParallelHeadConfig, FOLDER_FORMAT)
+    return read_config(saved_folder(folder, FOLDER_FORMAT), ParallelHeadConfig, FOLDER_FORMAT)
 
 
 def load_parallel_head(folder: str | Path, target: Transformer, hot: HotVocab | None = None) -> ParallelHead:
     """Load a head saved by save_parallel_head onto `target` (its dtype and device). A head trained on its own
-    vocabulary drafts among it, narrowed to `hot` (a load-time hot vocabulary) when one is given."""
-    folder = Path(folder)
+    vocabulary drafts among it, narrowed to `hot` (a load-time hot vocabulary) when one is given. `folder` may be
+    the --out folder of the training run that saved it."""
+    folder = saved_folder(folder, FOLDER_FORMAT)
     config = read_head_config(folder)
     config.check_target(target.config)
     head = ParallelHead(config, target, hot)
     load_weights(head, folder, FOLDER_FORMAT)
     if config.draft_vocab_size:
-        head.set_draft_vocab(head.draft_vocab_ids.clone(), target, hot)
+        try:
+            head.set_draft_vocab(head.draft_vocab_ids.clone(), target, hot)
+        except ForetellError as e:
+            raise ForetellError(f"{folder / WEIGHTS_FILE}: {e}; the file is damaged") from None
     return head.to(dtype=target.dtype, device=target.device)
