@@ -40,7 +40,39 @@ def steps_side_by_side(model, context: list[int], tokens: list[int]):
 
 @pytest.mark.parametrize("quant", ["none", "int8", "int4"])
 def test_lean_step_matches_pytorch(tiny_pair, quant):
-    model = load(tiny_pair[0], "none", quant=quant, warm_up=False).target.model
+    assert_steps_match_pytorch(load(tiny_pair[0], "none", quant=quant, warm_up=False).target.model)
+
+
+@pytest.fixture(scope="module")
+def qwen2_folder(tmp_path_factory):
+    """A tiny Qwen2 (test_families' builder, no sliding window, as Qwen2.5's configs) with nonzero q, k, v biases."""
+    from conftest import make_tokenizer, save_model_folder
+    from test_families import VOCAB, build
+
+    hf = build("qwen2-swa", use_sliding_window=False)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return save_model_folder(tmp_path_factory.mktemp("qwen2") / "target", hf, make_tokenizer(VOCAB))
+
+
+@pytest.mark.parametrize("quant", ["none", "int4", "int4-q8"])
+def test_qwen2_runs_the_lean_step(qwen2_folder, quant):
+    """Qwen2's q, k, v biases go into the lean step's qkv product: its steps match PyTorch's (float activations),
+    and speculation reproduces plain decoding (8-bit activations too)."""
+    plain = load(qwen2_folder, "none", quant=quant, warm_up=False)
+    model = plain.target.model
+    assert model.config.model_type == "qwen2" and model.layers[0].qkv_proj.bias.abs().max() > 0.1
+    assert model.lean is not None
+    if not quant.endswith("-q8"):
+        assert_steps_match_pytorch(model)
+        model.use_lean_step()
+    assert_drafters_reproduce_plain(plain, qwen2_folder)
+
+
+def assert_steps_match_pytorch(model) -> None:
+    """One-token steps through the lean step give PyTorch's logits, hidden states and cache entries."""
     assert model.use_lean_step() is None
     for lean, ref, lean_cache, ref_cache in steps_side_by_side(model, [1, 5, 9, 12], [5, 9, 30, 7, 7]):
         assert lean.logits.shape == ref.logits.shape
