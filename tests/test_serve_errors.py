@@ -64,11 +64,11 @@ BAD_REQUESTS = {
     "top_p above 1": (CHAT, json.dumps(chat(top_p=1.5)), 400, None),
     "negative top_k": (CHAT, json.dumps(chat(top_k=-2)), 400, None),
     "seed out of range": (CHAT, json.dumps(chat(seed=2**70)), 400, None),
-    "n = 2": (CHAT, json.dumps(chat(n=2)), 400, None),
+    "n = 17": (CHAT, json.dumps(chat(n=17)), 400, None),
     "empty stop string": (CHAT, json.dumps(chat(stop=[""])), 400, None),
     "stream_options without stream": (CHAT, json.dumps(chat(stream_options={"include_usage": True})), 400, None),
     "unknown field": (CHAT, json.dumps(chat(temprature=0.5)), 400, None),
-    "unsupported penalty": (CHAT, json.dumps(chat(frequency_penalty=0.5)), 400, None),
+    "penalty out of range": (CHAT, json.dumps(chat(frequency_penalty=2.5)), 400, None),
     "tools": (CHAT, json.dumps(chat(tools=[{"type": "function"}])), 400, None),
     "two prompts": (COMPLETIONS, json.dumps({"model": MODEL, "prompt": ["w1", "w2"]}), 400, None),
     "empty prompt": (COMPLETIONS, json.dumps({"model": MODEL, "prompt": ""}), 400, None),
@@ -98,7 +98,7 @@ def test_error_messages_name_the_problem(server):
     assert "context window is 256" in assert_openai_error(r, 400)["message"]
     r = httpx.post(server + CHAT, content=b"{oops", headers={"content-type": "application/json"})
     assert "not valid JSON" in assert_openai_error(r, 400)["message"]
-    assert "n must be 1" in assert_openai_error(httpx.post(server + CHAT, json=chat(n=3)), 400)["message"]
+    assert "less than or equal to 16" in assert_openai_error(httpx.post(server + CHAT, json=chat(n=17)), 400)["message"]
 
 
 NAMED_FIELDS = {  # checks across fields, and pydantic's own: each 400 names the field in `param`

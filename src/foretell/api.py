@@ -16,7 +16,7 @@ import torch
 from foretell.config import SpeculativeConfig, as_speculative
 from foretell.drafters.base import Drafter
 from foretell.drafters.factory import DrafterWeights, build_engine, default_speculative, with_shipped_model
-from foretell.drafters.length_policy import DraftLengthPolicy, make_length_policy
+from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength, make_length_policy
 from foretell.engine import Chunk, Engine, GenerationResult
 from foretell.errors import ForetellError
 from foretell.models.loading import LoadedModel, load_model
@@ -45,12 +45,22 @@ class Pipeline:
     def encode(self, prompt: str | list[dict], chat: bool = True) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, chat)
 
-    def stream(self, prompt: str | list[dict], chat: bool = True, **sampling) -> Iterator[Chunk]:
-        """Yield text as it is produced; the last chunk carries the full result and statistics."""
-        return self.engine.stream(self.encode(prompt, chat), SamplingParams(**sampling))
+    def stream(self, prompt: str | list[dict], chat: bool = True, speculative: bool = True,
+               **sampling) -> Iterator[Chunk]:
+        """Yield text as it is produced; the last chunk carries the full result and statistics. sampling:
+        SamplingParams' fields. speculative=False decodes plainly, one token a target pass, for this call."""
+        engine = self.engine if speculative else self.plain_engine()
+        return engine.stream(self.encode(prompt, chat), SamplingParams(**sampling))
 
-    def generate(self, prompt: str | list[dict], chat: bool = True, **sampling) -> GenerationResult:
-        return self.engine.generate(self.encode(prompt, chat), SamplingParams(**sampling))
+    def generate(self, prompt: str | list[dict], chat: bool = True, speculative: bool = True,
+                 **sampling) -> GenerationResult:
+        engine = self.engine if speculative else self.plain_engine()
+        return engine.generate(self.encode(prompt, chat), SamplingParams(**sampling))
+
+    def plain_engine(self) -> Engine:
+        """This target without a drafter or the extras that need one: plain decoding."""
+        return replace(self.engine, drafter=None, length_policy=FixedLength(), draft_gate=None, result_cache=None,
+                       lossy_threshold=None)
 
     def with_speculative(self, speculative: SpeculativeConfig | dict | str) -> Pipeline:
         """The same target with another configuration; drafter weights already loaded are shared."""

@@ -34,6 +34,17 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g = p.add_argument_group("logits processing", "applied to the target's logits at every position, drafts' "
+                             "included, so speculation gives plain decoding's output with them")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="[-2, 2]: subtracted once from each generated token")
+    g.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="[-2, 2]: subtracted per occurrence in the generated tokens")
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 0: a prompt's or generated token's logit divided (if > 0) or multiplied by it (1 = off)")
+    g.add_argument("--logit-bias", action="append", default=[], metavar="TOKEN=BIAS",
+                   help="add BIAS in [-100, 100] to token id TOKEN's logit (repeatable)")
+    g.add_argument("--logprobs", type=int, metavar="N",
+                   help="with --json: each token's log-probability and the N (0-20) most likely tokens at its position")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,7 +142,9 @@ def cmd_generate(args) -> None:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     sampling = dict(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
+        top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
+        logit_bias=logit_bias(args.logit_bias), logprobs=args.logprobs is not None, top_logprobs=args.logprobs or 0,
     )
     SamplingParams(**sampling)  # validate before spending time loading models
     spec, why = speculative_from_args(args, args.model)
@@ -147,12 +160,30 @@ def cmd_generate(args) -> None:
             print(chunk.text, end="", flush=True)
         result = chunk.result or result
     if args.json:
-        print(json.dumps({"model": args.model, "quant": args.quant, "drafter": spec.method, "speculative": spec.to_dict(), "lossy": spec.lossy,
-                          "text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}))
+        out = {"model": args.model, "quant": args.quant, "drafter": spec.method, "speculative": spec.to_dict(),
+               "lossy": spec.lossy, "text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}
+        if result.logprobs is not None:
+            out["logprobs"] = [{"token": lp.token, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+                               for lp in result.logprobs]
+        print(json.dumps(out))
     else:
         print()
         weights = describe_target(args.quant, args.dtype, pipe.target.model)
         print(f"[{args.model}, drafter {spec.method}, {weights}] {result.stats.summary()}", file=sys.stderr)
+
+
+def logit_bias(entries: list[str]) -> dict[int, float]:
+    """--logit-bias TOKEN=BIAS entries -> {token id: bias}."""
+    bias = {}
+    for entry in entries:
+        token, sep, value = entry.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise ForetellError(f"--logit-bias takes TOKEN=BIAS (a token id and a number), got {entry!r}") from None
+        if not sep:
+            raise ForetellError(f"--logit-bias takes TOKEN=BIAS, got {entry!r}")
+    return bias
 
 
 def cmd_models(args) -> None:

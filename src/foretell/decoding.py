@@ -19,13 +19,14 @@ import torch
 from foretell.drafters.base import empty_proposal
 from foretell.errors import ForetellError
 from foretell.kv_cache import KVCache
+from foretell.logits_process import keep_nodes, token_logprobs
 from foretell.lossy import verify_controlled
 from foretell.models.transformer import ForwardOutput
 from foretell.result_cache import merge_branch
 from foretell.sampling import make_generator
 from foretell.text import TextStream
 from foretell.tree import accepted_slots, attention_mask, slot_positions
-from foretell.types import GenerationStats, Proposal, SamplingParams
+from foretell.types import GenerationStats, Proposal, SamplingParams, TokenLogprob
 from foretell.verify import verify
 
 if TYPE_CHECKING:
@@ -87,6 +88,8 @@ class Decoding:
         self.text = TextStream(engine.tokenizer, params.stop)
         self.prefilled = 0  # prompt tokens (all but the last) in the cache
         self.done = False
+        self.processor = engine.logits_processor(prompt_ids, params)  # None: the target's logits as they are
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs else None
         self._planned: _Planned | None = None
         if engine.result_cache is not None:
             engine.result_cache.begin(self.ids)
@@ -146,6 +149,8 @@ class Decoding:
         if drafted and branch:
             branch = self._sized_branch(branch, proposal, t1)
         proposal, cache_nodes = self._extend_proposal(proposal, branch)
+        if self.processor is not None and proposal.size:
+            proposal, cache_nodes = self._pruned(proposal, cache_nodes)
         self._planned = _Planned(proposal, drafted, n, branch, matched, cache_nodes, t1, time.perf_counter())
         return proposal
 
@@ -174,7 +179,8 @@ class Decoding:
         """Verify the planned proposal against the target pass's output, commit, and hand out the new text."""
         engine, planned, stats = self.engine, self._planned, self.stats
         proposal = planned.proposal
-        verdict = engine.judge(out.logits, proposal, self.params, self.generator)
+        logits = out.logits if self.processor is None else self.processor.rows(out.logits, proposal)
+        verdict = engine.judge(logits, proposal, self.params, self.generator)
         if proposal.is_chain:
             self.cache.commit_prefix(1 + verdict.accepted)
             committed = {layer: h[: 1 + verdict.accepted] for layer, h in out.hidden.items()}
@@ -189,6 +195,11 @@ class Decoding:
         t3 = time.perf_counter()
         accepted = verdict.path if verdict.path is not None else range(verdict.accepted)
         accepted_tokens = proposal.tokens[list(accepted)].tolist()
+        emitted = accepted_tokens + [verdict.next_token]
+        logprobs = None
+        if self.logprobs is not None:  # the rows that chose each emitted token: the root's, then the path's
+            rows = torch.arange(1 + verdict.accepted) if proposal.is_chain else accepted_slots(verdict.path)
+            logprobs = token_logprobs(logits[rows.to(logits.device)], emitted, self.params.top_logprobs)
         if engine.draft_gate is not None and planned.budget > 0:  # without the drafter: the branch's prefix + 1
             engine.draft_gate.record(planned.matched, planned.drafted, 1 + verdict.accepted, t3 - planned.started,
                                      1 + _common_prefix(accepted_tokens, planned.branch))
@@ -208,9 +219,17 @@ class Decoding:
                 stats.cache_useful += int(from_cache > 0)
                 stats.cache_accepted_tokens += from_cache
                 engine.result_cache.sizer.record(len(planned.cache_nodes), from_cache)
-        return self._extend(accepted_tokens + [verdict.next_token])
+        return self._extend(emitted, logprobs)
 
-    def _extend(self, new: list[int]) -> Chunk:
+    def _pruned(self, proposal: Proposal, cache_nodes: list[int]) -> tuple[Proposal, list[int]]:
+        """The proposal less the nodes the grammar forbids; cache_nodes renumbered to the kept nodes."""
+        kept = self.processor.allowed_nodes(proposal)
+        if kept is None:
+            return proposal, cache_nodes
+        index = {old: new for new, old in enumerate(kept)}
+        return keep_nodes(proposal, kept), [index[i] for i in cache_nodes if i in index]
+
+    def _extend(self, new: list[int], logprobs: list[TokenLogprob] | None = None) -> Chunk:
         from foretell.engine import Chunk, GenerationResult
 
         engine, stats = self.engine, self.stats
@@ -222,6 +241,11 @@ class Decoding:
                 break
         new = new[:room]
         self.ids.extend(new)
+        if self.processor is not None:
+            self.processor.commit(new)
+        if logprobs is not None:
+            logprobs = logprobs[:len(new)]
+            self.logprobs.extend(logprobs)
         if engine.result_cache is not None:
             engine.result_cache.extend(self.ids)
         stats.new_tokens = len(self.ids) - self.prompt_len
@@ -231,11 +255,12 @@ class Decoding:
         elif not finish and stats.new_tokens >= self.limit:
             finish = "length"
         if not finish:
-            return Chunk(delta, new)
+            return Chunk(delta, new, logprobs=logprobs)
         self.done = True
         stats.finish_reason = finish
         stats.total_seconds = time.perf_counter() - self.t0
-        return Chunk(delta + self.text.flush(), new, GenerationResult(self.ids[self.prompt_len:], self.text.text, stats))
+        result = GenerationResult(self.ids[self.prompt_len:], self.text.text, stats, self.logprobs)
+        return Chunk(delta + self.text.flush(), new, result, logprobs)
 
     def _cache_branch(self, n: int) -> tuple[list[int], int]:
         """The opt-in result cache's branch for this pass and its key's length ([], 0 when off or no hit)."""

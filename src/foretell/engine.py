@@ -19,7 +19,7 @@ from foretell.errors import ForetellError
 from foretell.lossy import check_lossy_threshold
 from foretell.models.transformer import Transformer, warm_up
 from foretell.result_cache import ResultCache
-from foretell.types import GenerationStats, SamplingParams
+from foretell.types import GenerationStats, SamplingParams, TokenLogprob
 
 
 @dataclass
@@ -27,6 +27,7 @@ class GenerationResult:
     tokens: list[int]  # new tokens only
     text: str
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Chunk:
     text: str
     tokens: list[int]
     result: GenerationResult | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token of this chunk, when asked for
 
 
 @dataclass
@@ -110,6 +112,23 @@ class Engine:
         if self.drafter.sizes_itself:
             return room - 1
         return min(self.length_policy.next_length(), self.max_draft, room - 1)
+
+    def logits_processor(self, prompt_ids: list[int], params: SamplingParams):
+        """The request's logits processing (logits_process.py), or None when it leaves the logits as they are."""
+        if not params.processes_logits:
+            return None
+        from foretell.logits_process import LogitsProcessor
+
+        grammar = None
+        if params.response_format is not None:
+            grammar = self.grammar_compiler().matcher(params.response_format)
+        return LogitsProcessor(params, prompt_ids, self.target.config.vocab_size, self.target.device, grammar)
+
+    def grammar_compiler(self):
+        """The tokenizer's response_format compiler (grammar.py), made on first use."""
+        from foretell.grammar import compiler_for
+
+        return compiler_for(self.tokenizer, self.target.config.vocab_size, self.stop_ids)
 
     def judge(self, logits, proposal, params: SamplingParams, generator):
         """The verification controller: lossless `verify` unless the opt-in lossy mode is on."""

@@ -21,6 +21,19 @@ class SamplingParams:
     max_new_tokens: int = 128
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Logits processing (logits_process.py), applied to the target's logits at every position before choosing,
+    # each position given its own prefix. Penalties as vLLM defines them: presence and frequency count the
+    # generated tokens, repetition (HF's rule) the prompt's and the generated ones.
+    presence_penalty: float = 0.0  # subtracted once from every token generated so far; 0 = off
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens; 0 = off
+    repetition_penalty: float = 1.0  # > 0: a seen token's logit divided (if > 0) or multiplied by it; 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit); a dict is accepted
+    response_format: ResponseFormat | None = None  # constrained output (grammar.py); None = free text
+    # What to report: each generated token's log-probability (and the top_logprobs most likely tokens'),
+    # log-softmax of the processed logits (above) before temperature, top-k and top-p.
+    logprobs: bool = False
+    top_logprobs: int = 0
+
 
     def __post_init__(self):
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
@@ -35,10 +48,71 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         if any(not s for s in self.stop):
             raise ForetellError("stop strings must be non-empty")
+        self._check_processing()
+
+    def _check_processing(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (_is_number(value) and -2.0 <= value <= 2.0):
+                raise ForetellError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
+        if not (_is_number(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 10.0):
+            raise ForetellError(f"repetition_penalty must be a number in (0, 10] (1 = off), got {self.repetition_penalty!r}")
+        bias = self.logit_bias
+        pairs = tuple(bias.items()) if isinstance(bias, dict) else tuple(tuple(p) for p in bias)
+        for token, value in pairs:
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                raise ForetellError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if not (_is_number(value) and -100.0 <= value <= 100.0):
+                raise ForetellError(f"logit_bias values must be numbers in [-100, 100], got {value!r} for token {token}")
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(v)) for t, v in pairs)))
+        if not isinstance(self.logprobs, bool):
+            raise ForetellError(f"logprobs must be true or false, got {self.logprobs!r}")
+        if not isinstance(self.top_logprobs, int) or isinstance(self.top_logprobs, bool) or not 0 <= self.top_logprobs <= 20:
+            raise ForetellError(f"top_logprobs must be an integer in [0, 20], got {self.top_logprobs!r}")
+        if self.top_logprobs and not self.logprobs:
+            raise ForetellError("top_logprobs needs logprobs on")
+        if self.response_format is not None and not isinstance(self.response_format, ResponseFormat):
+            raise ForetellError(f"response_format must be a ResponseFormat, got {type(self.response_format).__name__}")
+
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether the target's logits are changed before choosing (penalties, bias or a grammar)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.response_format is not None)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """Output constrained to JSON: any JSON object ("json_object"), or a JSON document valid under `schema`
+    ("json_schema", the schema as a JSON string)."""
+
+    type: str
+    schema: str | None = None
+
+    def __post_init__(self):
+        if self.type not in ("json_object", "json_schema"):
+            raise ForetellError(f"response_format type must be json_object or json_schema, got {self.type!r}")
+        if (self.type == "json_schema") != (self.schema is not None):
+            raise ForetellError("response_format: json_schema takes a schema, json_object none")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability under the target, and the `top` most likely tokens at its position
+    as (token id, log-probability), most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass

@@ -10,6 +10,7 @@ import asyncio
 import secrets
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -21,10 +22,11 @@ from starlette.requests import ClientDisconnect
 
 from foretell.api import Pipeline
 from foretell.errors import ForetellError
+from foretell.serve.choices import Choices
 from foretell.serve.metrics import ServerMetrics
 from foretell.serve.protocol import (APIError, ChatCompletionRequest, CompletionRequest, from_validation_error, invalid,
                                      token_budget)
-from foretell.serve.responses import SSE_DONE, ChatShape, CompletionShape, sse, sse_error
+from foretell.serve.responses import SSE_DONE, ChatShape, CompletionShape, TokenText, sse, sse_error
 from foretell.serve.settings import ServeSettings
 from foretell.serve.worker import Cancelled, Channel, Job, QueueFull, ShuttingDown, TimeLimitExceeded, Worker
 
@@ -77,6 +79,7 @@ class Routes:
         self.metrics = ServerMetrics()
         self.worker = Worker(batch or make_batch(pipeline, settings), self.metrics, settings.max_queue)
         self.created = int(time.time())
+        self.token_text = TokenText(pipeline.tokenizer)  # for log-probabilities
 
     def require_key(self, request: Request) -> None:
         """`Authorization: Bearer <key>`, the scheme in any case (RFC 9110 makes it case-insensitive)."""
@@ -117,8 +120,7 @@ class Routes:
         req = await parse(request, CompletionRequest, self.settings.max_body_bytes)
         self._check_model(req.model)
         ids = self.pipeline.encode(req.text, chat=False)
-        shape = CompletionShape(self.model_name, self.pipeline.speculative.method)
-        return await self._generate(request, req, ids, COMPLETION_DEFAULT_TOKENS, shape, "prompt")
+        return await self._generate(request, req, ids, COMPLETION_DEFAULT_TOKENS, CompletionShape, "prompt")
 
     async def chat_completions(self, request: Request) -> Response:
         req = await parse(request, ChatCompletionRequest, self.settings.max_body_bytes)
@@ -129,28 +131,39 @@ class Routes:
             ids = self.pipeline.encode(req.template_messages(), chat=True)
         except Exception as e:  # the template is jinja run on the client's messages (it may raise on purpose)
             raise invalid(f"the model's chat template rejected these messages: {e}", param="messages") from None
-        shape = ChatShape(self.model_name, self.pipeline.speculative.method)
-        return await self._generate(request, req, ids, None, shape, "messages")
+        return await self._generate(request, req, ids, None, ChatShape, "messages")
 
-    async def _generate(self, request: Request, req, prompt_ids: list[int], default_tokens: int | None, shape,
+    async def _generate(self, request: Request, req, prompt_ids: list[int], default_tokens: int | None, shape_type,
                         prompt_param: str) -> Response:
-        """Queue the generation; stream it as server-sent events, or wait for it and answer once."""
-        budget = token_budget(req.requested_tokens, default_tokens, len(prompt_ids),
-                              self.pipeline.engine.context_window, prompt_param)
-        job = Job(prompt_ids, req.sampling(budget), Channel(asyncio.get_running_loop(), self.settings.request_timeout))
+        """Queue the generation (a job per choice); stream it as server-sent events, or wait for it and answer once."""
+        engine = self.pipeline.engine
+        budget = token_budget(req.requested_tokens, default_tokens, len(prompt_ids), engine.context_window,
+                              prompt_param)
+        params = req.sampling(budget, engine.target.config.vocab_size)
+        method = self.pipeline.speculative.method if req.speculative else "none"
+        shape = shape_type(self.model_name, method, self.token_text)
+        loop = asyncio.get_running_loop()
+        choices = Choices([Job(prompt_ids, replace(params, seed=seed), Channel(loop, self.settings.request_timeout),
+                               engine=None if req.speculative else self.pipeline.plain_engine())
+                           for seed in req.choice_seeds()])
         try:
-            self.worker.submit(job)
+            for job in choices.jobs:
+                self.worker.submit(job)
         except QueueFull as e:
+            choices.cancel("cancelled")  # the choices already queued leave with the rest
             raise APIError(503, f"{e}; retry later", type="server_error", code="queue_full",
                            headers={"Retry-After": str(self.settings.retry_after)}) from None
+        except BaseException:
+            choices.cancel("cancelled")
+            raise
         if req.stream:
-            return StreamingResponse(events(request, job, shape, req.include_usage), media_type="text/event-stream",
+            return StreamingResponse(events(request, choices, shape, req.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        result = None
-        async with cancel_when_gone(request, job):
-            async for chunk in job.chunks():
-                result = chunk.result or result
-        return JSONResponse(shape.response(result.text, result.stats).model_dump())
+        results = [None] * choices.n
+        async with cancel_when_gone(request, choices):
+            async for index, chunk in choices.chunks():
+                results[index] = chunk.result or results[index]
+        return JSONResponse(shape.response(results).model_dump())
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -197,7 +210,7 @@ async def parse(request: Request, model: type[BaseModel], limit: int):
 
 
 @asynccontextmanager
-async def cancel_when_gone(request: Request, job: Job):
+async def cancel_when_gone(request: Request, job: Job | Choices):
     """Cancel the job when the client disconnects, or when the request ends before the job did (an error,
     the time limit, or this request's task being cancelled): the worker then drops it and frees its cache."""
 
@@ -215,20 +228,23 @@ async def cancel_when_gone(request: Request, job: Job):
         job.cancel("cancelled")  # a no-op when the job has finished
 
 
-async def events(request: Request, job: Job, shape, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events: the chunks, the closing chunk (finish_reason, speculative_decoding), usage if asked,
-    then [DONE]. An error after the stream started (time limit) comes as an OpenAI error event before [DONE]."""
-    async with cancel_when_gone(request, job):
+async def events(request: Request, choices: Choices, shape, include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events: the chunks of every choice (each with its index), each choice's closing chunk
+    (finish_reason, speculative_decoding), usage if asked, then [DONE]. An error after the stream started (time
+    limit) comes as an OpenAI error event before [DONE]."""
+    async with cancel_when_gone(request, choices):
         try:
-            for opening in shape.opening():
+            for opening in shape.opening(choices.n):
                 yield sse(opening)
-            async for chunk in job.chunks():
-                if chunk.text:
-                    yield sse(shape.delta(chunk.text))
+            finished = []
+            async for index, chunk in choices.chunks():
+                if chunk.text or chunk.logprobs:
+                    yield sse(shape.delta(chunk.text, index, chunk.logprobs))
                 if chunk.result is not None:
-                    yield sse(shape.closing(chunk.result.stats))
-                    if include_usage:
-                        yield sse(shape.usage(chunk.result.stats))
+                    finished.append(chunk.result.stats)
+                    yield sse(shape.closing(chunk.result.stats, index))
+            if include_usage:
+                yield sse(shape.usage(finished))
         except Exception as e:
             yield sse_error(as_api_error(e).body())
         yield SSE_DONE

@@ -1,37 +1,34 @@
 """OpenAI request bodies (pydantic, strict), the OpenAI error body, and requests -> SamplingParams.
 
 Bodies are validated strictly: a wrong type is an error rather than a silent coercion, an unknown field is an
-error rather than ignored, and a field of the OpenAI API this server does not implement (penalties, logprobs,
-tools, ...) is accepted only at its neutral value, so no request is answered as if it had been honoured.
+error rather than ignored, and a field of the OpenAI API this server does not implement (tools, echo, ...) is
+accepted only at its neutral value, so no request is answered as if it had been honoured.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from foretell.errors import ForetellError
-from foretell.types import SamplingParams
+from foretell.types import ResponseFormat, SamplingParams
 
 # torch.Generator.manual_seed takes seeds in this range.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_STOP_STRINGS = 16
+MAX_CHOICES = 16  # n: each choice is a request of its own in the batch
+MAX_TOP_LOGPROBS = 20
 
 # OpenAI fields this server does not implement -> the values that mean "off", which it accepts.
 NEUTRAL: dict[str, tuple] = {
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
-    "response_format": (None, {"type": "text"}),
 }
 
 
@@ -101,18 +98,26 @@ class _GenerationRequest(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)  # independent samples, decoded together in the batch
     user: str | None = None  # an end-user id for logs; not used
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)  # vLLM's extension; 1 = off
     logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
-    top_logprobs: int | None = None
+    speculative: bool = True  # foretell's extension: false decodes this request plainly (no drafts)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys are token ids (non-negative integers as strings), got {key!r}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"values must be in [-100, 100], got {value} for token {key}")
+        return bias
 
     @model_validator(mode="after")
     def _supported(self):
-        if self.n != 1:
-            raise FieldError("n", f"n must be 1 (this server returns one choice per request), got {self.n}")
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "stream_options is only allowed with stream: true")
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
@@ -132,18 +137,42 @@ class _GenerationRequest(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling(self, max_new_tokens: int) -> SamplingParams:
-        """The engine's parameters; OpenAI's defaults where the request says nothing (temperature 1)."""
+    @property
+    def token_logprobs(self) -> tuple[bool, int]:
+        """(each token's log-probability wanted, how many of the most likely tokens with it)."""
+        return False, 0
+
+    @property
+    def response_format_type(self) -> ResponseFormat | None:
+        return None
+
+    def sampling(self, max_new_tokens: int, vocab_size: int | None = None) -> SamplingParams:
+        """The engine's parameters; OpenAI's defaults where the request says nothing (temperature 1). vocab_size:
+        the target's, which logit_bias's token ids must fall in."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        bias = {int(k): v for k, v in (self.logit_bias or {}).items()}
+        if vocab_size is not None and any(t >= vocab_size for t in bias):
+            raise invalid(f"logit_bias: token {max(bias)} is not in the model's vocabulary (ids 0 to {vocab_size - 1})",
+                          param="logit_bias")
+        logprobs, top = self.token_logprobs
         try:
             return SamplingParams(
                 temperature=1.0 if self.temperature is None else float(self.temperature),
                 top_k=max(self.top_k or 0, 0), top_p=1.0 if self.top_p is None else float(self.top_p),
                 seed=self.seed, max_new_tokens=max_new_tokens, stop=stop,
+                presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                logit_bias=bias, logprobs=logprobs, top_logprobs=top, response_format=self.response_format_type,
             )
         except ForetellError as e:  # the engine's checks name the parameter first, as the request spells it
             named = next((f for f in type(self).model_fields if str(e).startswith(f + " ")), None)
             raise invalid(str(e), param=named) from None
+
+    def choice_seeds(self) -> list[int | None]:
+        """Each choice's seed: the request's, then the next ones, so n seeded choices differ yet repeat."""
+        if self.seed is None:
+            return [None] * self.n
+        return [(self.seed + i - SEED_MIN) % (SEED_MAX - SEED_MIN + 1) + SEED_MIN for i in range(self.n)]
 
 
 class CompletionRequest(_GenerationRequest):
@@ -153,6 +182,11 @@ class CompletionRequest(_GenerationRequest):
     echo: bool | None = None
     best_of: int | None = None
     suffix: str | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # the legacy API: how many top tokens, with each
+
+    @property
+    def token_logprobs(self) -> tuple[bool, int]:
+        return self.logprobs is not None, self.logprobs or 0
 
     @model_validator(mode="after")
     def _one_prompt(self):
@@ -163,6 +197,37 @@ class CompletionRequest(_GenerationRequest):
     @property
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class JsonSchemaBody(BaseModel):
+    """response_format.json_schema: the schema and its name (OpenAI's `strict` is accepted; output always follows
+    the schema)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormatBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaBody | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise FieldError("response_format", "json_schema (an object holding the schema) goes with type "
+                             "json_schema, and only with it")
+        return self
+
+    def engine_format(self) -> ResponseFormat | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return ResponseFormat("json_object")
+        return ResponseFormat("json_schema", json.dumps(self.json_schema.schema_ or {"type": "object"}))
 
 
 class TextPart(BaseModel):
@@ -191,8 +256,24 @@ class ChatCompletionRequest(_GenerationRequest):
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormatBody | None = None
     parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_with_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def token_logprobs(self) -> tuple[bool, int]:
+        return bool(self.logprobs), self.top_logprobs or 0
+
+    @property
+    def response_format_type(self) -> ResponseFormat | None:
+        return None if self.response_format is None else self.response_format.engine_format()
 
     @model_validator(mode="after")
     def _one_limit(self):

@@ -1,7 +1,8 @@
 """OpenAI response bodies and stream chunks, plus the speculative decoding statistics of each response.
 
 Two shapes, one interface: the routes stream or collect engine chunks the same way and a shape turns them
-into text_completion or chat.completion(.chunk) objects.
+into text_completion or chat.completion(.chunk) objects, with each choice's index and, when asked for, its
+tokens' log-probabilities.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, model_serializer
 
-from foretell.types import GenerationStats
+from foretell.engine import GenerationResult
+from foretell.types import GenerationStats, TokenLogprob
+
+LOGPROB_FLOOR = -9999.0  # JSON has no -infinity; a token the processing ruled out reads as this (vLLM's value)
 
 
 class _Out(BaseModel):
@@ -33,9 +37,11 @@ class Usage(_Out):
     total_tokens: int
 
     @classmethod
-    def of(cls, stats: GenerationStats) -> Usage:
-        return cls(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.new_tokens,
-                   total_tokens=stats.prompt_tokens + stats.new_tokens)
+    def of(cls, stats: GenerationStats | list[GenerationStats]) -> Usage:
+        """One request's usage: its prompt once, the tokens of all its choices."""
+        stats = stats if isinstance(stats, list) else [stats]
+        new = sum(s.new_tokens for s in stats)
+        return cls(prompt_tokens=stats[0].prompt_tokens, completion_tokens=new, total_tokens=stats[0].prompt_tokens + new)
 
 
 class SpeculativeDecoding(_Out):
@@ -52,11 +58,69 @@ class SpeculativeDecoding(_Out):
     target_passes: int
 
     @classmethod
-    def of(cls, method: str, stats: GenerationStats) -> SpeculativeDecoding:
+    def of(cls, method: str, stats: GenerationStats | list[GenerationStats]) -> SpeculativeDecoding:
+        """A choice's statistics, or a request's over all its choices."""
+        stats = merged(stats) if isinstance(stats, list) else stats
         return cls(method=method, num_drafts=stats.draft_passes, num_draft_tokens=stats.draft_tokens_verified,
                    num_accepted_tokens=stats.accepted_tokens, mean_acceptance_length=round(stats.tau, 4),
                    acceptance_by_position=[round(a, 4) for a in stats.acceptance_per_position],
                    target_passes=stats.target_passes)
+
+
+def merged(stats: list[GenerationStats]) -> GenerationStats:
+    """Several choices' speculation counts as one (what SpeculativeDecoding reads)."""
+    if len(stats) == 1:
+        return stats[0]
+    total = GenerationStats(prompt_tokens=stats[0].prompt_tokens)
+    for s in stats:
+        for name in ("new_tokens", "target_passes", "draft_passes", "draft_tokens_verified"):
+            setattr(total, name, getattr(total, name) + getattr(s, name))
+        for counts, more in ((total.proposed_per_position, s.proposed_per_position),
+                             (total.accepted_per_position, s.accepted_per_position)):
+            counts.extend([0] * (len(more) - len(counts)))
+            for i, c in enumerate(more):
+                counts[i] += c
+    return total
+
+
+class TopLogprob(_Out):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Out):
+    content: list[ChatTokenLogprob]
+    refusal: None = None
+
+
+class CompletionLogprobs(_Out):
+    """The legacy completions form: parallel lists, top_logprobs as {token text: log-probability}."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class TokenText:
+    """Token ids -> their text (as each would decode alone), remembered."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self._seen = tokenizer, {}
+
+    def __call__(self, token: int) -> str:
+        if token not in self._seen:
+            self._seen[token] = self.tokenizer.decode([token])
+        return self._seen[token]
+
+
+def _value(logprob: float) -> float:
+    return max(logprob, LOGPROB_FLOOR)
 
 
 class AssistantMessage(_Out):
@@ -73,21 +137,21 @@ class Delta(_Out):
 class CompletionChoice(_Out):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 
 class ChatChoice(_Out):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str
 
 
 class ChatChunkChoice(_Out):
     index: int = 0
     delta: Delta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -143,14 +207,20 @@ class _Shape:
     PREFIX: ClassVar[str]
     CHUNK: ClassVar[type[_Response]]
 
-    def __init__(self, model: str, method: str):
+    def __init__(self, model: str, method: str, token_text: TokenText | None = None):
+        """token_text: renders tokens for log-probabilities (needed when a request asks for them)."""
         self.id, self.created, self.model, self.method = f"{self.PREFIX}-{uuid.uuid4().hex}", int(time.time()), model, method
+        self.token_text = token_text
 
     def _object(self, cls: type[_Response], choices: list, **extra) -> _Response:
         return cls(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
 
-    def usage(self, stats: GenerationStats) -> BaseModel:
+    def usage(self, stats: list[GenerationStats]) -> BaseModel:
         return self._object(self.CHUNK, [], usage=Usage.of(stats))
+
+    def _top(self, token: int, logprob: float) -> TopLogprob:
+        text = self.token_text(token)
+        return TopLogprob(token=text, logprob=_value(logprob), bytes=list(text.encode()))
 
 
 class CompletionShape(_Shape):
@@ -158,21 +228,45 @@ class CompletionShape(_Shape):
 
     PREFIX, CHUNK = "cmpl", Completion
 
-    def _chunk(self, text: str, finish: str | None = None, **extra) -> Completion:
-        return self._object(Completion, [CompletionChoice(text=text, finish_reason=finish)], **extra)
+    def __init__(self, model: str, method: str, token_text: TokenText | None = None):
+        super().__init__(model, method, token_text)
+        self._offsets: dict[int, int] = {}  # a streamed choice's text_offset so far
 
-    def opening(self) -> list[BaseModel]:
+    def _chunk(self, text: str, index: int, finish: str | None = None, logprobs=None, **extra) -> Completion:
+        choice = CompletionChoice(index=index, text=text, finish_reason=finish, logprobs=logprobs)
+        return self._object(Completion, [choice], **extra)
+
+    def _logprobs(self, logprobs: list[TokenLogprob] | None, streamed: int | None = None) -> CompletionLogprobs | None:
+        """streamed: the choice's index when its text comes in pieces (text_offset goes on from the last piece)."""
+        if logprobs is None:
+            return None
+        tokens = [self.token_text(lp.token) for lp in logprobs]
+        offsets, at = [], self._offsets.get(streamed, 0)
+        for text in tokens:
+            offsets.append(at)
+            at += len(text)
+        if streamed is not None:
+            self._offsets[streamed] = at
+        return CompletionLogprobs(tokens=tokens, token_logprobs=[_value(lp.logprob) for lp in logprobs],
+                                  top_logprobs=[{self.token_text(t): _value(v) for t, v in lp.top} for lp in logprobs],
+                                  text_offset=offsets)
+
+    def opening(self, n: int) -> list[BaseModel]:
         return []
 
-    def delta(self, text: str) -> BaseModel:
-        return self._chunk(text)
+    def delta(self, text: str, index: int = 0, logprobs: list[TokenLogprob] | None = None) -> BaseModel:
+        return self._chunk(text, index, logprobs=self._logprobs(logprobs, index))
 
-    def closing(self, stats: GenerationStats) -> BaseModel:
-        return self._chunk("", stats.finish_reason, speculative_decoding=SpeculativeDecoding.of(self.method, stats))
-
-    def response(self, text: str, stats: GenerationStats) -> BaseModel:
-        return self._chunk(text, stats.finish_reason, usage=Usage.of(stats),
+    def closing(self, stats: GenerationStats, index: int = 0) -> BaseModel:
+        return self._chunk("", index, stats.finish_reason,
                            speculative_decoding=SpeculativeDecoding.of(self.method, stats))
+
+    def response(self, results: list[GenerationResult]) -> BaseModel:
+        choices = [CompletionChoice(index=i, text=r.text, finish_reason=r.stats.finish_reason,
+                                    logprobs=self._logprobs(r.logprobs)) for i, r in enumerate(results)]
+        stats = [r.stats for r in results]
+        return self._object(Completion, choices, usage=Usage.of(stats),
+                            speculative_decoding=SpeculativeDecoding.of(self.method, stats))
 
 
 class ChatShape(_Shape):
@@ -180,20 +274,33 @@ class ChatShape(_Shape):
 
     PREFIX, CHUNK = "chatcmpl", ChatCompletionChunk
 
-    def _chunk(self, delta: Delta, finish: str | None = None, **extra) -> ChatCompletionChunk:
-        return self._object(ChatCompletionChunk, [ChatChunkChoice(delta=delta, finish_reason=finish)], **extra)
+    def _chunk(self, delta: Delta, index: int, finish: str | None = None, logprobs=None, **extra) -> ChatCompletionChunk:
+        choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
+        return self._object(ChatCompletionChunk, [choice], **extra)
 
-    def opening(self) -> list[BaseModel]:
-        return [self._chunk(Delta(role="assistant", content=""))]
+    def _logprobs(self, logprobs: list[TokenLogprob] | None) -> ChatLogprobs | None:
+        if logprobs is None:
+            return None
+        content = []
+        for lp in logprobs:
+            text = self.token_text(lp.token)
+            content.append(ChatTokenLogprob(token=text, logprob=_value(lp.logprob), bytes=list(text.encode()),
+                                            top_logprobs=[self._top(t, v) for t, v in lp.top]))
+        return ChatLogprobs(content=content)
 
-    def delta(self, text: str) -> BaseModel:
-        return self._chunk(Delta(content=text))
+    def opening(self, n: int) -> list[BaseModel]:
+        return [self._chunk(Delta(role="assistant", content=""), i) for i in range(n)]
 
-    def closing(self, stats: GenerationStats) -> BaseModel:
+    def delta(self, text: str, index: int = 0, logprobs: list[TokenLogprob] | None = None) -> BaseModel:
+        return self._chunk(Delta(content=text), index, logprobs=self._logprobs(logprobs))
+
+    def closing(self, stats: GenerationStats, index: int = 0) -> BaseModel:
         spec = SpeculativeDecoding.of(self.method, stats)
-        return self._chunk(Delta(), stats.finish_reason, speculative_decoding=spec)
+        return self._chunk(Delta(), index, stats.finish_reason, speculative_decoding=spec)
 
-    def response(self, text: str, stats: GenerationStats) -> BaseModel:
-        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=stats.finish_reason)
-        return self._object(ChatCompletion, [choice], usage=Usage.of(stats),
+    def response(self, results: list[GenerationResult]) -> BaseModel:
+        choices = [ChatChoice(index=i, message=AssistantMessage(content=r.text), finish_reason=r.stats.finish_reason,
+                              logprobs=self._logprobs(r.logprobs)) for i, r in enumerate(results)]
+        stats = [r.stats for r in results]
+        return self._object(ChatCompletion, choices, usage=Usage.of(stats),
                             speculative_decoding=SpeculativeDecoding.of(self.method, stats))

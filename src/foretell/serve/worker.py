@@ -93,6 +93,7 @@ class Job:
     params: SamplingParams
     channel: Channel
     queued_at: float = field(default_factory=time.monotonic)
+    engine: object = None  # its own Engine (e.g. plain decoding for a request that turned speculation off); None: the batch's
     # Set from the request's thread, read by the worker between chunks (an attribute write is atomic).
     cancel_reason: str | None = None
 
@@ -208,7 +209,7 @@ class Worker:
             self._metrics.running.inc()
             run = Running(job, start, last=start)
             run.request = self._batch.submit(job.prompt_ids, job.params, lambda c, r=run: self._chunk(r, c),
-                                             lambda e, r=run: self._fail(r, e))
+                                             lambda e, r=run: self._fail(r, e), engine=job.engine)
             self._running.append(run)
 
     def _chunk(self, run: Running, chunk: Chunk) -> None:
