@@ -43,32 +43,42 @@ def test_lean_step_matches_pytorch(tiny_pair, quant):
     assert_steps_match_pytorch(load(tiny_pair[0], "none", quant=quant, warm_up=False).target.model)
 
 
-@pytest.fixture(scope="module")
-def qwen2_folder(tmp_path_factory):
-    """A tiny Qwen2 (test_families' builder, no sliding window, as Qwen2.5's configs) with nonzero q, k, v biases."""
+# Families past Llama whose layers the lean step runs, in test_families' builders with the changes that give that
+# shape: Qwen2 without a sliding window (as Qwen2.5's configs), with q, k, v biases; Phi-3 without a window and
+# with full rotary (its fused qkv and gate_up projections)
+LEAN_FAMILIES = {"qwen2-swa": ("qwen2", {"use_sliding_window": False}),
+                 "phi3": ("phi3", {"sliding_window": None, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})}
+
+
+@pytest.fixture(scope="module", params=list(LEAN_FAMILIES))
+def family_folder(request, tmp_path_factory):
+    """(model type, a tiny model's folder), its biases (where it has them) random, not transformers' zeros."""
     from conftest import make_tokenizer, save_model_folder
     from test_families import VOCAB, build
 
-    hf = build("qwen2-swa", use_sliding_window=False)
+    model_type, changes = LEAN_FAMILIES[request.param]
+    hf = build(request.param, **changes)
     with torch.no_grad():
-        for layer in hf.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.normal_(0, 0.5)
-    return save_model_folder(tmp_path_factory.mktemp("qwen2") / "target", hf, make_tokenizer(VOCAB))
+        for module in hf.modules():
+            if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                module.bias.normal_(0, 0.5)
+    return model_type, save_model_folder(tmp_path_factory.mktemp(model_type) / "target", hf, make_tokenizer(VOCAB))
 
 
 @pytest.mark.parametrize("quant", ["none", "int4", "int4-q8"])
-def test_qwen2_runs_the_lean_step(qwen2_folder, quant):
-    """Qwen2's q, k, v biases go into the lean step's qkv product: its steps match PyTorch's (float activations),
+def test_qwen2_and_phi3_run_the_lean_step(family_folder, quant):
+    """Their steps through the lean step match PyTorch's (float activations; Qwen2's biases in the qkv product),
     and speculation reproduces plain decoding (8-bit activations too)."""
-    plain = load(qwen2_folder, "none", quant=quant, warm_up=False)
+    model_type, folder = family_folder
+    plain = load(folder, "none", quant=quant, warm_up=False)
     model = plain.target.model
-    assert model.config.model_type == "qwen2" and model.layers[0].qkv_proj.bias.abs().max() > 0.1
-    assert model.lean is not None
+    assert model.config.model_type == model_type and model.lean is not None
+    if model_type == "qwen2":
+        assert model.layers[0].qkv_proj.bias.abs().max() > 0.1
     if not quant.endswith("-q8"):
         assert_steps_match_pytorch(model)
         model.use_lean_step()
-    assert_drafters_reproduce_plain(plain, qwen2_folder)
+    assert_drafters_reproduce_plain(plain, folder)
 
 
 def assert_steps_match_pytorch(model) -> None:
