@@ -61,7 +61,8 @@ def cpu_class() -> str:
 
 
 def block_gemm():
-    """(x fp32 [M, K], kind, codes, scales) -> fp32 [M, N] for Q4_1 / Q8_0 blocks, or None where not built here."""
+    """(x fp32 [M, K], kind, codes, scales[, act_q8]) -> fp32 [M, N] for the packed weights lean_decode.cpp reads
+    (Q4_1 / Q8_0 blocks, a GGUF file's blocks, bf16 or int8 columns), or None where not built here."""
     module = lean_module()
     return None if module is None else module.block_gemm
 

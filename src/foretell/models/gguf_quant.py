@@ -30,6 +30,7 @@ Q8_0_BLOCK_BYTES = 34  # fp16 d, 32 int8 codes
 BLOCK_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 DENSE_TYPES = ("F32", "F16", "BF16")  # not blocks: their layers stay dense
 GGUF_KIND = 9  # lean_decode.cpp's kind for GGUF blocks
+MAX_PARTS = 8  # the parts of one GGUF projection the kernel takes (lean_decode.cpp's GGUF_MAX_PARTS)
 
 
 def q4_1_codes(raw: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -112,16 +113,16 @@ class GGUFLinear(nn.Module):
     def select_rows(self, rows: torch.Tensor) -> nn.Module:
         """The layer restricted to some output rows (a hot vocabulary of an output layer): the rows' own blocks."""
         rows = rows.cpu()
-        ends = torch.tensor([part.shape[0] for _, part in self.parts()]).cumsum(0)
+        parts = self.parts()
+        ends = torch.tensor([part.shape[0] for _, part in parts]).cumsum(0)
         which = torch.bucketize(rows, ends, right=True)  # each row's part
         starts = torch.cat([torch.zeros(1, dtype=ends.dtype), ends[:-1]])
         cuts = [0] + (torch.nonzero(which[1:] != which[:-1]).flatten() + 1).tolist() + [rows.numel()]
-        parts = self.parts()
         picked = []
         for a, b in zip(cuts[:-1], cuts[1:]):  # runs of rows from one part
             kind, part = parts[int(which[a])]
             picked.append((kind, part.index_select(0, rows[a:b] - starts[which[a]])))
-        if len(picked) > 8:  # more parts than the kernel takes: the same values, dense
+        if len(picked) > MAX_PARTS:  # more parts than the kernel takes: the same values, dense
             dense = nn.Linear(self.in_features, rows.numel(), bias=self.bias is not None)
             with torch.no_grad():
                 dense.weight.copy_(self.dequantized().index_select(0, rows))
