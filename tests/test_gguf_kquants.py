@@ -195,3 +195,27 @@ def test_an_unsupported_block_type_is_named(files):
     path = tiny_gguf(files / "tiny-q2_k.gguf", lambda name: T.Q2_K if name.endswith("down_proj.weight") else None)
     with pytest.raises(ForetellError, match=r"Q2_K \(blk\.0\.ffn_down\.weight\).*Q4_0, .*Q4_K, Q5_K, Q6_K"):
         load(path, "none", quant="gguf", warm_up=False, cache_dir=files)
+
+
+@pytest.mark.parametrize("case", ["llama3.1", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
+def test_every_gguf_architecture_keeps_its_blocks(case, files):
+    """Each architecture's files (test_families_gguf's: their tensor names, Phi-3's fused qkv and gate_up, Gemma's
+    tied embedding as the output layer) with Q8_0 projections and a Q5_0 embedding: every projection keeps its
+    blocks, and the logits are the dense load's (PyTorch's path where the lean step does not run the family)."""
+    from test_families import build
+    from test_families_gguf import CASES, write_gguf
+
+    family, changes, arch, name, metadata, tensors = CASES[case]
+    hf = build(family, **changes)
+    path = write_gguf(hf, arch, files / f"arch-{case}.gguf", name, metadata(hf), tensors(hf),
+                      blocks=lambda n: T.Q8_0 if n.endswith("proj.weight") or n == "lm_head.weight" else
+                      T.Q5_0 if n == "model.embed_tokens.weight" else None)
+    kept = load(path, "none", quant="gguf", warm_up=False, cache_dir=files).target.model
+    dense = load(path, "none", warm_up=False, cache_dir=files).target.model
+    assert sum(isinstance(m, GGUFLinear) for m in kept.layers.modules()) == 4 * len(kept.layers)
+    tied = hf.config.tie_word_embeddings
+    assert isinstance(kept.lm_head, GGUFLinear if tied else BlockQ8Linear)  # Q5_0 embedding, or Q8_0 output layer
+    ids = torch.tensor([1, 5, 9, 12, 5, 9, 30, 7, 7, 20])
+    want = dense(ids, torch.arange(10), dense.new_cache(16)).logits
+    got = kept(ids, torch.arange(10), kept.new_cache(16)).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max())
