@@ -167,6 +167,41 @@ def spec_bench_prompts(per_category: int) -> list[str]:
     return [row["prompt"] for row in load_spec_bench(per_category, path)]
 
 
+def make_json_tokenizer(vocab_size: int = 320):
+    """A byte-level BPE tokenizer (every string encodes) trained on small JSON objects, for constrained output."""
+    import json
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(0)
+    corpus = [json.dumps({"name": "".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 6))),
+                          "ok": rng.random() < 0.5, "n": rng.randint(0, 999), "color": rng.choice(["red", "green"]),
+                          "tags": [rng.choice("xyz") for _ in range(rng.randint(0, 3))]}, separators=(",", ":"))
+              for _ in range(300)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<|im_start|>",
+                                   eos_token="<|im_end|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+@pytest.fixture(scope="session")
+def json_pair(tmp_path_factory):
+    """A tiny target and a perturbed-copy draft over make_json_tokenizer's byte-level vocabulary."""
+    root = tmp_path_factory.mktemp("json_pair")
+    tok = make_json_tokenizer()
+    target = make_hf_model("llama", len(tok), seed=5)
+    draft = perturbed_copy(target, noise=0.3, seed=6)
+    return save_model_folder(root / "target", target, tok), save_model_folder(root / "draft", draft, tok)
+
+
 MICRO_VOCAB = 8  # the statistical tests' micro model: every prefix can be enumerated
 
 

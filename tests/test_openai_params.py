@@ -1,9 +1,11 @@
 """The OpenAI sampling parameters under speculation, through the real `openai` client against `foretell serve` on
 the tiny models: logprobs equal plain decoding's, penalties and logit_bias change the output exactly as they do
-in plain decoding (greedy fp32, a draft model drafting), n choices, per-request speculation off; and at the
-engine, the same for trees and batches."""
+in plain decoding (greedy fp32, a draft model drafting), n choices, per-request speculation off, json_schema
+output valid every time; and at the engine, the same for trees and batches."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import pytest
@@ -245,3 +247,70 @@ def test_invalid_parameters_get_a_400_naming_the_field(server, path, fields):
     error = assert_openai_error(httpx.post(server + path, json=body), 400)
     param = next(iter(fields))
     assert error["param"] == param and param in error["message"]
+
+
+# --- response_format ------------------------------------------------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {  # bounded, so a random model's documents end within max_tokens
+    "name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"},
+    "n": {"type": "integer", "minimum": 0, "maximum": 999}, "color": {"enum": ["red", "green", "blue"]},
+    "tags": {"type": "array", "items": {"enum": ["x", "y", "z"]}, "maxItems": 3}},
+    "required": ["name", "ok", "n", "color", "tags"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def json_client(json_pair):
+    target, draft = json_pair
+    spec = SpeculativeConfig(method="draft-model", model=str(draft), draft_quant="none", gamma=4)
+    with running(create_app(load(target, spec, dtype="float32", warm_up=False), MODEL, ServeSettings())) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0), url
+
+
+def test_json_schema_output_is_valid_every_time(json_client):
+    jsonschema = pytest.importorskip("jsonschema", reason="the dev extra: pip install -e '.[dev]'")
+    client, _ = json_client
+    fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA, "strict": True}}
+    drafts = 0
+    for seed in range(20):
+        r = client.chat.completions.create(model=MODEL, messages=chat_messages("a json object"), max_tokens=150,
+                                           temperature=1.0, seed=seed, response_format=fmt)
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+        drafts += extension(r)["num_draft_tokens"]
+    assert drafts > 0  # drafts the grammar allows were verified
+    chunks = client.chat.completions.create(model=MODEL, messages=chat_messages("a json object"), max_tokens=150,
+                                            temperature=0, response_format=fmt, stream=True)
+    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)), SCHEMA)
+    obj = client.chat.completions.create(model=MODEL, messages=chat_messages("a json object"), max_tokens=150,
+                                         temperature=0, response_format={"type": "json_object"})
+    assert obj.choices[0].message.content.startswith("{")
+
+
+def test_a_schema_the_grammar_refuses_gets_a_400(json_client):
+    _, url = json_client
+    body = {"model": MODEL, "messages": chat_messages(), "max_tokens": 4, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "object", "properties": {
+            "a": {"type": "strin"}}}}}}
+    error = assert_openai_error(httpx.post(url + "/v1/chat/completions", json=body), 400)
+    assert error["param"] == "response_format" and "strin" in error["message"]
+
+
+def test_cli_generate_penalties_and_logprobs(tiny_pair, capsys):
+    """foretell generate with penalties, a bias and logprobs: with a draft model, what --drafter none gives."""
+    from foretell.cli import main
+
+    target, draft = tiny_pair
+    common = ["generate", CHAT_PROMPT, "--model", str(target), "--dtype", "float32", "--json", "--max-new-tokens", "16",
+              "--presence-penalty", "1", "--repetition-penalty", "1.3", "--logit-bias", "9=3", "--logprobs", "2"]
+    outs = []
+    for drafter in (["--draft", str(draft), "--draft-quant", "none"], ["--drafter", "none"]):
+        assert main([*common, *drafter]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    spec, off = outs
+    assert spec["tokens"] == off["tokens"] and spec["stats"]["draft_passes"] > 0 and off["stats"]["draft_passes"] == 0
+    assert [lp["token"] for lp in spec["logprobs"]] == spec["tokens"]
+    assert [lp["logprob"] for lp in spec["logprobs"]] == pytest.approx([lp["logprob"] for lp in off["logprobs"]],
+                                                                      abs=1e-4)
+    assert all(len(lp["top"]) == 2 for lp in spec["logprobs"])
+    assert main([*common[:-2], "--logit-bias", "nine=3"]) == 2
+    assert "TOKEN=BIAS" in capsys.readouterr().err

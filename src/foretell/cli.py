@@ -45,6 +45,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="add BIAS in [-100, 100] to token id TOKEN's logit (repeatable)")
     g.add_argument("--logprobs", type=int, metavar="N",
                    help="with --json: each token's log-probability and the N (0-20) most likely tokens at its position")
+    fmt = g.add_mutually_exclusive_group()
+    fmt.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
+    fmt.add_argument("--json-schema", metavar="FILE", help="constrain the output to JSON valid under the schema in FILE")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +148,7 @@ def cmd_generate(args) -> None:
         top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
         logit_bias=logit_bias(args.logit_bias), logprobs=args.logprobs is not None, top_logprobs=args.logprobs or 0,
+        response_format=response_format(args.json_object, args.json_schema),
     )
     SamplingParams(**sampling)  # validate before spending time loading models
     spec, why = speculative_from_args(args, args.model)
@@ -170,6 +174,23 @@ def cmd_generate(args) -> None:
         print()
         weights = describe_target(args.quant, args.dtype, pipe.target.model)
         print(f"[{args.model}, drafter {spec.method}, {weights}] {result.stats.summary()}", file=sys.stderr)
+
+
+def response_format(json_object: bool, schema_file: str | None):
+    """--json-object / --json-schema FILE -> a ResponseFormat (None: free text)."""
+    from pathlib import Path
+
+    from foretell.types import ResponseFormat
+
+    if json_object:
+        return ResponseFormat("json_object")
+    if schema_file is None:
+        return None
+    try:
+        schema = json.loads(Path(schema_file).read_text())
+    except (OSError, ValueError) as e:
+        raise ForetellError(f"--json-schema: cannot read a JSON schema from {schema_file}: {e}") from None
+    return ResponseFormat("json_schema", json.dumps(schema))
 
 
 def logit_bias(entries: list[str]) -> dict[int, float]:

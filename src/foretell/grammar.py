@@ -1,10 +1,10 @@
 """Constrained output (response_format json_object / json_schema) through llguidance.
 
 llguidance was picked over xgrammar and outlines-core (docs/serving.md has the measurements): it has no
-dependencies and needs no compile step per schema (a matcher in about 1 ms, where outlines-core builds an index
-over the vocabulary for seconds, and over a minute for "any JSON object"), and its masks take well under a
-millisecond on a 49K vocabulary; xgrammar's are faster still, but it requires triton, hundreds of MB that a CPU
-engine never uses.
+dependencies and needs no compile step per schema (a matcher in milliseconds, where outlines-core builds an index
+over the vocabulary for seconds, and up to a minute or more for "any JSON object"), and its masks take well under
+a millisecond on a 49K vocabulary; xgrammar's are faster still, but it requires triton, hundreds of MB that a
+CPU engine never uses.
 
 Per request a Grammar follows the committed tokens. Under speculation it also judges drafts: a draft node whose
 path the grammar rejects is dropped before the target pass (it could never be accepted), and the target's logits
@@ -33,13 +33,13 @@ def _llguidance():
         import llguidance
         import llguidance.hf  # noqa: F401
     except ImportError:
-        raise ForetellError("response_format needs llguidance: pip install -e '.[serve]' (or pip install "
-                            "llguidance==1.9.1)") from None
+        raise ForetellError("response_format needs llguidance, one of foretell's dependencies: pip install "
+                            "llguidance==1.9.1") from None
     return llguidance
 
 
 class GrammarCompiler:
-    """One tokenizer's grammar set-up: its llguidance tokenizer (built once, about a second for a large
+    """One tokenizer's grammar set-up: its llguidance tokenizer (built once: seconds for a large
     vocabulary) and the grammars made so far, by response format."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_ids: set[int]):

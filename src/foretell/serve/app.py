@@ -140,6 +140,11 @@ class Routes:
         budget = token_budget(req.requested_tokens, default_tokens, len(prompt_ids), engine.context_window,
                               prompt_param)
         params = req.sampling(budget, engine.target.config.vocab_size)
+        if params.response_format is not None:  # a schema the grammar refuses is the request's error, said now
+            try:
+                await asyncio.to_thread(engine.grammar_compiler().grammar, params.response_format)
+            except ForetellError as e:
+                raise invalid(str(e), param="response_format") from None
         method = self.pipeline.speculative.method if req.speculative else "none"
         shape = shape_type(self.model_name, method, self.token_text)
         loop = asyncio.get_running_loop()
