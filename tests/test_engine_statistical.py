@@ -1,9 +1,12 @@
-"""The whole engine samples exactly the target's distribution (draft length 4, tiny model).
+"""The whole engine samples exactly the target's distribution (draft length 4, tiny model), under both
+sampling rules: speculative sampling's rejection rule and the coupled rule (coupled.py).
 
 The exact distribution of each of the first five generated tokens is computed by enumerating
 every prefix with transformers' reference model; the engine's samples must match it at every
 position, and the same test must reject a verifier with a known bias.
 """
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,10 +17,11 @@ from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.sampling import processed_probs
 from foretell.types import SamplingParams
-from test_verify_statistical import accept_if_argmax_rule
+from test_verify_statistical import accept_if_argmax_coupled, accept_if_argmax_rule
 
 VOCAB, NEW, GAMMA, RUNS = 8, 5, 4, 1500
 PROMPT = [1, 4, 6, 3]
+RULES = ("rejection", "coupled")  # SamplingParams.sampling
 
 
 def exact_marginals(hf_model, params: SamplingParams) -> torch.Tensor:
@@ -94,33 +98,41 @@ def worst_p_value(counts: torch.Tensor, exact: torch.Tensor) -> float:
     return worst
 
 
-def assert_tree_samples_follow_target(spec, hf_target, params: SamplingParams) -> None:
-    """RUNS seeded runs of a tree drafter's pipeline `spec` on the micro model: the first NEW tokens follow the
-    exact marginals, and enough drafts are accepted for the test to exercise accepted tree paths."""
-    counts = torch.zeros(NEW, VOCAB)
-    accepted = 0
-    for seed in range(RUNS):
-        p = SamplingParams(**{**params.__dict__, "seed": seed, "max_new_tokens": NEW, "ignore_eos": True})
-        result = spec.engine.generate(PROMPT, p)
-        counts[torch.arange(NEW), torch.tensor(result.tokens)] += 1
-        accepted += sum(result.stats.accepted_per_position)
-    assert accepted > 500, "the test should exercise accepted tree paths"
-    assert worst_p_value(counts, exact_marginals(hf_target, params)) > 1e-3 / NEW
+def assert_tree_samples_follow_target(spec, hf_target, params: SamplingParams, rules=RULES) -> None:
+    """RUNS seeded runs of a tree drafter's pipeline `spec` on the micro model under each sampling rule: the first
+    NEW tokens follow the exact marginals, and enough drafts are accepted for the test to exercise accepted tree
+    paths."""
+    exact = exact_marginals(hf_target, params)
+    for rule in rules:
+        counts = torch.zeros(NEW, VOCAB)
+        accepted = 0
+        for seed in range(RUNS):
+            p = SamplingParams(**{**params.__dict__, "seed": seed, "max_new_tokens": NEW, "ignore_eos": True,
+                                  "sampling": rule})
+            result = spec.engine.generate(PROMPT, p)
+            counts[torch.arange(NEW), torch.tensor(result.tokens)] += 1
+            accepted += sum(result.stats.accepted_per_position)
+        assert accepted > 500, f"the test should exercise accepted tree paths ({rule})"
+        assert worst_p_value(counts, exact) > 1e-3 / NEW, rule
 
 
 PARAMS = {"t1.0": SamplingParams(temperature=1.0), "t0.7-top_p0.9": SamplingParams(temperature=0.7, top_p=0.9)}
 
 
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("drafter", ["chain", "tree-sampled", "tree-topk", "chain-hot"])
 @pytest.mark.parametrize("params", list(PARAMS))
-def test_engine_samples_follow_target(micro, params, drafter):
+def test_engine_samples_follow_target(micro, params, drafter, rule):
     target, root = micro
     exact = exact_marginals(target, PARAMS[params])
-    assert worst_p_value(engine_counts(root, PARAMS[params], drafter), exact) > 1e-3 / NEW
+    assert worst_p_value(engine_counts(root, replace(PARAMS[params], sampling=rule), drafter), exact) > 1e-3 / NEW
 
 
+@pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("params", list(PARAMS))
-def test_the_same_test_rejects_a_biased_verifier(micro, params, monkeypatch):
+def test_the_same_test_rejects_a_biased_verifier(micro, params, rule, monkeypatch):
     target, root = micro
-    monkeypatch.setattr(foretell.decoding, "verify", accept_if_argmax_rule)
-    assert worst_p_value(engine_counts(root, PARAMS[params]), exact_marginals(target, PARAMS[params])) < 1e-6
+    biased = accept_if_argmax_rule if rule == "rejection" else accept_if_argmax_coupled
+    monkeypatch.setattr(foretell.decoding, "verify", biased)
+    counts = engine_counts(root, replace(PARAMS[params], sampling=rule))
+    assert worst_p_value(counts, exact_marginals(target, PARAMS[params])) < 1e-6

@@ -154,16 +154,24 @@ def micro(tmp_path_factory):
     return target, load(root / "t", "none", warm_up=False)
 
 
+REJECTION = SamplingParams(temperature=1.0, sampling="rejection")
+COUPLED = SamplingParams(temperature=1.0, sampling="coupled")
+
+
 @pytest.mark.parametrize(
     "params, options",
     [
-        (SamplingParams(temperature=1.0), HiddenStateOptions(depth=3, max_nodes=8, fuse=True, resample_when="always")),
-        (SamplingParams(temperature=1.0), HiddenStateOptions(depth=3, max_nodes=6, fuse=False, resample_when="always")),
-        (SamplingParams(temperature=0.7, top_p=0.9), HiddenStateOptions(depth=3, max_nodes=8)),
-        (SamplingParams(temperature=1.0), "scheduled"),
-        (SamplingParams(temperature=1.0), "gated"),
+        (REJECTION, HiddenStateOptions(depth=3, max_nodes=8, fuse=True, resample_when="always")),
+        (REJECTION, HiddenStateOptions(depth=3, max_nodes=6, fuse=False, resample_when="always")),
+        (SamplingParams(temperature=0.7, top_p=0.9, sampling="rejection"), HiddenStateOptions(depth=3, max_nodes=8)),
+        (REJECTION, "scheduled"),
+        (REJECTION, "gated"),
+        (COUPLED, HiddenStateOptions(depth=3, max_nodes=8, fuse=True, resample_when="always")),
+        (SamplingParams(temperature=0.7, top_p=0.9, sampling="coupled"), HiddenStateOptions(depth=3, max_nodes=8)),
+        (COUPLED, "scheduled"),
     ],
-    ids=["t1.0-fused", "t1.0-unfused", "t0.7-top_p0.9", "t1.0-scheduled", "t1.0-gated-lookup"],
+    ids=["t1.0-fused", "t1.0-unfused", "t0.7-top_p0.9", "t1.0-scheduled", "t1.0-gated-lookup",
+         "coupled-t1.0-fused", "coupled-t0.7-top_p0.9", "coupled-t1.0-scheduled"],
 )
 def test_sampled_output_follows_the_target(micro, params, options):
     """Exact marginals of the first NEW tokens by enumeration vs 1500 seeded engine runs.
@@ -214,7 +222,7 @@ def test_the_same_test_rejects_a_biased_tree_verifier(micro, monkeypatch):
 
     exact_verify = foretell.decoding.verify
 
-    def biased(target_logits, proposal, params, generator):
+    def biased(target_logits, proposal, params, generator, coupling=None):
         if proposal.is_chain:  # the empty proposal of the last step
             return exact_verify(target_logits, proposal, params, generator)
         p = processed_probs(target_logits, params)
@@ -234,7 +242,7 @@ def test_the_same_test_rejects_a_biased_tree_verifier(micro, monkeypatch):
     spec, _ = with_hidden(pipe, HiddenStateOptions(depth=3, max_nodes=8, resample_when="always"), rank=8)
     counts = torch.zeros(NEW, VOCAB)
     for seed in range(1500):
-        p = SamplingParams(temperature=1.0, seed=seed, max_new_tokens=NEW, ignore_eos=True)
+        p = SamplingParams(temperature=1.0, seed=seed, max_new_tokens=NEW, ignore_eos=True, sampling="rejection")
         counts[torch.arange(NEW), torch.tensor(spec.engine.generate(PROMPT, p).tokens)] += 1
     assert worst_p_value(counts, exact_marginals(hf_target, params)) < 1e-6
 

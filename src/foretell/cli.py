@@ -32,7 +32,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="sampling seed: the same seed and prompt give the same text, whatever the "
+                   "drafter (with the coupled rule)")
+    add_sampling_rule_arg(p)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g = p.add_argument_group("logits processing", "applied to the target's logits at every position, drafts' "
                              "included, so speculation gives plain decoding's output with them")
@@ -48,6 +50,13 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     fmt = g.add_mutually_exclusive_group()
     fmt.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
     fmt.add_argument("--json-schema", metavar="FILE", help="constrain the output to JSON valid under the schema in FILE")
+
+
+def add_sampling_rule_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sampling", choices=("coupled", "rejection"),
+                   help="how sampled tokens are chosen: coupled (Gumbel-max on noise keyed by the seed and the position; "
+                   "output independent of drafts, batch and timing) or rejection (speculative sampling's accept / "
+                   "resample test); default: coupled with --seed, else rejection")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,6 +136,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy (default); greedy_equal_to_plain is filled only when greedy")
     b.add_argument("--seed", type=int, help="sampling seed (used when --temperature > 0)")
+    add_sampling_rule_arg(b)
     b.add_argument("--out", help="output folder (default: runs/bench/<timestamp>); the same folder again resumes")
     b.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="skip (prompt, method) pairs already in OUT/results.jsonl (default: on); --no-resume starts over")
@@ -145,7 +155,8 @@ def cmd_generate(args) -> None:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     sampling = dict(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), presence_penalty=args.presence_penalty,
+        top_p=args.top_p, seed=args.seed, sampling=args.sampling, stop=tuple(args.stop),
+        presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
         logit_bias=logit_bias(args.logit_bias), logprobs=args.logprobs is not None, top_logprobs=args.logprobs or 0,
         response_format=response_format(args.json_object, args.json_schema),
@@ -280,7 +291,7 @@ def cmd_bench(args) -> None:
     import torch
 
     from foretell.bench.datasets import load_prompts
-    from foretell.bench.methods import MethodOptions, Models, build_methods, default_methods
+    from foretell.bench.methods import MethodOptions, Models, build_methods, default_methods, sampling
     from foretell.bench.report import write_report
     from foretell.bench.runner import RunConfig, run_bench
     from foretell.text import encode_prompt
@@ -297,7 +308,8 @@ def cmd_bench(args) -> None:
         raise ForetellError(f"--branching takes comma-separated integers, got {args.branching!r}") from None
     opts = MethodOptions(gamma=args.gamma, tree_depth=args.tree_depth, tree_topk=args.tree_topk,
                          tree_budget=args.tree_budget, tree_branching=branching,
-                         temperature=args.temperature, seed=args.seed, threads=args.threads, hot_vocab=args.hot_vocab)
+                         temperature=args.temperature, seed=args.seed, sampling=args.sampling, threads=args.threads,
+                         hot_vocab=args.hot_vocab)
     models = Models(args.model, args.draft, args.dtype, draft_quant=args.draft_quant, head=args.head,
                     hidden_draft=args.hidden_draft, eagle=args.eagle, quant=args.quant)
     configs = spec_config_files(args.spec_config)
@@ -313,6 +325,8 @@ def cmd_bench(args) -> None:
         settings["quant"] = args.quant
     if args.eagle:  # the same
         settings["eagle"] = args.eagle
+    if args.temperature > 0:  # foretell's rule for sampled tokens: rows made under another rule are not resumed
+        settings["sampling"] = "coupled" if sampling(opts, 1).coupled else "rejection"
     cfg = RunConfig(out, args.max_new_tokens, greedy=args.temperature == 0, resume=args.resume,
                     settings={**settings, "chat": chat, **({"spec_configs": {n: c.to_dict() for n, c in configs.items()}}
                                                            if configs else {})})

@@ -10,12 +10,14 @@ many requests' passes as one packed forward (batching), with the same per-reques
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from foretell.coupled import Coupling, GumbelNoise
 from foretell.drafters.base import empty_proposal
 from foretell.errors import ForetellError
 from foretell.kv_cache import KVCache
@@ -84,6 +86,10 @@ class Decoding:
         self.limit = min(params.max_new_tokens, engine.context_window - self.prompt_len)
         capacity = self.prompt_len + self.limit + max(engine.max_draft, engine.max_proposal) + 1
         self.generator = make_generator(params.seed, engine.target.device)
+        self.noise = None  # the coupled rule's noise (coupled.py); without a seed, fresh for this request
+        if params.coupled and not params.greedy:
+            seed = params.seed if params.seed is not None else secrets.randbits(64)
+            self.noise = GumbelNoise(seed, self.prompt_len, engine.target.config.vocab_size)
         self.cache = engine.target.new_cache(capacity)
         self.text = TextStream(engine.tokenizer, params.stop)
         self.prefilled = 0  # prompt tokens (all but the last) in the cache
@@ -97,6 +103,7 @@ class Decoding:
             engine.draft_gate.begin()
         if engine.drafter is not None:
             engine.drafter.start(self.ids, capacity, params, self.generator)
+            engine.drafter.couple(self.noise)
         if not self.prefilling:  # a one-token prompt: nothing to prefill
             self._prefilled()
 
@@ -180,7 +187,8 @@ class Decoding:
         engine, planned, stats = self.engine, self._planned, self.stats
         proposal = planned.proposal
         logits = out.logits if self.processor is None else self.processor.rows(out.logits, proposal)
-        verdict = engine.judge(logits, proposal, self.params, self.generator)
+        coupling = Coupling(self.noise, len(self.ids)) if self.noise is not None else None  # row 0: the next index
+        verdict = engine.judge(logits, proposal, self.params, self.generator, coupling)
         if proposal.is_chain:
             self.cache.commit_prefix(1 + verdict.accepted)
             committed = {layer: h[: 1 + verdict.accepted] for layer, h in out.hidden.items()}
@@ -297,11 +305,13 @@ class Decoding:
         return merged.proposal, merged.added
 
 
-def judge(logits: torch.Tensor, proposal: Proposal, params: SamplingParams, generator, lossy_threshold: float | None):
-    """The verification controller: lossless `verify` unless the opt-in lossy mode is on."""
+def judge(logits: torch.Tensor, proposal: Proposal, params: SamplingParams, generator, lossy_threshold: float | None,
+          coupling: Coupling | None = None):
+    """The verification controller: lossless `verify` unless the opt-in lossy mode is on; coupling: the coupled
+    rule's noise for this pass (None: speculative sampling's rule with `generator`)."""
     if lossy_threshold is None:
-        return verify(logits, proposal, params, generator)
-    return verify_controlled(logits, proposal, params, generator, lossy_threshold)
+        return verify(logits, proposal, params, generator, coupling)
+    return verify_controlled(logits, proposal, params, generator, lossy_threshold, coupling)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -130,6 +130,6 @@ class Engine:
 
         return compiler_for(self.tokenizer, self.target.config.vocab_size, self.stop_ids)
 
-    def judge(self, logits, proposal, params: SamplingParams, generator):
+    def judge(self, logits, proposal, params: SamplingParams, generator, coupling=None):
         """The verification controller: lossless `verify` unless the opt-in lossy mode is on."""
-        return judge(logits, proposal, params, generator, self.lossy_threshold)
+        return judge(logits, proposal, params, generator, self.lossy_threshold, coupling)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from foretell.coupled import Coupling
 from foretell.errors import ForetellError
 from foretell.tree import children_lists
 from foretell.types import Proposal, SamplingParams, Verification
@@ -62,22 +63,25 @@ def verify_controlled(
     params: SamplingParams,
     generator: torch.Generator | None,
     threshold: float | None,
+    coupling: Coupling | None = None,
 ) -> Verification:
-    """The verdict; its `waived` counts the accepted tokens that skipped the target's check."""
+    """The verdict; its `waived` counts the accepted tokens that skipped the target's check. coupling: as verify's;
+    the rest below a waived prefix of k tokens is decided k positions later."""
     if threshold is None or not proposal.size:
-        return verify(logits, proposal, params, generator)
+        return verify(logits, proposal, params, generator, coupling)
     if proposal.draft_prob is None:
         raise ForetellError("lossy verification needs the proposal's draft_prob (per-node draft probabilities)")
     waived = confident_path(proposal, threshold)
     if not waived:
-        return verify(logits, proposal, params, generator)
+        return verify(logits, proposal, params, generator, coupling)
+    later = None if coupling is None else coupling.after(len(waived))
     if proposal.is_chain:
         k = len(waived)
         rest = Proposal(proposal.tokens[k:], None if proposal.q is None else proposal.q[k:])
-        verdict = verify(logits[k:], rest, params, generator)
+        verdict = verify(logits[k:], rest, params, generator, later)
         return Verification(k + verdict.accepted, verdict.next_token, waived=k)
     rest, old_index, rows = subtree(proposal, waived[-1])
-    verdict = verify(logits[rows.to(logits.device)], rest, params, generator)
+    verdict = verify(logits[rows.to(logits.device)], rest, params, generator, later)
     path = waived + [old_index[i] for i in verdict.path]
     return Verification(len(path), verdict.next_token, path, waived=len(waived))
 

@@ -19,10 +19,16 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[..., V] logits -> [..., V] float32 probabilities. Greedy gives a one-hot on the argmax."""
-    logits = logits.float()
     if params.greedy:
+        logits = logits.float()
         return torch.nn.functional.one_hot(greedy_tokens(logits), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    return processed_logits(logits, params).softmax(-1)
+
+
+def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[..., V] logits -> [..., V] float32 logits / temperature, the tokens top-k and top-p cut at -inf: the
+    log-probabilities up to a constant per row (sampling only; temperature > 0)."""
+    logits = logits.float() / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -33,7 +39,7 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(-1)
+    return logits
 
 
 _RANK_GREEDY = SamplingParams(temperature=1.0)  # greedy decoding ranks children by the plain softmax

@@ -10,6 +10,10 @@ import torch
 from foretell.errors import ForetellError
 
 
+SAMPLING_RULES = ("coupled", "rejection", None)
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen. temperature 0 means greedy (argmax)."""
@@ -21,6 +25,10 @@ class SamplingParams:
     max_new_tokens: int = 128
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # How a sampled token is chosen (sampling.py): "coupled", Gumbel-max with noise keyed by the seed and the output
+    # position, so the output depends on the seed alone, not on drafts, batch or timing; or "rejection", speculative
+    # sampling's accept/resample test drawing from one generator. None: coupled with a seed, else rejection.
+    sampling: str | None = None
     # Logits processing (logits_process.py), applied to the target's logits at every position before choosing,
     # each position given its own prefix. Penalties as vLLM defines them: presence and frequency count the
     # generated tokens, repetition (HF's rule) the prompt's and the generated ones.
@@ -33,7 +41,6 @@ class SamplingParams:
     # log-softmax of the processed logits (above) before temperature, top-k and top-p.
     logprobs: bool = False
     top_logprobs: int = 0
-
 
     def __post_init__(self):
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
@@ -48,6 +55,12 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         if any(not s for s in self.stop):
             raise ForetellError("stop strings must be non-empty")
+        if self.seed is not None and not (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                                          and SEED_MIN <= self.seed <= SEED_MAX):
+            raise ForetellError(f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed!r}")
+        if self.sampling not in SAMPLING_RULES:
+            raise ForetellError(f"sampling must be 'coupled' or 'rejection' (or None: coupled with a seed, else "
+                                f"rejection), got {self.sampling!r}")
         self._check_processing()
 
     def _check_processing(self) -> None:
@@ -74,10 +87,14 @@ class SamplingParams:
         if self.response_format is not None and not isinstance(self.response_format, ResponseFormat):
             raise ForetellError(f"response_format must be a ResponseFormat, got {type(self.response_format).__name__}")
 
-
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def coupled(self) -> bool:
+        """Whether sampled tokens follow the coupled rule (greedy decoding is deterministic under either)."""
+        return self.sampling == "coupled" or (self.sampling is None and self.seed is not None)
 
     @property
     def processes_logits(self) -> bool:

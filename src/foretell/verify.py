@@ -16,12 +16,16 @@ before the next sibling is tried. Deterministic children (top-k, EAGLE) are poin
 this becomes: accept x with probability p(x), else zero p(x), renormalise, try the next
 sibling. An accepted child becomes the node; when every child fails, the target token is
 sampled from the current (residual) p; at a leaf it is the bonus token from p.
+
+With a Coupling (coupled.py, the default for seeded requests) sampled verification is greedy-like
+instead: each position's token is the target's Gumbel-max token under noise keyed on (seed, position).
 """
 
 from __future__ import annotations
 
 import torch
 
+from foretell.coupled import Coupling, verify_coupled
 from foretell.sampling import greedy_tokens, processed_probs, sample
 from foretell.tree import children_lists
 from foretell.types import Proposal, SamplingParams, Verification
@@ -137,8 +141,12 @@ def verify(
     proposal: Proposal,
     params: SamplingParams,
     generator: torch.Generator | None,
+    coupling: Coupling | None = None,
 ) -> Verification:
-    """Verify a chain or a tree proposal (see the module docstring for the rules)."""
+    """Verify a chain or a tree proposal (see the module docstring for the rules); sampled decoding follows the
+    coupled rule when `coupling` is given, else speculative sampling's with `generator`."""
+    if coupling is not None and not params.greedy:
+        return verify_coupled(target_logits, proposal, params, coupling)
     if proposal.is_chain:
         return verify_chain(target_logits, proposal, params, generator)
     if params.greedy:

@@ -52,6 +52,7 @@ class MethodOptions:
     tree_branching: tuple[int, ...] = (3, 2, 2, 1, 1)  # draft-tree-static
     temperature: float = 0.0
     seed: int | None = None
+    sampling: str | None = None  # foretell's rule for sampled tokens (SamplingParams.sampling; None: its default)
     threads: int | None = None  # llama.cpp threads
     hot_vocab: int = 0  # draft-model and parallel-head methods: draft among this many frequent tokens (0 = all)
 
@@ -61,7 +62,7 @@ class MethodOptions:
         # TreeShape checks the tree options and names the bad one.
         TreeShape(kind="dynamic", depth=self.tree_depth, top_k=self.tree_topk, total_tokens=self.tree_budget)
         TreeShape(kind="static", branching=self.tree_branching)
-        SamplingParams(temperature=self.temperature, seed=self.seed)
+        SamplingParams(temperature=self.temperature, seed=self.seed, sampling=self.sampling)
 
 
 @dataclass
@@ -106,7 +107,8 @@ def param_bytes(*modules) -> int:
 
 
 def sampling(opts: MethodOptions, max_new_tokens: int) -> SamplingParams:
-    return SamplingParams(temperature=opts.temperature, seed=opts.seed, max_new_tokens=max_new_tokens)
+    return SamplingParams(temperature=opts.temperature, seed=opts.seed, sampling=opts.sampling,
+                          max_new_tokens=max_new_tokens)
 
 
 class ForetellMethod:

@@ -10,11 +10,13 @@ from typing import Protocol
 
 import torch
 
+from foretell.coupled import GumbelNoise
 from foretell.types import Proposal, SamplingParams
 
 
 class Drafter(Protocol):
-    """What the engine calls, in order: start, then per pass propose -> (verification) -> verified -> observe.
+    """What the engine calls, in order: start and couple, then per pass propose -> (verification) -> verified ->
+    observe.
 
     name: shown in statistics and logs.
     sizes_itself: True when the drafter picks its own depth and size (trees); the engine's length policy
@@ -36,6 +38,11 @@ class Drafter(Protocol):
 
     def start(self, prompt_ids: list[int], capacity: int, params: SamplingParams, generator: torch.Generator) -> None:
         """Begin a new generation. capacity bounds the sequence length (prompt + new + drafts)."""
+
+    def couple(self, noise: GumbelNoise | None) -> None:
+        """Called after start: the noise the verifier's coupled rule decides this generation's tokens with
+        (coupled.py), or None under greedy decoding or the rejection rule. A drafter that drafts with it
+        (coupled.draft_ranking) proposes the target's token more often; any proposal stays lossless."""
 
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
         """Propose up to max_tokens continuing `tokens` (every committed token so far)."""
@@ -64,6 +71,10 @@ class DrafterBase:
     sizes_itself = False
     max_nodes = 0
     target_layers: tuple[int, ...] = ()
+    noise: GumbelNoise | None = None
+
+    def couple(self, noise: GumbelNoise | None) -> None:
+        self.noise = noise
 
     def observe(self, hidden: dict[int, torch.Tensor]) -> None:
         raise RuntimeError(f"the {self.name} drafter reads no target hidden states (target_layers is empty)")

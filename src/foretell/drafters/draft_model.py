@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from foretell.coupled import draft_ranking
 from foretell.drafters.base import DrafterBase, empty_proposal
 from foretell.hot_vocab import HotVocab
 from foretell.models.transformer import Transformer, warm_up
@@ -104,6 +105,10 @@ class DraftModelDrafter(DrafterBase):
             if self.params.greedy:
                 token = int(logits.argmax())
                 probs.append(float(torch.softmax(logits.float(), -1)[token]))
+            elif self.noise is not None:  # the coupled rule: the verifier's noise, so q close to p drafts its token
+                ranked = draft_ranking(logits, self.params, self.noise, len(tokens) + i)
+                token = int(ranked.argmax())
+                probs.append(float(ranked[token]))
             else:
                 q = processed_probs(logits, self.params)
                 token = sample(q, self.generator)
@@ -111,5 +116,5 @@ class DraftModelDrafter(DrafterBase):
                 probs.append(float(q[token]))
             drafted.append(token)
             feed = [token]
-        q = torch.stack(q_rows) if q_rows else None  # greedy drafts are deterministic: q one-hot
+        q = torch.stack(q_rows) if q_rows else None  # None for greedy and coupled drafts: their verifiers read no q
         return Proposal(tokens=torch.tensor(drafted, dtype=torch.long), q=q, draft_prob=torch.tensor(probs))

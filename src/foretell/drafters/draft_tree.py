@@ -8,7 +8,8 @@ Two shapes:
 
 Children are the top-k of the draft distribution (deterministic: verified with the EAGLE
 rule), or, for static trees, k i.i.d. samples from it (verified with SpecInfer's rule). Pruning
-by value would break the i.i.d. assumption, so dynamic trees always use top-k children.
+by value would break the i.i.d. assumption, so dynamic trees always use top-k children. Under the
+coupled rule (coupled.py) children are the top-k of draft_ranking, which uses the verifier's noise.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import torch
 
 from foretell.budget import CostCurve, best_tree_size
 from foretell.config import TreeShape
+from foretell.coupled import draft_ranking
 from foretell.drafters.draft_model import DraftModelDrafter
-from foretell.sampling import ranking_probs
 from foretell.tree import path_to
 from foretell.types import Proposal, SamplingParams
 
@@ -75,7 +76,7 @@ class DraftTreeDrafter(DraftModelDrafter):
         if depth <= 0:
             return Proposal(tokens=torch.empty(0, dtype=torch.long))
         t0 = time.perf_counter()
-        root_q = self._q(self._step(self._sync(tokens)))
+        root_q = self._q(self._step(self._sync(tokens)), len(tokens))
         tree_start = self.cache.length
         grown = _Growth()
         frontier = [(-1, root_q)]
@@ -87,7 +88,8 @@ class DraftTreeDrafter(DraftModelDrafter):
             if self.target_cost is not None and not self._worth_another_level(grown, chosen, t0):
                 break
             t_level = time.perf_counter()
-            frontier = list(zip(chosen, self._q(self._feed_nodes(grown, chosen, len(tokens) - 1, tree_start))))
+            q = self._q(self._feed_nodes(grown, chosen, len(tokens) - 1, tree_start), len(tokens) + d + 1)
+            frontier = list(zip(chosen, q))
             self._level_seconds = time.perf_counter() - t_level
         self.cache.truncate(tree_start)  # drop the tree; the next sync re-feeds what was accepted
         return self._proposal(grown, time.perf_counter() - t0)
@@ -110,14 +112,20 @@ class DraftTreeDrafter(DraftModelDrafter):
         optimistic = (1.0 + sum(self._values(grown)[:n]) + gain) / (elapsed + level_seconds + self.target_cost(n + len(chosen) + 1))
         return optimistic > rate
 
-    def _q(self, logits: torch.Tensor) -> torch.Tensor:
-        return ranking_probs(logits, self.params)  # static trees also sample their children from it
+    def _q(self, logits: torch.Tensor, index: int) -> torch.Tensor:
+        """Children's ranking (static trees also sample them from it); `index`: the children's sequence index."""
+        return draft_ranking(logits, self.params, self.noise, index)
+
+    @property
+    def _sampled(self) -> bool:
+        """Children drawn i.i.d. from q (verified with SpecInfer's rule); the coupled rule ranks them instead."""
+        return self.shape.children == "sampled" and not self.params.greedy and self.noise is None
 
     def _expand(self, grown: _Growth, frontier, d: int) -> list[int]:
         k = self.shape.branching[d] if self.shape.kind == "static" else self.shape.top_k
         new_nodes = []
         for parent, q in frontier:
-            if self.shape.children == "sampled" and not self.params.greedy:
+            if self._sampled:
                 picks = torch.multinomial(q, k, replacement=True, generator=self.generator).tolist()
             else:
                 picks = torch.topk(q, k).indices.tolist()
@@ -163,8 +171,7 @@ class DraftTreeDrafter(DraftModelDrafter):
         index = {old: new for new, old in enumerate(keep)}  # keep is sorted: parents stay earlier
         tokens = torch.tensor([grown.tokens[n] for n in keep], dtype=torch.long)
         parents = torch.tensor([index[grown.parents[n]] if grown.parents[n] >= 0 else -1 for n in keep])
-        sampled = self.shape.children == "sampled" and not self.params.greedy
-        q = torch.stack([grown.q_rows[n] for n in keep]) if sampled else None
+        q = torch.stack([grown.q_rows[n] for n in keep]) if self._sampled else None
         # Each node's own draft probability: its score (cumulative log q) less its parent's.
         draft_prob = torch.tensor([
             math.exp(grown.scores[n] - (grown.scores[grown.parents[n]] if grown.parents[n] >= 0 else 0.0)) for n in keep

@@ -12,7 +12,8 @@ proposed, best first; the tree rows are dropped from the head's cache.
 
 Children are the top-k of the head's distribution under the user's temperature / top-k / top-p
 (deterministic), so proposals carry no q rows: the tree verifier treats them as point masses (the EAGLE
-rule), lossless greedy and sampled. With an AdaptiveTreeScheduler (budget auto) the scheduler's limits cap
+rule), lossless greedy and sampled; under the coupled rule (coupled.py) they are ranked with the verifier's
+noise (draft_ranking). With an AdaptiveTreeScheduler (budget auto) the scheduler's limits cap
 the growth and it keeps the best-first prefix that maximises expected tokens per second on this machine.
 """
 
@@ -25,12 +26,12 @@ from dataclasses import dataclass, field
 import torch
 
 from foretell.config import EagleTreeShape
+from foretell.coupled import draft_ranking
 from foretell.drafters.base import empty_proposal
 from foretell.drafters.hooked_tree import HookedTreeDrafter
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.eagle3 import Eagle3Head
-from foretell.sampling import ranking_probs
 from foretell.types import Proposal, SamplingParams
 
 
@@ -85,7 +86,8 @@ class Eagle3Drafter(HookedTreeDrafter):
         """With a scheduler, its node cap replaces shape.max_nodes and it picks each step's budget."""
         super().__init__(head, scheduler, shape.max_nodes, head.config.aux_layers)
         self.head, self.shape = head, shape
-        self._vocab_ids = head.vocab_ids.tolist()  # column -> target id
+        self._ids = head.vocab_ids  # column -> target id
+        self._vocab_ids = self._ids.tolist()
 
     def start(self, prompt_ids, capacity: int, params: SamplingParams, generator) -> None:
         self._new_generation(capacity + self.shape.depth * self.shape.width, params)  # room for the tree rows
@@ -132,7 +134,7 @@ class Eagle3Drafter(HookedTreeDrafter):
         nodes = _Nodes()
         context = self.cache.length
         width = self.shape.width
-        probs, columns = self._top(root_logits, width)
+        probs, columns = self._top(root_logits, width, last_row + 2)
         level = nodes.add_top(-1, probs[0], columns[0])
         states = {-1: root_state}  # node -> the output of its own row (its children's parent state)
         for _ in range(depth - 1):
@@ -140,7 +142,8 @@ class Eagle3Drafter(HookedTreeDrafter):
             if not expand:
                 break
             outputs, logits = self._step_nodes(nodes, expand, states, last_row)
-            probs, columns = self._top(logits, width)  # every expanded node's children at once
+            # every expanded node's children at once (one level: their sequence index is the same)
+            probs, columns = self._top(logits, width, last_row + 2 + nodes.depths[expand[0]])
             level = []
             for row, node in enumerate(expand):
                 states[node] = outputs[row]
@@ -167,9 +170,11 @@ class Eagle3Drafter(HookedTreeDrafter):
         self.cache.commit_prefix(len(expand))  # kept until the tree is done (truncated in _grow)
         return out
 
-    def _top(self, logits: torch.Tensor, width: int) -> tuple[list[list[float]], list[list[int]]]:
-        """Each row's `width` best children under the user's sampling settings: probabilities, draft columns."""
-        top = torch.topk(ranking_probs(logits, self.params), min(width, logits.shape[-1]))
+    def _top(self, logits: torch.Tensor, width: int, index: int) -> tuple[list[list[float]], list[list[int]]]:
+        """Each row's `width` best children under the user's sampling settings (coupled.draft_ranking; `index`: the
+        children's sequence index): probabilities, draft columns."""
+        ranked = draft_ranking(logits, self.params, self.noise, index, self._ids)
+        top = torch.topk(ranked, min(width, logits.shape[-1]))
         return top.values.tolist(), top.indices.tolist()
 
     @staticmethod

@@ -27,6 +27,7 @@ best-first prefix that maximises expected tokens per second on this machine now.
 
 Children are chosen deterministically (top-k, pruning), so proposals carry no q rows: the tree
 verifier treats them as point masses (the EAGLE rule), lossless for greedy and sampled decoding.
+Under the coupled rule (coupled.py) children are ranked with the verifier's noise (draft_ranking).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Callable
 import torch
 
 from foretell.config import HiddenStateOptions
+from foretell.coupled import draft_ranking
 from foretell.drafters.base import empty_proposal
 from foretell.drafters.hooked_tree import HookedTreeDrafter
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
@@ -185,6 +187,7 @@ class HiddenStateDrafter(HookedTreeDrafter):
         self.draft, self.options = draft, options
         self.stats = HiddenStateStats()
         ids = draft.output_ids
+        self._ids = ids  # column -> target id (None: columns are ids)
         self._out_ids = ids.tolist() if ids is not None else None
         self._chain: _Chain | None = None  # the last regular proposal, for resampling
         self._last: tuple[int, list[int], list[int], list[bool]] | None = None  # root_len, tokens, parents, resampled-only
@@ -232,7 +235,7 @@ class HiddenStateDrafter(HookedTreeDrafter):
         logits = self._run_chain(depth)
         root = tokens[-1]
         regular = grow_info_tree(
-            lambda level, token: self._child_probs(logits[level], token), depth, root,
+            lambda level, token: self._child_probs(logits[level], token, len(tokens) + level), depth, root,
             grow, self.options.width, self._out_ids,
         )
         self.stats.chains += 1
@@ -268,10 +271,14 @@ class HiddenStateDrafter(HookedTreeDrafter):
             self._info_memo[token] = row
         return row
 
-    def _child_probs(self, level_logits: torch.Tensor, token: int) -> torch.Tensor:
+    def _child_probs(self, level_logits: torch.Tensor, token: int, index: int | None = None) -> torch.Tensor:
+        """The children's ranking (coupled.draft_ranking at their sequence index `index`; None: the draft's own
+        distribution, ranking_probs)."""
         info = self._info(token)
         logits = level_logits if info is None else level_logits + info
-        return ranking_probs(logits, self.params)
+        if index is None:
+            return ranking_probs(logits, self.params)
+        return draft_ranking(logits, self.params, self.noise, index, self._ids)
 
     def _resample(self, tokens: list[int], depth: int) -> tuple[list[int], list[int], list[float]] | None:
         """A subtree below the new root from the last chain's cached logits (no draft forward), or None."""
@@ -291,7 +298,7 @@ class HiddenStateDrafter(HookedTreeDrafter):
             return None
         cached = chain.logits[a + 1 :]
         tree = grow_info_tree(
-            lambda level, token: self._child_probs(cached[level], token), levels, b,
+            lambda level, token: self._child_probs(cached[level], token, len(tokens) + level), levels, b,
             self.max_nodes, self.options.width, self._out_ids,
         )
         self.stats.resampled_subtrees += 1

@@ -9,6 +9,7 @@ d gets the same candidate children: the top-`width` tokens of q_{d+1}. The tree 
 `max_nodes` nodes of highest cumulative log-probability (best first, which keeps it closed under
 ancestors). Children are chosen deterministically, so the proposal carries no q rows and the
 tree verifier treats them as point masses (the EAGLE rule): lossless greedy and sampled.
+Under the coupled rule (coupled.py) q_d is replaced by a ranking with the verifier's noise (draft_ranking).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ import time
 import torch
 
 from foretell.config import HeadTreeShape
+from foretell.coupled import draft_ranking
 from foretell.drafters.base import empty_proposal
 from foretell.drafters.hooked_tree import HookedTreeDrafter
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.parallel_head import ParallelHead
-from foretell.sampling import ranking_probs
 from foretell.types import Proposal, SamplingParams
 
 
@@ -111,7 +112,7 @@ class ParallelHeadDrafter(HookedTreeDrafter):
         # columns have zero probability, without expanding and ranking them every step.
         logits = self.head(features, next_tokens, self.cache, num_placeholders=depth - 1, full_vocab=False)
         self.cache.commit_prefix(features.shape[0])
-        q = self._q(logits)
+        q = self._q(logits, len(tokens))
         drafted, parents, scores = grow_tree(q, grow, self.shape.width)
         if self.scheduler is not None:
             n = self._schedule(scores, parents, t0)
@@ -122,5 +123,7 @@ class ParallelHeadDrafter(HookedTreeDrafter):
             tokens = self.head.vocab_ids[tokens]  # columns -> token ids
         return Proposal(tokens=tokens, parents=torch.tensor(parents, dtype=torch.long), draft_prob=draft_prob)
 
-    def _q(self, logits: torch.Tensor) -> torch.Tensor:
-        return ranking_probs(logits, self.params)
+    def _q(self, logits: torch.Tensor, index: int) -> torch.Tensor:
+        """[depth, V] ranking of each depth's candidates; row d's tokens sit at sequence index `index` + d."""
+        return draft_ranking(logits, self.params, self.noise, range(index, index + logits.shape[0]),
+                             self.head.vocab_ids)

@@ -105,6 +105,9 @@ class _GenerationRequest(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)  # vLLM's extension; 1 = off
     logit_bias: dict[str, float] | None = None
     speculative: bool = True  # foretell's extension: false decodes this request plainly (no drafts)
+    # foretell's extension "sampling": how sampled tokens are chosen (SamplingParams.sampling); None: coupled with a
+    # seed, else rejection. Named apart from the method `sampling`, which it would shadow.
+    sampling_rule: Literal["coupled", "rejection"] | None = Field(None, alias="sampling")
 
     @field_validator("logit_bias")
     @classmethod
@@ -159,7 +162,7 @@ class _GenerationRequest(BaseModel):
             return SamplingParams(
                 temperature=1.0 if self.temperature is None else float(self.temperature),
                 top_k=max(self.top_k or 0, 0), top_p=1.0 if self.top_p is None else float(self.top_p),
-                seed=self.seed, max_new_tokens=max_new_tokens, stop=stop,
+                seed=self.seed, sampling=self.sampling_rule, max_new_tokens=max_new_tokens, stop=stop,
                 presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
                 repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
                 logit_bias=bias, logprobs=logprobs, top_logprobs=top, response_format=self.response_format_type,
