@@ -73,6 +73,12 @@ class DrafterWeights:
 
         return self._once(("draft-model", spec, quant), make)
 
+    def stop_ids(self) -> set[int]:
+        """The target's end tokens, found once: a server builds an engine per request, and reading the tokenizer's
+        whole vocabulary cost each one ~5% of a single stream's time."""
+        return set(self._once(("stop-ids",), lambda: frozenset(stop_token_ids(self.target.tokenizer,
+                                                                                self.target.config.eos_token_ids))))
+
     def hot_vocab(self, size: int, draft: LoadedModel | None = None) -> HotVocab | None:
         """The hot vocabulary for a drafter (None when size is 0 or covers the whole vocabulary); `draft`
         for a draft model, whose vocabulary may be shorter than the target's."""
@@ -251,7 +257,7 @@ def build_engine(spec: SpeculativeConfig, weights: DrafterWeights) -> Engine:
     return Engine(
         target=target.model,
         tokenizer=target.tokenizer,
-        stop_ids=stop_token_ids(target.tokenizer, target.config.eos_token_ids),
+        stop_ids=weights.stop_ids(),
         drafter=drafter,
         length_policy=policy,
         lossy_threshold=spec.lossy_threshold,
