@@ -44,15 +44,18 @@ def test_lean_step_matches_pytorch(tiny_pair, quant):
 
 
 # Families past Llama whose layers the lean step runs, in test_families' builders with the changes that give that
-# shape: Qwen2 without a sliding window (as Qwen2.5's configs), with q, k, v biases; Phi-3 without a window and
+# shape: Qwen2 without a sliding window (as Qwen2.5's configs), with q, k, v biases; Qwen3 without one (as its
+# configs), with its norms per q / k head and biases on every attention projection; Phi-3 without a window and
 # with full rotary (its fused qkv and gate_up projections)
 LEAN_FAMILIES = {"qwen2-swa": ("qwen2", {"use_sliding_window": False}),
+                 "qwen3": ("qwen3", {"use_sliding_window": False}),
                  "phi3": ("phi3", {"sliding_window": None, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})}
 
 
 @pytest.fixture(scope="module", params=list(LEAN_FAMILIES))
 def family_folder(request, tmp_path_factory):
-    """(model type, a tiny model's folder), its biases (where it has them) random, not transformers' zeros."""
+    """(model type, a tiny model's folder), its biases and q / k norms (where it has them) random, not
+    transformers' zeros and ones."""
     from conftest import make_tokenizer, save_model_folder
     from test_families import VOCAB, build
 
@@ -62,19 +65,24 @@ def family_folder(request, tmp_path_factory):
         for module in hf.modules():
             if isinstance(module, torch.nn.Linear) and module.bias is not None:
                 module.bias.normal_(0, 0.5)
+        for name, weight in hf.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                weight.normal_(1, 0.3)
     return model_type, save_model_folder(tmp_path_factory.mktemp(model_type) / "target", hf, make_tokenizer(VOCAB))
 
 
 @pytest.mark.parametrize("quant", ["none", "int4", "int4-q8"])
-def test_qwen2_and_phi3_run_the_lean_step(family_folder, quant):
-    """Their steps through the lean step match PyTorch's (float activations; Qwen2's biases in the qkv product),
-    and speculation reproduces plain decoding (8-bit activations too)."""
+def test_qwen_and_phi3_run_the_lean_step(family_folder, quant):
+    """Their steps through the lean step match PyTorch's (float activations; Qwen2's biases in the qkv product,
+    Qwen3's q / k norms), and speculation reproduces plain decoding (8-bit activations too)."""
     model_type, folder = family_folder
     plain = load(folder, "none", quant=quant, warm_up=False)
     model = plain.target.model
     assert model.config.model_type == model_type and model.lean is not None
-    if model_type == "qwen2":
+    if model_type.startswith("qwen"):
         assert model.layers[0].qkv_proj.bias.abs().max() > 0.1
+    if model_type == "qwen3":
+        assert (model.layers[0].q_norm.weight - 1).abs().max() > 0.1
     if not quant.endswith("-q8"):
         assert_steps_match_pytorch(model)
         model.use_lean_step()

@@ -1445,6 +1445,8 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
   return p;
 }
 
+constexpr int64_t LAYER_TENSORS = 16;  // a layer's tensors in lean_decode's `layers` (its comment says which)
+
 // One sequence's share of a pass: rows row0 .. row0 + rows - 1 of x, whose keys and values go to its own cache
 // ([L, 1, kv_heads, S, D] float) at slots slot .. slot + rows - 1; seen: bool [rows, slot + rows], which slots each
 // row attends to (nullptr: all committed ones and the new ones up to itself).
@@ -1486,9 +1488,9 @@ std::vector<torch::Tensor> run_pass(torch::Tensor x, torch::Tensor cos, torch::T
   // head = [final norm] alone (and no head kind): no output projection, empty logits (a hidden-state draft's chain
   // steps, whose logits come from one product over the whole chain afterwards)
   const bool has_head = head.size() > 1;
-  TORCH_CHECK(static_cast<int64_t>(layers.size()) == L * 14 &&
+  TORCH_CHECK(static_cast<int64_t>(layers.size()) == L * LAYER_TENSORS &&
                   static_cast<int64_t>(kinds.size()) == L * 4 + (has_head ? 1 : 0) && !head.empty(),
-              "14 tensors and 4 kinds a layer, then the final norm and the head's projection (with its kind) expected");
+              "16 tensors and 4 kinds a layer, then the final norm and the head's projection (with its kind) expected");
   const bool has_side = side.numel() > 0;
   TORCH_CHECK(!has_side || (side.scalar_type() == at::kFloat && side.dim() == 2 && side.size(0) == T &&
                             side.size(1) == H && side_norm.numel() == H),
@@ -1516,10 +1518,14 @@ std::vector<torch::Tensor> run_pass(torch::Tensor x, torch::Tensor cos, torch::T
   std::copy(h.begin(), h.end(), st);
   std::vector<float> sums, qkv, att(T * q_dim), mlp, act, joined_in;
   for (int64_t l = 0; l < L; ++l) {
-    const size_t at = l * 14;
+    const size_t at = l * LAYER_TENSORS;
     const int64_t* kind = kinds.data() + l * 4;
     const float* in_norm = layers[at].data_ptr<float>();
     const float* post_norm = layers[at + 1].data_ptr<float>();
+    const float* q_norm = layers[at + 14].numel() ? layers[at + 14].data_ptr<float>() : nullptr;
+    const float* k_norm = layers[at + 15].numel() ? layers[at + 15].data_ptr<float>() : nullptr;
+    TORCH_CHECK((!q_norm || layers[at + 14].numel() == D) && (!k_norm || layers[at + 15].numel() == D),
+                "q / k norms of head_dim weights expected");
     Proj p_qkv = proj_of(kind[0], layers, at + 2), p_o = proj_of(kind[1], layers, at + 5);
     Proj p_gu = proj_of(kind[2], layers, at + 8), p_down = proj_of(kind[3], layers, at + 11);
     const bool joined = has_side && l == 0;  // EAGLE-3's layer: q, k, v read [norm(side), norm(h)]
@@ -1548,6 +1554,8 @@ std::vector<torch::Tensor> run_pass(torch::Tensor x, torch::Tensor cos, torch::T
       float* q = qkv.data() + t * p_qkv.N;
       float* k = q + q_dim;
       float* v = k + kv_dim;
+      for (int64_t g = 0; q_norm && g < heads; ++g) rms_norm(q + g * D, q_norm, D, eps, q + g * D);  // Qwen3
+      for (int64_t g = 0; k_norm && g < kv_heads; ++g) rms_norm(k + g * D, k_norm, D, eps, k + g * D);
       rope(q, heads, D, c + t * D, s + t * D);
       rope(k, kv_heads, D, c + t * D, s + t * D);
       const int64_t slot = sg.slot + t - sg.row0;
@@ -1660,8 +1668,9 @@ Segment segment_of_cache(torch::Tensor& k_cache, torch::Tensor& v_cache, int64_t
 // A pass of T new tokens (a one-token step, or a verification pass of a few rows) after the cache's first `slot`
 // slots. x: [T, H] their embeddings; cos, sin: [T, D] their rotary rows; k_cache, v_cache: [L, 1, Hkv, S, D] float,
 // the new keys and values go to slots slot..slot+T-1; visible: bool [T, slot + T], which slots each new token
-// attends to (empty: all committed ones and the new ones up to itself). layers: per layer 2 norms then 4
-// projections (qkv, o, gate_up, down) as (codes or dense, scales, bias); head: the final norm, then the output
+// attends to (empty: all committed ones and the new ones up to itself). layers: per layer 2 norms, 4 projections
+// (qkv, o, gate_up, down) as (codes or dense, scales, bias), then the RMSNorm weights [D] of each query and key head
+// before rotary (Qwen3; empty: none), LAYER_TENSORS in all; head: the final norm, then the output
 // projection (or the final norm alone: no logits); kinds: the projections' kinds, 4 a layer then the head's.
 // side, side_norm (empty: none): EAGLE-3's head, whose one layer reads q, k and v from [norm(side), norm(x)] (the
 // token embeddings beside the hidden states) and keeps x as its residual.

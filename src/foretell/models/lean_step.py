@@ -8,7 +8,7 @@ verified in a tree and the same token decoded alone compute the same numbers; ag
 weights (prompts) it agrees up to summation order, as PyTorch passes of different widths already do.
 
 Where it applies: a CPU model in float32 whose layers are Llama-shaped (RMSNorm, SiLU MLP, full rotary, no
-soft-caps, sliding windows or q/k norms; biases allowed: Qwen2's q, k, v), with projections stored as the file's
+soft-caps or sliding windows; biases allowed: Qwen2's q, k, v; Qwen3's RMSNorm per q / k head too), with projections stored as the file's
 Q4_1 blocks or foretell's int4 (Int4Linear), GGUF Q8_0 blocks (BlockQ8Linear), a GGUF file's blocks of any type
 the kernel reads (gguf_quant.GGUFLinear: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), foretell's int8
 (Int8Linear: one scale a row, so every block of a row has it) or dense fp32 (read as bf16 where every value is a
@@ -219,8 +219,8 @@ def lean_support(model, as_float32: bool = False) -> str | None:
     c = model.config
     if model.device.type != "cpu" or (model.dtype != torch.float32 and not as_float32):
         return "the lean step runs float32 models on CPU"
-    if not model.uniform or c.qk_norm or c.sandwich_norms or c.attn_softcap or c.final_softcap:
-        return "the lean step runs Llama-shaped layers (no sliding windows, q/k norms or soft-caps)"
+    if not model.uniform or c.sandwich_norms or c.attn_softcap or c.final_softcap:
+        return "the lean step runs Llama-shaped layers (no sliding windows, sandwich norms or soft-caps)"
     if c.embedding_scale is not None or c.rotary_dim is not None or c.attention_scale is not None:
         return "the lean step runs Llama-shaped layers (unscaled embeddings, full rotary, default attention scale)"
     if c.hidden_act not in ("silu", "swish"):
@@ -228,6 +228,7 @@ def lean_support(model, as_float32: bool = False) -> str | None:
     if c.head_dim % 8:
         return f"the lean step runs head sizes that are multiples of 8, not {c.head_dim}"
     norms = [model.norm] + [n for layer in model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    norms += [n for layer in model.layers for n in (layer.q_norm, layer.k_norm) if n is not None]
     if any(type(n) is not RMSNorm for n in norms):
         return "the lean step runs plain RMSNorm"
     try:
@@ -274,16 +275,17 @@ def kind_of(layer: nn.Module) -> int:
 
 
 def packed_layer(first_norm: nn.Module, second_norm: nn.Module, projections, interleave: bool = False,
-                 bf16: bool = True) -> tuple[list[torch.Tensor], list[int]]:
+                 bf16: bool = True, qk_norms: tuple = (None, None)) -> tuple[list[torch.Tensor], list[int]]:
     """One decoder layer as lean_decode.cpp reads it: its two norms' weights, then (codes or dense, scales, bias) of
-    each projection (qkv, o, gate_up, down); and the projections' kinds. interleave: blocks in the layout of
-    8-bit activations (`interleaved`)."""
+    each projection (qkv, o, gate_up, down), then the q and k heads' norm weights (qk_norms; empty where None); and
+    the projections' kinds. interleave: blocks in the layout of 8-bit activations (`interleaved`)."""
     tensors = [first_norm.weight.detach().float().contiguous(), second_norm.weight.detach().float().contiguous()]
     kinds = []
     for layer in projections:
         kind, main, scales, bias = packed_projection(layer, interleave, bf16)
         kinds.append(kind)
         tensors += [main, scales, bias]
+    tensors += [torch.empty(0) if n is None else n.weight.detach().float().contiguous() for n in qk_norms]
     return tensors, kinds
 
 
@@ -358,7 +360,7 @@ class LeanStep:
         for layer in self.model.layers:
             tensors, kinds = packed_layer(layer.input_layernorm, layer.post_attention_layernorm,
                                           (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj),
-                                          interleave, self.bf16)
+                                          interleave, self.bf16, (layer.q_norm, layer.k_norm))
             self.tensors += tensors
             self.kinds += kinds
         kind, *parts = packed_projection(self.model.lm_head, interleave, self.bf16)
