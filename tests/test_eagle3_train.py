@@ -94,7 +94,7 @@ def test_loss_decreases_and_only_the_head_trains(trained):
 
 def test_resumed_run_matches_an_uninterrupted_one(setup, tmp_path):
     assert_resume_repeats_the_run(run_eagle3, lambda out: config(setup, out), tmp_path, "head")
-    with pytest.raises(ForetellError, match="other settings"):
+    with pytest.raises(ForetellError, match="other settings \\(--lr was 0.003, now 0.01\\); rerun with --no-resume"):
         run_eagle3(config(setup, tmp_path / "split", lr=1e-2))
 
 
@@ -128,6 +128,37 @@ def test_an_eagle3_run_reuses_a_parallel_head_runs_features(setup, tmp_path):
     run_eagle3(replace(base, train=replace(base.train, steps=2)))
     assert (tmp_path / "head" / "features" / "features.npy").stat().st_mtime_ns == before
     assert (tmp_path / "eagle3" / "head" / "model.safetensors").is_file()
+
+
+def test_features_from_reads_another_runs_data_and_cache_and_its_layers(setup, tmp_path):
+    """--features-from RUN: no feature pass and nothing written in RUN; the aux layers default to the cache's (the
+    parallel head's, not EAGLE-3's own default); a run whose data or layers differ is refused naming the option."""
+    from foretell.train.common.data import DataConfig
+    from foretell.train.parallel_head.pipeline import HeadShape, ParallelHeadTrainConfig, run_parallel_head
+    from foretell.train.parallel_head.train import HeadLossConfig
+
+    base = config(setup, tmp_path / "eagle3", steps=2)
+    head_run = tmp_path / "head"
+    run_parallel_head(ParallelHeadTrainConfig(
+        target=base.target, out=head_run, data=base.data, eval_sequences=0, shape=HeadShape(depth=2, fuse_layers=(0, 2, 4)),
+        loss=HeadLossConfig(anchors=4), features=base.features, train=replace(base.train, steps=1)))
+    stamps = {f: f.stat().st_mtime_ns for f in head_run.rglob("*") if f.is_file() and "train" not in f.parts}
+    head = run_eagle3(replace(base, features_from=head_run))
+    assert load_eagle3_head(head, build_model(Path(setup[1]), torch.float32)).config.aux_layers == (0, 2, 4)
+    assert not (tmp_path / "eagle3" / "features").exists() and not (tmp_path / "eagle3" / "data").exists()
+    assert {f: f.stat().st_mtime_ns for f in stamps} == stamps
+    refused = [
+        (replace(base, out=tmp_path / "a", features_from=head_run, shape=Eagle3Shape(40, (1, 2, 3))),
+         "--aux-layers was \\[0, 2, 4\\], now \\[1, 2, 3\\]"),
+        (replace(base, out=tmp_path / "b", features_from=head_run, data=DataConfig(base.data.source, seq_len=24)),
+         "--seq-len was 32, now 24"),
+        (replace(base, out=tmp_path / "c", features_from=tmp_path / "nothing"), "holds no finished data and feature cache"),
+    ]
+    for cfg, message in refused:
+        with pytest.raises(ForetellError, match=f"--features-from .*{message}"):
+            run_eagle3(cfg)
+        assert not cfg.out.exists()
+    assert {f: f.stat().st_mtime_ns for f in stamps} == stamps
 
 
 # --- evaluation and use --------------------------------------------------------------------
@@ -168,8 +199,10 @@ def test_cli_end_to_end(setup, tmp_path, capsys):
                  "--seq-len", "32", "--steps", "2", "--batch-size", "2", "--eval-sequences", "2", "--draft-vocab", "40",
                  "--ttt-steps", "2", "--anchors", "4", "--out", str(out)]) == 0
     assert f"head: {out / 'head'}" in capsys.readouterr().out
-    assert main(["export", "eagle3", "--head", str(out / "head"), "--target", str(target), "--out", str(tmp_path / "x")]) == 0
+    assert main(["export", "eagle3", "--head", str(out), "--target", str(target), "--out", str(tmp_path / "x")]) == 0
     assert json.loads((tmp_path / "x" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    # the run's folder names the head it saved (as README's --head runs/head does)
+    assert main(["generate", "--model", str(target), "--eagle", str(out), "w5 w9", "--max-new-tokens", "5"]) == 0
     assert main(["train", "eagle3", "--target", str(target), "--data", str(data), "--out", str(out),
                  "--aux-layers", "1,x"]) == 2
     assert "--aux-layers takes comma-separated layer numbers" in capsys.readouterr().err

@@ -59,7 +59,7 @@ def test_a_training_runs_folder_loads_the_drafter_it_saved(kind, target, tiny_pa
     from_run, direct = load_module(tmp_path / "run", target), load_module(saved, target)
     assert all(torch.equal(a, b) for a, b in zip(from_run.state_dict().values(), direct.state_dict().values()))
     pipe = load(tiny_pair[0], SpeculativeConfig(method=method, model=str(tmp_path / "run")), warm_up=False)
-    assert pipe.engine.drafter is not None and pipe.generate("w1 w2 w3", max_new_tokens=4, temperature=0.0).text is not None
+    assert pipe.engine.drafter.name == method
     # a run not finished yet, and a folder that is neither: the error says where the drafter would be
     (tmp_path / "unfinished" / "train").mkdir(parents=True)
     (tmp_path / "unfinished" / "train" / "job.json").write_text("{}")

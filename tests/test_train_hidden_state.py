@@ -131,8 +131,10 @@ def test_resumed_run_matches_an_uninterrupted_one(setup, tmp_path):
     assert [r["step"] for r in read_log(tmp_path / "split")] == [1, 2, 3, 4, 5, 6]
     assert read_log(tmp_path / "split") == [{**r, "seconds": s["seconds"]} for r, s in
                                             zip(read_log(tmp_path / "whole"), read_log(tmp_path / "split"))]
-    with pytest.raises(ForetellError, match="other settings"):
+    before = {f: f.stat().st_mtime_ns for f in (tmp_path / "split").rglob("*") if f.is_file()}
+    with pytest.raises(ForetellError, match="other settings \\(--noise was 0.1, now 0.2\\); rerun with --no-resume"):
         run_hidden_state(config(setup, tmp_path / "split", HiddenLossConfig(anchors=8, noise=0.2)))
+    assert {f: f.stat().st_mtime_ns for f in (tmp_path / "split").rglob("*") if f.is_file()} == before
 
 
 def test_init_draft_continues_from_a_trained_draft(setup, trained, tmp_path):
@@ -211,8 +213,8 @@ def test_cli_end_to_end(setup, tmp_path, capsys):
     assert load_hidden_draft(out / "draft", build_model(target, torch.float32)).config.token_info_rank == 4
     assert main(argv) == 0  # a finished run is skipped, and evaluated again
     assert "already trained" in capsys.readouterr().out
-    assert main(["generate", "--model", str(target), "--hidden-draft", str(out / "draft"), "w5 w9",
-                 "--max-new-tokens", "5"]) == 0
+    for draft in (out / "draft", out):  # the run's folder names the draft it saved
+        assert main(["generate", "--model", str(target), "--hidden-draft", str(draft), "w5 w9", "--max-new-tokens", "5"]) == 0
 
 
 def test_cli_errors_are_one_line(setup, tmp_path, capsys):
@@ -226,11 +228,13 @@ def test_cli_errors_are_one_line(setup, tmp_path, capsys):
         (["--data", str(data), "--hot-vocab-sizes", "8,x"], "--hot-vocab-sizes takes"),
         (["--data", str(data), "--kl-weight", "-1"], "--kl-weight"),
         (["--data", str(data), "--draft-vocab", "-1"], "--draft-vocab must be >= 0"),
+        (["--data", str(data), "--eval-data", str(tmp_path / "gone.jsonl")], "(--eval-data): it does not exist"),
     ]
     for extra, message in cases:
         assert main(base + extra) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert lines[-1].startswith("foretell: error:") and message in lines[-1], lines
+    assert not (tmp_path / "e").exists()  # each was refused before anything was written
 
 
 def test_unroll_equals_forward_training(setup):

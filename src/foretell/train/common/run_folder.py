@@ -30,6 +30,14 @@ class SettingsJob:
         return self.settings
 
 
+def differences(saved, wanted, path: str = "") -> list[tuple[str, object, object]]:
+    """(dotted path, saved value, wanted value) of every leaf setting that differs (None where one side has none)."""
+    if isinstance(saved, dict) and isinstance(wanted, dict):
+        return [d for key in sorted(set(saved) | set(wanted), key=str)
+                for d in differences(saved.get(key), wanted.get(key), f"{path}.{key}" if path else str(key))]
+    return [] if saved == wanted else [(path, saved, wanted)]
+
+
 def open_job_folder(job) -> None:
     """Ready job.out for job (anything with out, resume and fingerprint()). A folder holding a job
     made with other settings is an error (resuming it would mix two runs); --no-resume clears it."""
@@ -43,9 +51,10 @@ def open_job_folder(job) -> None:
         except json.JSONDecodeError:
             raise ForetellError(f"{path} is corrupt; delete {job.out} to redo the stage") from None
         if saved != job.fingerprint():
-            changed = sorted(k for k in saved if saved[k] != job.fingerprint().get(k))
-            raise ForetellError(f"{job.out} holds a stage made with other settings ({', '.join(changed)}); "
-                                "use another --out or --no-resume")
+            changed = "; ".join(f"{path} was {json.dumps(old)}, now {json.dumps(new)}"
+                                for path, old, new in differences(saved, job.fingerprint()))
+            raise ForetellError(f"{job.out} holds a stage made with other settings ({changed}); rerun with "
+                                "--no-resume to start it over, or give another --out")
     else:  # written whole or not at all: an interrupted write must not leave a "corrupt" folder
         partial = path.with_suffix(".partial")
         partial.write_text(json.dumps(job.fingerprint(), indent=2))

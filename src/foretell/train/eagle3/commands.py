@@ -7,11 +7,11 @@ from pathlib import Path
 HELP = "an EAGLE-3 head: one layer over fused target hidden states, autoregressive, with a draft vocabulary"
 DESCRIPTION = """
 Builds chat-templated training sequences, runs the target once over them to cache the hidden states of the aux
-layers and the target's top-k next-token log-probs (OUT/features, bf16; the same cache as a parallel-head run
-with the same layers), picks the draft vocabulary (the most drafted target tokens of the training data: d2t /
+layers and the target's top-k next-token log-probs (OUT/features, bf16; --features-from reads another run's
+instead), picks the draft vocabulary (the most drafted target tokens of the training data: d2t /
 t2d), trains the head with EAGLE-3's training-time test (--ttt-steps unrolled steps, each fed its previous
 output; KL to the target restricted to the draft vocabulary, step j weighted decay^j; the target stays frozen),
-saves OUT/head (use: foretell generate --eagle OUT/head; export: foretell export eagle3) and writes per-depth
+saves OUT/head (use: foretell generate --eagle OUT; export: foretell export eagle3) and writes per-depth
 acceptance on held-out data to OUT/eval.json. Rerunning the same command resumes; under torchrun it trains
 data-parallel.
 """  # argparse rewraps it

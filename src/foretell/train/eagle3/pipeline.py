@@ -3,8 +3,8 @@
 OUT/
   data/train.safetensors   token ids and assistant mask (common/feature_run.py), with data.json (its settings)
   features/                the aux layers' target hidden states and top-k p per token (common/features.py):
-                           the same cache a parallel-head run with the same layers and data makes, so the two
-                           can share it (benchmarks/train_eagle3.sh links it)
+                           the cache a parallel-head run with the same layers and data makes; --features-from
+                           RUN reads RUN's data and features instead of making these two
   train/                   job.json, checkpoint.pt, log.jsonl, loss.png, done.json
   head/                    the trained head (save_eagle3_head): foretell generate --eagle OUT/head;
                            `foretell export eagle3` writes it for vLLM and SGLang
@@ -21,13 +21,11 @@ from pathlib import Path
 from foretell.models.eagle3 import (
     DEFAULT_DRAFT_VOCAB, Eagle3Config, load_eagle3_head, new_eagle3_head, read_eagle3_config, save_eagle3_head,
 )
-from foretell.models.loading import load_tokenizer
+from foretell.models.config import ModelConfig
 from foretell.train.common.data import TokenData
 from foretell.train.common.depths import format_depth_table
 from foretell.train.common.distributed import DistContext
-from foretell.train.common.feature_run import (
-    FeatureRunConfig, check_same_shape, job_settings, prepare_features, run_inputs, train_or_load,
-)
+from foretell.train.common.feature_run import FeatureRun, FeatureRunConfig, check_same_shape, job_settings, train_or_load
 from foretell.train.common.trainer import TrainConfig
 from foretell.train.eagle3.eval import eagle3_depth_eval
 from foretell.train.common.draft_vocab import draft_vocabulary
@@ -55,8 +53,10 @@ class Eagle3TrainConfig(FeatureRunConfig):
     init_head: Path | None = None  # warm start: continue from a trained head of the same shape
 
 
-def head_config(cfg: Eagle3TrainConfig, target) -> Eagle3Config:
-    config = Eagle3Config.for_target(target.config, cfg.shape.draft_vocab, cfg.shape.aux_layers)
+def head_config(cfg: Eagle3TrainConfig, target: ModelConfig, cached_layers=None) -> Eagle3Config:
+    """The head this run trains on `target` (its config); its aux layers default to `cached_layers` (those of
+    --features-from's cache) when given, else to EAGLE-3's."""
+    config = Eagle3Config.for_target(target, cfg.shape.draft_vocab, cfg.shape.aux_layers or cached_layers)
     if cfg.init_head is not None:
         check_same_shape("--init-head", cfg.init_head, read_eagle3_config(cfg.init_head), config,
                          "--draft-vocab and --aux-layers")
@@ -77,19 +77,21 @@ def evaluate(cfg: Eagle3TrainConfig, target, head, held_out: TokenData) -> dict:
 
 def run_eagle3(cfg: Eagle3TrainConfig, ctx: DistContext | None = None) -> Path:
     """Train (or finish training) the head, data-parallel over the processes of `ctx`; returns OUT/head."""
-    ctx = ctx or DistContext()
-    target_dir, data, held_out, target = run_inputs(cfg, ctx)
-    config = head_config(cfg, target)
-    settings = job_settings(cfg, target_dir, head=asdict(config))
+    run = FeatureRun(cfg, ctx)
+    ctx = run.ctx
+    config = head_config(cfg, run.target_config, run.cached_layers())
+    settings = job_settings(cfg, run.target_dir, head=asdict(config))
     if cfg.init_head is not None:
         settings["init_head"] = str(cfg.init_head)
+    held_out, target = run.read(settings, config.aux_layers, "head.aux_layers")
+    start = load_eagle3_head(cfg.init_head, target) if cfg.init_head is not None else None  # checked before writing
+    data = run.data()
 
     def train_new(job_dir: Path):
-        cache = prepare_features(cfg, target_dir, target, data, config.aux_layers, ctx)
-        if cfg.init_head is not None:
-            head = load_eagle3_head(cfg.init_head, target)
-        else:
-            specials = getattr(load_tokenizer(target_dir), "all_special_ids", [])
+        cache = run.features(target, data)
+        head = start
+        if head is None:
+            specials = getattr(run.tokenizer, "all_special_ids", [])
             vocab = draft_vocabulary(data, config.draft_vocab_size, config.vocab_size, specials)
             head = new_eagle3_head(target, config, seed=cfg.train.seed, draft_vocab=vocab)
         return head, train_eagle3(head, cache, data, cfg.train, cfg.loss, job_dir, cfg.resume, cfg.stop_after, ctx)

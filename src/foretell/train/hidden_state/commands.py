@@ -14,7 +14,7 @@ hidden states and top-k next-token log-probs (OUT/features, bf16), then trains o
 from a middle target layer) to predict the next hidden state from the target's and then its own: loss = w_mse *
 MSE(hidden) + w_kl * KL(target || lm_head(predicted) + E(token)), with the token-info factors W_1, W_2 of E
 trained through the KL, noise tokens, a curriculum on the unrolled steps and clamped logits; the target stays
-frozen. Saves OUT/draft (use: foretell generate --hidden-draft OUT/draft) and writes per-depth hidden MSE and
+frozen. Saves OUT/draft (use: foretell generate --hidden-draft OUT) and writes per-depth hidden MSE and
 acceptance on held-out data, and the hot-vocabulary coverage, to OUT/eval.json. Rerunning the same command
 resumes.
 """  # argparse rewraps it

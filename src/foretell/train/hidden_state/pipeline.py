@@ -25,12 +25,9 @@ from foretell.models.hidden_draft import (
     read_hidden_draft_config,
     save_hidden_draft,
 )
-from foretell.models.loading import load_tokenizer
 from foretell.train.common.data import TokenData
 from foretell.train.common.distributed import DistContext
-from foretell.train.common.feature_run import (
-    FeatureRunConfig, check_same_shape, job_settings, prepare_features, run_inputs, train_or_load,
-)
+from foretell.train.common.feature_run import FeatureRun, FeatureRunConfig, check_same_shape, job_settings, train_or_load
 from foretell.train.common.trainer import TrainConfig
 from foretell.train.common.draft_vocab import draft_vocabulary
 from foretell.train.hidden_state.eval import format_coverage, format_hidden_table, hidden_depth_eval, hot_vocab_coverage
@@ -96,15 +93,14 @@ def check_init_draft(folder: Path, config: HiddenDraftConfig) -> None:
 
 def run_hidden_state(cfg: HiddenStateTrainConfig, ctx: DistContext | None = None) -> Path:
     """Train (or finish training) the draft, data-parallel over the processes of `ctx`; returns OUT/draft."""
-    ctx = ctx or DistContext()
-    target_dir, data, held_out, target = run_inputs(cfg, ctx)
-    config = HiddenDraftConfig.for_target(target.config, token_info_rank=cfg.shape.token_info_rank,
-                                          draft_vocab_size=min(cfg.shape.draft_vocab, target.config.vocab_size))
-    init_layer = cfg.shape.init_from(target.config.num_hidden_layers)
-    if init_layer is not None and not 0 <= init_layer < target.config.num_hidden_layers:
-        raise ForetellError(f"--init-layer must be a target layer in 0..{target.config.num_hidden_layers - 1}, "
-                            f"got {init_layer}")
-    settings = job_settings(cfg, target_dir, draft=asdict(config), init_layer=init_layer, shape=asdict(cfg.shape))
+    run = FeatureRun(cfg, ctx)
+    ctx, model = run.ctx, run.target_config
+    config = HiddenDraftConfig.for_target(model, token_info_rank=cfg.shape.token_info_rank,
+                                          draft_vocab_size=min(cfg.shape.draft_vocab, model.vocab_size))
+    init_layer = cfg.shape.init_from(model.num_hidden_layers)
+    if init_layer is not None and not 0 <= init_layer < model.num_hidden_layers:
+        raise ForetellError(f"--init-layer must be a target layer in 0..{model.num_hidden_layers - 1}, got {init_layer}")
+    settings = job_settings(cfg, run.target_dir, draft=asdict(config), init_layer=init_layer, shape=asdict(cfg.shape))
     if cfg.loss.deep_rows == "all":  # the default, left out so runs made before the option still resume
         del settings["loss"]["deep_rows"]
     if not config.draft_vocab_size:  # likewise
@@ -112,14 +108,18 @@ def run_hidden_state(cfg: HiddenStateTrainConfig, ctx: DistContext | None = None
     if cfg.init_draft is not None:  # only when set, so runs made before the option still resume
         check_init_draft(cfg.init_draft, config)
         settings["init_draft"] = str(cfg.init_draft)
+    # the one layer the draft reads: a cache of another layer count belongs to another target
+    held_out, target = run.read(settings, (config.target_num_layers,), "target")
+    start = load_hidden_draft(cfg.init_draft, target) if cfg.init_draft is not None else None  # checked before writing
+    data = run.data()
+
     def train_new(job_dir: Path):
-        cache = prepare_features(cfg, target_dir, target, data, (config.target_num_layers,), ctx)
-        if cfg.init_draft is not None:
-            draft = load_hidden_draft(cfg.init_draft, target)
-        else:
+        cache = run.features(target, data)
+        draft = start
+        if draft is None:
             vocab = None
             if config.draft_vocab_size:
-                specials = getattr(load_tokenizer(target_dir), "all_special_ids", [])
+                specials = getattr(run.tokenizer, "all_special_ids", [])
                 vocab = draft_vocabulary(data, config.draft_vocab_size, config.vocab_size, specials)
             draft = new_hidden_draft(target, config, seed=cfg.train.seed, init_from_layer=init_layer, draft_vocab=vocab)
         return draft, train_hidden(draft, cache, data, cfg.train, cfg.loss, cfg.shape.depth, job_dir, cfg.resume,

@@ -12,7 +12,7 @@ DESCRIPTION = """
 Builds chat-templated training sequences, runs the target once over them to cache the hidden states of the
 head's fuse layers and the target's top-k next-token log-probs (OUT/features, bf16), trains the head on all
 depths 1..D at sampled anchors (KL to the target's distribution, depth d weighted decay^(d-1); the target stays
-frozen), saves OUT/head (use: foretell generate --head OUT/head) and writes per-depth acceptance on held-out
+frozen), saves OUT/head (use: foretell generate --head OUT) and writes per-depth acceptance on held-out
 data to OUT/eval.json. Rerunning the same command resumes.
 """  # argparse rewraps it
 

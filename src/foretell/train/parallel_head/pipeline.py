@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from foretell.models.loading import load_tokenizer
+from foretell.models.config import ModelConfig
 from foretell.models.parallel_head import (
     ParallelHeadConfig, load_parallel_head, new_parallel_head, read_head_config, save_parallel_head,
 )
@@ -23,9 +23,7 @@ from foretell.train.common.data import BOTH, TokenData
 from foretell.train.common.depths import format_depth_table
 from foretell.train.common.distributed import DistContext
 from foretell.train.common.draft_vocab import draft_vocabulary
-from foretell.train.common.feature_run import (
-    FeatureRunConfig, check_same_shape, job_settings, prepare_features, run_inputs, train_or_load,
-)
+from foretell.train.common.feature_run import FeatureRun, FeatureRunConfig, check_same_shape, job_settings, train_or_load
 from foretell.train.common.trainer import TrainConfig
 from foretell.train.parallel_head.eval import depth_acceptance
 from foretell.train.parallel_head.train import HeadLossConfig, train_head
@@ -52,21 +50,23 @@ class ParallelHeadTrainConfig(FeatureRunConfig):
     init_head: Path | None = None  # warm start: continue from a trained head of the same shape
 
 
-def head_config(cfg: ParallelHeadTrainConfig, target) -> ParallelHeadConfig:
+def head_config(cfg: ParallelHeadTrainConfig, target: ModelConfig, cached_layers=None) -> ParallelHeadConfig:
+    """The head this run trains on `target` (its config); its fuse layers default to `cached_layers` (those of
+    --features-from's cache) when given, else to low, middle and high layers."""
     s = cfg.shape
-    config = ParallelHeadConfig.for_target(target.config, num_layers=s.num_layers, depth=s.depth,
-                                           fuse_layers=s.fuse_layers,
-                                           draft_vocab_size=min(s.draft_vocab, target.config.vocab_size))
+    config = ParallelHeadConfig.for_target(target, num_layers=s.num_layers, depth=s.depth,
+                                           fuse_layers=s.fuse_layers or cached_layers,
+                                           draft_vocab_size=min(s.draft_vocab, target.vocab_size))
     if cfg.init_head is not None:
         check_init_head(cfg.init_head, config)
     return config
 
 
-def new_head(cfg: ParallelHeadTrainConfig, config: ParallelHeadConfig, target_dir: Path, target, data: TokenData):
+def new_head(cfg: ParallelHeadTrainConfig, config: ParallelHeadConfig, tokenizer, target, data: TokenData):
     """Training's start: a new head, over the tokens drafted most often in `data` when it has its own vocabulary."""
     vocab = None
     if config.draft_vocab_size:
-        specials = getattr(load_tokenizer(target_dir), "all_special_ids", [])  # end-of-turn must stay draftable
+        specials = getattr(tokenizer, "all_special_ids", [])  # end-of-turn must stay draftable
         vocab = draft_vocabulary(data, config.draft_vocab_size, config.vocab_size, specials)
     return new_parallel_head(target, config, seed=cfg.train.seed, draft_vocab=vocab)
 
@@ -89,22 +89,23 @@ def evaluate(cfg: ParallelHeadTrainConfig, target, head, data: TokenData) -> dic
 
 def run_parallel_head(cfg: ParallelHeadTrainConfig, ctx: DistContext | None = None) -> Path:
     """Train (or finish training) the head, data-parallel over the processes of `ctx`; returns OUT/head."""
-    ctx = ctx or DistContext()
-    target_dir, data, held_out, target = run_inputs(cfg, ctx)
-    config = head_config(cfg, target)
+    run = FeatureRun(cfg, ctx)
+    ctx = run.ctx
+    config = head_config(cfg, run.target_config, run.cached_layers())
     if ctx.is_main and cfg.eval_sequences and cfg.eval_data is None and cfg.data.source not in ("gsm8k", "sharegpt", BOTH):
         print("foretell train: warning: evaluating on the training file (give --eval-data for held-out data)")
-    settings = job_settings(cfg, target_dir, head=asdict(config))
+    settings = job_settings(cfg, run.target_dir, head=asdict(config))
     if cfg.init_head is not None:  # only when set, so runs made before the option still resume
         settings["init_head"] = str(cfg.init_head)
     if not config.draft_vocab_size:  # likewise
         del settings["head"]["draft_vocab_size"]
+    held_out, target = run.read(settings, config.fuse_layers, "head.fuse_layers")
+    start = load_parallel_head(cfg.init_head, target) if cfg.init_head is not None else None  # checked before writing
+    data = run.data()
+
     def train_new(job_dir: Path):
-        cache = prepare_features(cfg, target_dir, target, data, config.fuse_layers, ctx)
-        if cfg.init_head is not None:
-            head = load_parallel_head(cfg.init_head, target)
-        else:
-            head = new_head(cfg, config, target_dir, target, data)
+        cache = run.features(target, data)
+        head = start if start is not None else new_head(cfg, config, run.tokenizer, target, data)
         return head, train_head(head, cache, data, cfg.train, cfg.loss, job_dir, cfg.resume, cfg.stop_after, ctx)
 
     evaluation = None if held_out is None else lambda head: evaluate(cfg, target, head, held_out)
