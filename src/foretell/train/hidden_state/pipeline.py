@@ -108,8 +108,8 @@ def run_hidden_state(cfg: HiddenStateTrainConfig, ctx: DistContext | None = None
     if cfg.init_draft is not None:  # only when set, so runs made before the option still resume
         check_init_draft(cfg.init_draft, config)
         settings["init_draft"] = str(cfg.init_draft)
-    # the one layer the draft reads: a cache of another layer count belongs to another target
-    held_out, target = run.read(settings, (config.target_num_layers,), "target")
+    # the one layer the draft reads (the final norm's), which no option sets
+    held_out, target = run.read(settings, (config.target_num_layers,), "layers")
     start = load_hidden_draft(cfg.init_draft, target) if cfg.init_draft is not None else None  # checked before writing
     data = run.data()
 
