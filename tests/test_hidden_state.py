@@ -624,9 +624,11 @@ def test_an_installed_draft_becomes_the_default_drafter_of_generate(tiny_pair, t
 
     assert run()[0]["drafter"] == "prompt-lookup" and installed_hidden_draft(target_dir) is None
     save_hidden_draft(make_draft(load(target_dir, "none", warm_up=False).target.model), tmp_path / "draft")
+    (tmp_path / "empty").mkdir()
     with pytest.raises(ForetellError, match="no hidden_draft.json"):
-        install_hidden_draft(tmp_path, target_dir)
-    installed = install_hidden_draft(tmp_path / "draft", target_dir)
+        install_hidden_draft(tmp_path / "empty", target_dir)
+    installed = install_hidden_draft(tmp_path, target_dir)  # the run folder names the draft it saved in OUT/draft
+    assert not (installed / "cache").exists() and (installed / "hidden_draft.json").is_file()
     assert installed_hidden_draft(target_dir) == installed
     out, err = run()
     assert out["drafter"] == "hidden-state" and "installed hidden-state draft" in err

@@ -342,7 +342,7 @@ def installed_hidden_draft(target_name: str, cache_dir: Path | None = None) -> P
 def install_hidden_draft(folder: str | Path, target_name: str, cache_dir: Path | None = None) -> Path:
     """Copy a saved draft to where `foretell generate` looks for this target's default drafter.
     The copy lands under a temporary name first, so an interrupted install leaves the old draft whole."""
-    folder = Path(folder)
+    folder = saved_folder(folder, FOLDER_FORMAT)  # a training run's folder: the draft it saved, not the run
     read_hidden_draft_config(folder)  # a clear error for a folder that is not a saved draft
     dest = installed_hidden_draft_dir(target_name, cache_dir)
     staging = dest.with_name(dest.name + ".installing")
