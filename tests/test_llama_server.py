@@ -114,7 +114,7 @@ def test_chunked_preset_gguf_is_assembled_once(tmp_path, monkeypatch):
     monkeypatch.setattr(presets, "preset_available", lambda name: True)
     monkeypatch.setattr(presets, "assemble_chunks", assemble)
     first = llama_server.peer_gguf("qwen2.5-coder-0.5b")  # chunked: its GGUF is deleted after conversion
-    assert first == tmp_path / "llama-cpp" / "qwen2.5-coder-0.5b-instruct.gguf" and first.is_file()
+    assert first == tmp_path / "gguf" / "qwen2.5-coder-0.5b-instruct.gguf" and first.is_file()
     assert llama_server.peer_gguf("qwen2.5-coder-0.5b") == first and len(made) == 1  # kept for the next run
     assert llama_server.peer_gguf(str(tmp_path)) is None  # a folder: no GGUF
 

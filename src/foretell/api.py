@@ -19,10 +19,9 @@ from foretell.drafters.factory import DrafterWeights, build_engine, default_spec
 from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength, make_length_policy
 from foretell.engine import Chunk, Engine, GenerationResult
 from foretell.errors import ForetellError
-from foretell.models.loading import LoadedModel, load_model
+from foretell.models.loading import LoadedModel, kept_gguf, load_model
 from foretell.models.gguf_quant import keep_gguf_quantization
 from foretell.models.lean_step import run_bf16_as_float32
-from foretell.models.presets import gguf_file
 from foretell.models.quant import TARGET_QUANT_CHOICES, quantize_target, split_target_quant
 from foretell.models.wide_linear import widen_linears
 from foretell.text import encode_prompt
@@ -106,8 +105,9 @@ def load(
     name ("none", "prompt-lookup", ...). None: the target's installed hidden-state draft if there is one, else its
     shipped default drafter (the fastest on this class of CPU where one was measured), else prompt lookup
     (`default_speculative`). The configuration is checked before any weights load.
-    quant: the target's weights as int8 or int4 (weight-only; opt-in), or "gguf": the 4-bit blocks its GGUF file
-    ships with where PyTorch has a kernel (Q4_1): a different, smaller model than the full-precision one, which
+    quant: the target's weights as int8 or int4 (weight-only; opt-in), or "gguf": the blocks its GGUF file ships
+    with (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; a chunked preset's file is assembled once and kept): a
+    different, smaller model than the full-precision one, which
     speculation then reproduces exactly (its cost against bf16: docs/speed.md). "int8-q8", "int4-q8", "gguf-q8":
     those weights with 8-bit activations in the projections, as llama.cpp computes (float32 CPU targets, lean
     step): lossy against float activations, faster, and every pass runs through the lean step so speculation
@@ -123,7 +123,7 @@ def load(
     bf16_kernel: with wide_fp32, passes of a few rows (draft trees) run foretell's bf16 kernel where it is built and
     faster here (kernels/bf16_gemm.cpp); False keeps PyTorch's products (A/B runs).
     lean: passes of up to 32 tokens (plain decoding's steps, verification) run in one native call where the target
-    suits it: a float32 CPU target of Llama shape with dense, int4 or GGUF Q4_1 / Q8_0 weights
+    suits it: a float32 CPU target of a family on the fast path (docs/models.md) with dense, int4 or GGUF weights
     (models/lean_step.py); False keeps PyTorch's path (A/B runs).
     warm_up: a few throw-away forwards so the first generation is not the slow one.
     """
@@ -137,7 +137,7 @@ def load(
     if act_q8 and (compile or not lean or str(dtype).removeprefix("torch.") != "float32" or device != "cpu"):
         raise ForetellError(f"quant='{quant}-q8' (8-bit activations) runs in foretell's lean step: a float32 target on "
                             f"CPU, without compile and with lean=True; use quant={quant!r} otherwise")
-    gguf = gguf_file(target) if quant == "gguf" else None
+    gguf = kept_gguf(target, cache_dir) if quant == "gguf" else None
     if quant == "gguf" and gguf is None:
         raise ForetellError(f"quant='gguf' keeps a GGUF file's own quantization, and {str(target)!r} has no GGUF file "
                             "on disk; use int4 or int8")

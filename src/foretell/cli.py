@@ -17,7 +17,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--quant", default="none", choices=TARGET_QUANT_CHOICES,
                    help="the target's weights as int8 / int4 (weight-only, opt-in), or gguf: the 4-bit blocks its GGUF "
-                   "file ships with (Q4_1): a smaller, faster and different model, which speculation reproduces "
+                   "file ships with (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): a smaller, faster and different model, which speculation reproduces "
                    "exactly; with -q8 (float32 only) also 8-bit activations, as llama.cpp: lossy, faster "
                    "(default: %(default)s)")
     p.add_argument("--compile", action="store_true",
@@ -108,7 +108,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"),
                    help="weights dtype, every method (default: %(default)s)")
     b.add_argument("--quant", default="none", choices=TARGET_QUANT_CHOICES,
-                   help="foretell's target weights as int8 / int4 (weight-only) or gguf (the file's own Q4_1 blocks), "
+                   help="foretell's target weights as int8 / int4 (weight-only) or gguf (the file's own blocks: Q4_0..Q8_0, Q4_K, Q5_K, Q6_K), "
                    "every foretell method, -q8 adding 8-bit activations (float32); the transformers peers stay at --dtype "
                    "(default: %(default)s)")
     b.add_argument("--datasets", default="spec-bench", help=f"comma list of {', '.join(DATASETS)} (default: %(default)s)")

@@ -52,15 +52,9 @@ def build_info() -> dict:
 def peer_gguf(spec: str) -> Path | None:
     """The GGUF file foretell loaded for a model spec, for llama.cpp to run. A chunked preset's file is deleted
     once converted, so it is assembled again from its installed chunks (checksummed) and kept for the next run."""
-    from foretell.models.loading import default_cache_dir
-    from foretell.models.presets import PRESETS, assemble_chunks, gguf_file, preset_available
+    from foretell.models.loading import kept_gguf
 
-    path = gguf_file(spec)
-    if path is not None or spec not in PRESETS or not preset_available(spec):
-        return path
-    preset = PRESETS[spec]
-    kept = default_cache_dir() / "llama-cpp" / preset.gguf_filename
-    return kept if kept.is_file() else assemble_chunks(preset, kept)
+    return kept_gguf(spec)
 
 
 @dataclass(frozen=True)

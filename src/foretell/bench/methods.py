@@ -26,8 +26,7 @@ from foretell.bench.runner import MONITOR_KEYS
 from foretell.config import HiddenStateOptions, SpeculativeConfig, TreeShape
 from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB
 from foretell.errors import ForetellError
-from foretell.models.loading import parse_dtype, resolve_model_dir
-from foretell.models.presets import gguf_file
+from foretell.models.loading import kept_gguf, parse_dtype, resolve_model_dir
 from foretell.types import SamplingParams
 
 
@@ -279,7 +278,7 @@ class LlamaCppPythonMethod:
 def make_llama_cpp_python(models: Models, opts: MethodOptions):
     if importlib.util.find_spec("llama_cpp") is None:
         return "llama-cpp-python is not installed (pip install llama-cpp-python==0.3.36 builds it: minutes)"
-    gguf = gguf_file(models.target)
+    gguf = kept_gguf(models.target)
     if gguf is None:
         return f"no GGUF file on disk for {models.target!r}"
     return LlamaCppPythonMethod(gguf, opts, models.pipeline().engine.stop_ids)

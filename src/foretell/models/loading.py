@@ -49,6 +49,21 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise ForetellError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None
 
 
+def kept_gguf(spec: str | Path, cache_dir: Path | None = None) -> Path | None:
+    """The GGUF file of a model spec on disk, for runtimes that read its blocks (--quant gguf, llama.cpp). A chunked
+    preset's file is deleted once converted, so it is assembled again from its installed chunks (checksummed) and
+    kept in the cache for the next run."""
+    from foretell.models import presets
+
+    path = presets.gguf_file(spec)
+    spec = str(spec)
+    if path is not None or spec not in PRESETS or not presets.preset_available(spec):
+        return path
+    preset = PRESETS[spec]
+    kept = Path(cache_dir or default_cache_dir()) / "gguf" / preset.gguf_filename
+    return kept if kept.is_file() else presets.assemble_chunks(preset, kept)
+
+
 def resolve_model_dir(spec: str | Path, cache_dir: Path | None = None) -> Path:
     """Turn a preset name, a GGUF path or a folder into a Hugging Face folder on disk."""
     cache_dir = Path(cache_dir or default_cache_dir())
