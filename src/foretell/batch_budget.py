@@ -38,10 +38,16 @@ def node_values(proposal: Proposal, acceptance: list[float], calibration: float)
     depth: list[int] = []
     for i, p in enumerate(parents):
         depth.append(depth[p] + 1 if p >= 0 else 0)
-        step = min(1.0, probs[i] * calibration) if probs is not None else (
-            acceptance[depth[i]] if depth[i] < len(acceptance) else (acceptance[-1] if acceptance else 0.5))
+        step = min(1.0, probs[i] * calibration) if probs is not None else depth_rate(acceptance, depth[i])
         values.append(step * (values[p] if p >= 0 else 1.0))
     return values
+
+
+def depth_rate(acceptance: list[float], depth: int) -> float:
+    """The acceptance rate at `depth` (0: the first draft token): past the history the last rate, without any 0.5."""
+    if depth < len(acceptance):
+        return acceptance[depth]
+    return acceptance[-1] if acceptance else 0.5
 
 
 @dataclass
@@ -149,10 +155,10 @@ class BatchAwareBudget:
 
 def chain_values(acceptance: list[float], depth: int) -> list[float]:
     """Before drafting: the chance each level 1..depth of a request's next proposal is reached, from its
-    acceptance by depth (past its history, the last rate; without history, 0.5)."""
+    acceptance by depth (depth_rate)."""
     values, reach = [], 1.0
     for d in range(depth):
-        reach *= acceptance[d] if d < len(acceptance) else (acceptance[-1] if acceptance else 0.5)
+        reach *= depth_rate(acceptance, d)
         values.append(reach)
     return values
 
