@@ -88,13 +88,16 @@ def add_eval_draft_parser(sub) -> None:
 def adaspec_config(args):
     from foretell.train.adaspec.pipeline import DistillConfig, DraftSpec
     from foretell.train.adaspec.teacher import TeacherConfig
-    from foretell.train.common.options import check_positive, check_run_options, data_config, train_config
+    from foretell.train.common.options import (check_data_options, check_positive, check_run_options, data_config,
+                                               train_config)
     from foretell.train.common.trainer import TrainConfig
 
     check_run_options(args)
     check_positive(micro_batch_size=args.micro_batch_size, draft_layers=args.draft_layers, topk_teacher=args.topk_teacher,
                    processes=args.processes, adaspec_batch_size=args.adaspec_batch_size)
     train = train_config(args, TrainConfig(micro_batch_size=args.micro_batch_size))
+    train.micro_batches(args.processes)  # the batch's shape with the other options, before the data's files
+    check_data_options(args)
     return DistillConfig(
         target=args.target, out=Path(args.out), data=data_config(args),
         draft=DraftSpec(args.draft_layers, args.draft_init, args.draft_hidden, args.seed),

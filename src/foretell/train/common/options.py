@@ -189,12 +189,12 @@ def check_run_options(args) -> None:
         raise ForetellError(f"--lr must be > 0, got {args.lr}")
     if args.warmup is not None and args.warmup < 0:
         raise ForetellError(f"--warmup must be >= 0, got {args.warmup}")
-    check_data_options(args)
 
 
 def check_data_options(args) -> None:
     """--data and --eval-data name sources that can be read, checked before the target loads or anything is
-    written (a missing held-out file would otherwise show only after the data step)."""
+    written (a missing held-out file would otherwise show only after the data step), and after the options
+    themselves: a wrong option is named whether or not the data is on this machine."""
     from foretell.train.common.data import check_sources
 
     held_out = getattr(args, "eval_data", None)
@@ -214,6 +214,8 @@ def run_settings(args, train) -> dict:
     if args.seq_len < 3:
         raise ForetellError(f"--seq-len must be >= 3 (an anchor needs two tokens after it), got {args.seq_len}")
     features = FeatureConfig(args.topk_teacher, args.feature_batch, args.feature_dtype)
-    return dict(target=args.target, out=Path(args.out), data=data_config(args), eval_data=args.eval_data,
-                eval_sequences=args.eval_sequences, features=features, train=train_config(args, train),
-                resume=args.resume, features_from=Path(args.features_from) if args.features_from else None)
+    settings = dict(target=args.target, out=Path(args.out), data=data_config(args), eval_data=args.eval_data,
+                    eval_sequences=args.eval_sequences, features=features, train=train_config(args, train),
+                    resume=args.resume, features_from=Path(args.features_from) if args.features_from else None)
+    check_data_options(args)
+    return settings
