@@ -10,8 +10,7 @@ from contextlib import contextmanager
 
 import httpx
 
-from foretell.engine import Chunk, GenerationResult
-from foretell.types import GenerationStats
+from foretell.types import Chunk, GenerationResult, GenerationStats
 
 
 @contextmanager

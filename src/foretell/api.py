@@ -17,7 +17,7 @@ from foretell.config import SpeculativeConfig, as_speculative
 from foretell.drafters.base import Drafter
 from foretell.drafters.factory import DrafterWeights, build_engine, default_speculative, with_shipped_model
 from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength, make_length_policy
-from foretell.engine import Chunk, Engine, GenerationResult
+from foretell.engine import Engine
 from foretell.errors import ForetellError
 from foretell.models.loading import LoadedModel, kept_gguf, load_model
 from foretell.models.gguf_quant import keep_gguf_quantization
@@ -25,7 +25,7 @@ from foretell.models.lean_step import run_bf16_as_float32
 from foretell.models.quant import TARGET_QUANT_CHOICES, quantize_target, split_target_quant
 from foretell.models.wide_linear import widen_linears
 from foretell.text import encode_prompt
-from foretell.types import SamplingParams
+from foretell.types import Chunk, GenerationResult, SamplingParams
 
 
 @dataclass

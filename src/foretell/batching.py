@@ -24,10 +24,10 @@ import torch
 from foretell.batch_budget import (BatchAwareBudget, BudgetStats, Calibration, DepthAcceptance, DraftSeconds,
                                    FixedByBatchSize, chain_values, node_values)
 from foretell.decoding import Decoding
-from foretell.engine import Chunk, Engine
+from foretell.engine import Engine
 from foretell.errors import ForetellError
 from foretell.runtime.packed import forward_packed
-from foretell.types import SamplingParams
+from foretell.types import Chunk, SamplingParams
 
 
 PLANNED_DEPTH = 8  # the deepest level the pre-draft rule weighs (acceptance that deep is rarely worth a pass)

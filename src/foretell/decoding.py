@@ -28,11 +28,11 @@ from foretell.result_cache import merge_branch
 from foretell.sampling import make_generator
 from foretell.text import TextStream
 from foretell.tree import accepted_slots, attention_mask, slot_positions
-from foretell.types import GenerationStats, Proposal, SamplingParams, TokenLogprob
+from foretell.types import Chunk, GenerationResult, GenerationStats, Proposal, SamplingParams, TokenLogprob
 from foretell.verify import verify
 
 if TYPE_CHECKING:
-    from foretell.engine import Chunk, Engine
+    from foretell.engine import Engine
 
 
 @dataclass
@@ -238,8 +238,6 @@ class Decoding:
         return keep_nodes(proposal, kept), [index[i] for i in cache_nodes if i in index]
 
     def _extend(self, new: list[int], logprobs: list[TokenLogprob] | None = None) -> Chunk:
-        from foretell.engine import Chunk, GenerationResult
-
         engine, stats = self.engine, self.stats
         room = self.limit - (len(self.ids) - self.prompt_len)
         finish = ""

@@ -19,25 +19,7 @@ from foretell.errors import ForetellError
 from foretell.lossy import check_lossy_threshold
 from foretell.models.transformer import Transformer, warm_up
 from foretell.result_cache import ResultCache
-from foretell.types import GenerationStats, SamplingParams, TokenLogprob
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[int]  # new tokens only
-    text: str
-    stats: GenerationStats
-    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
-
-
-@dataclass
-class Chunk:
-    """One streamed step: the text and tokens it added; `result` is set on the last chunk."""
-
-    text: str
-    tokens: list[int]
-    result: GenerationResult | None = None
-    logprobs: list[TokenLogprob] | None = None  # one per token of this chunk, when asked for
+from foretell.types import Chunk, GenerationResult, SamplingParams
 
 
 @dataclass

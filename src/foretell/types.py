@@ -327,3 +327,21 @@ class GenerationStats:
             + monitor + cache
             + f", draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s, finish: {self.finish_reason}"
         )
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # new tokens only
+    text: str
+    stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None  # one per token, when the request asked for them
+
+
+@dataclass
+class Chunk:
+    """One streamed step: the text and tokens it added; `result` is set on the last chunk."""
+
+    text: str
+    tokens: list[int]
+    result: GenerationResult | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token of this chunk, when asked for

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator
 
-from foretell.engine import Chunk
+from foretell.types import Chunk
 from foretell.serve.worker import Job
 
 _FINISHED = object()

@@ -14,8 +14,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, model_serializer
 
-from foretell.engine import GenerationResult
-from foretell.types import GenerationStats, TokenLogprob
+from foretell.types import GenerationResult, GenerationStats, TokenLogprob
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -infinity; a token the processing ruled out reads as this (vLLM's value)
 

@@ -18,10 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from foretell.engine import Chunk
 from foretell.errors import ForetellError
 from foretell.serve.metrics import ServerMetrics
-from foretell.types import SamplingParams
+from foretell.types import Chunk, SamplingParams
 
 log = logging.getLogger("foretell.serve")
 
