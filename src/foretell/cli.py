@@ -9,22 +9,7 @@ import sys
 
 from foretell.errors import ForetellError
 from foretell.models.quant import TARGET_QUANT_CHOICES, describe_target
-from foretell.spec_args import add_speculative_args
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", help="target: preset name, .gguf file or HF folder (default: %(default)s)")
-    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--quant", default="none", choices=TARGET_QUANT_CHOICES,
-                   help="the target's weights as int8 / int4 (weight-only, opt-in), or gguf: the 4-bit blocks its GGUF "
-                   "file ships with (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): a smaller, faster and different model, which speculation reproduces "
-                   "exactly; with -q8 (float32 only) also 8-bit activations, as llama.cpp: lossy, faster "
-                   "(default: %(default)s)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the target's per-layer blocks at start (opt-in; benchmarks/compile_ab.py says "
-                   "whether it pays here)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+from foretell.spec_args import add_model_args, add_speculative_args
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,5 @@
-"""Command-line flags that map onto a SpeculativeConfig, shared by `generate` and (later) `serve`."""
+"""Command-line flags shared by `generate` and `serve`: the target's (add_model_args) and those that map onto a
+SpeculativeConfig."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
+from foretell.models.quant import TARGET_QUANT_CHOICES
 
 # Flag -> config option, for the flags that map one to one (None = not given).
 DIRECT = ("gamma", "length_policy", "lookup_max", "lookup_min", "hot_vocab", "draft_quant", "budget",
@@ -17,6 +19,21 @@ DIRECT = ("gamma", "length_policy", "lookup_max", "lookup_min", "hot_vocab", "dr
 WEIGHT_FLAGS = {"draft": ("draft-model", ("draft-model", "draft-tree")), "head": ("parallel-head", ("parallel-head",)),
                 "hidden_draft": ("hidden-state", ("hidden-state",)), "eagle": ("eagle3", ("eagle3",))}
 TREE_FLAGS = ("tree_kind", "branching", "tree_children", "tree_depth", "tree_width", "tree_budget")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", help="target: preset name, .gguf file or HF folder (default: %(default)s)")
+    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--quant", default="none", choices=TARGET_QUANT_CHOICES,
+                   help="the target's weights as int8 / int4 (weight-only, opt-in), or gguf: the 4-bit blocks its GGUF "
+                   "file ships with (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): a smaller, faster and different model, which speculation reproduces "
+                   "exactly; with -q8 (float32 only) also 8-bit activations, as llama.cpp: lossy, faster "
+                   "(default: %(default)s)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the target's per-layer blocks at start (opt-in; benchmarks/compile_ab.py says "
+                   "whether it pays here)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
 
 def add_speculative_args(p: argparse.ArgumentParser) -> None:

@@ -14,14 +14,12 @@ from pathlib import Path
 
 from foretell.errors import ForetellError
 from foretell.serve.settings import ServeSettings
-from foretell.spec_args import add_speculative_args, speculative_from_args
+from foretell.spec_args import add_model_args, add_speculative_args, speculative_from_args
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def add_serve_parser(sub) -> None:
-    from foretell.cli import add_model_args
-
     p = sub.add_parser(
         "serve", help="OpenAI-compatible HTTP server with speculative decoding",
         description="Serve one model on /v1/completions, /v1/chat/completions and /v1/models, with /health and "
