@@ -15,9 +15,8 @@ from foretell.config import EagleTreeShape, SpeculativeConfig
 from foretell.drafters.eagle_tree import Eagle3Drafter
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
-from foretell.models.eagle3 import (
-    Eagle3Config, default_aux_layers, load_eagle3_head, new_eagle3_head, save_eagle3_head,
-)
+from foretell.models.eagle3 import Eagle3Config, default_aux_layers, new_eagle3_head, save_eagle3_head
+from foretell.models.eagle3_format import load_eagle3_head
 from foretell.tree import depths
 from foretell.types import SamplingParams
 from test_engine_statistical import assert_tree_samples_follow_target

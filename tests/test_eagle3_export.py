@@ -16,8 +16,8 @@ from foretell.cli import main
 from foretell.config import EagleTreeShape
 from foretell.drafters.eagle_tree import Eagle3Drafter
 from foretell.errors import ForetellError
-from foretell.models.eagle3 import Eagle3Config, load_eagle3_head, new_eagle3_head, save_eagle3_head
-from foretell.models.eagle3_format import export_eagle3
+from foretell.models.eagle3 import Eagle3Config, new_eagle3_head, save_eagle3_head
+from foretell.models.eagle3_format import export_eagle3, load_eagle3_head
 
 VOCAB, LAYERS, H = 48, 4, 64
 AUX = (1, 2, 3)  # foretell's hook layers; vLLM ids 1, 2, 3 (inputs of layers 1..3), SGLang ids 0, 1, 2 (outputs of 0..2)

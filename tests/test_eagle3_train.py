@@ -19,7 +19,8 @@ from foretell.cli import main
 from foretell.config import EagleTreeShape
 from foretell.drafters.eagle_tree import Eagle3Drafter
 from foretell.errors import ForetellError
-from foretell.models.eagle3 import load_eagle3_head, new_eagle3_head
+from foretell.models.eagle3 import new_eagle3_head
+from foretell.models.eagle3_format import load_eagle3_head
 from foretell.models.loading import build_model
 from foretell.train.common.data import TokenData
 from foretell.train.common.topk import full_kl

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
-from foretell.models import eagle3, hidden_draft, parallel_head
+from foretell.models import eagle3, eagle3_format, hidden_draft, parallel_head
 from foretell.models.module_folder import WEIGHTS_FILE
 
 KINDS = {
@@ -17,7 +17,7 @@ KINDS = {
                       parallel_head.load_parallel_head, parallel_head.CONFIG_FILE),
     "hidden-state draft": (hidden_draft.new_hidden_draft, hidden_draft.save_hidden_draft,
                            hidden_draft.load_hidden_draft, hidden_draft.CONFIG_FILE),
-    "EAGLE-3 head": (eagle3.new_eagle3_head, eagle3.save_eagle3_head, eagle3.load_eagle3_head, eagle3.CONFIG_FILE),
+    "EAGLE-3 head": (eagle3.new_eagle3_head, eagle3.save_eagle3_head, eagle3_format.load_eagle3_head, eagle3.CONFIG_FILE),
 }
 # the method that loads each kind, and the subfolder of a training run's --out folder it is saved in
 METHODS = {"parallel head": ("parallel-head", "head"), "hidden-state draft": ("hidden-state", "draft"),

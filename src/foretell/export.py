@@ -59,8 +59,7 @@ def cmd_export_dflash(args) -> None:
 
 
 def cmd_export_eagle3(args) -> None:
-    from foretell.models.eagle3 import load_eagle3_head
-    from foretell.models.eagle3_format import export_eagle3
+    from foretell.models.eagle3_format import export_eagle3, load_eagle3_head
     from foretell.models.loading import load_model, parse_dtype
 
     target = load_model(args.target, "float32")

@@ -140,7 +140,7 @@ class DrafterWeights:
     def eagle3_head(self, model: str, quant: str = "none"):
         """An EAGLE-3 head: foretell's folder, an EAGLE-3 checkpoint in the engines' layout, or a shipped name;
         int8 per `quant` (Eagle3Head.quantize)."""
-        from foretell.models.eagle3 import load_eagle3_head
+        from foretell.models.eagle3_format import load_eagle3_head
 
         folder = self.folder(model, "eagle3")
         return self._once(("eagle3", folder, quant),

@@ -32,7 +32,7 @@ from foretell.models.config import ModelConfig
 from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
 from foretell.models.rope import RopeScaling
 from foretell.models.module_folder import (
-    WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module, saved_folder,
+    FolderFormat, read_config, save_module, saved_folder,
 )
 from foretell.models.transformer import RMSNorm, RotaryTables, Transformer
 
@@ -354,20 +354,3 @@ def save_eagle3_head(head: Eagle3Head, folder: str | Path) -> Path:
 
 def read_eagle3_config(folder: Path) -> Eagle3Config:
     return read_config(saved_folder(folder, FOLDER_FORMAT), Eagle3Config, FOLDER_FORMAT)
-
-
-def load_eagle3_head(folder: str | Path, target: Transformer) -> Eagle3Head:
-    """A head saved by save_eagle3_head, or an EAGLE-3 checkpoint in the layout vLLM and SGLang load
-    (config.json + model.safetensors; models/eagle3_format.py), onto `target` (its dtype and device). `folder` may
-    be the --out folder of the training run that saved it."""
-    folder = saved_folder(folder, FOLDER_FORMAT)
-    if not (folder / CONFIG_FILE).is_file() and (folder / "config.json").is_file():
-        from foretell.models.eagle3_format import import_eagle3
-
-        return import_eagle3(folder, target)
-    config = read_eagle3_config(folder)
-    config.check_target(target.config)
-    head = Eagle3Head(config, target)
-    load_weights(head, folder, FOLDER_FORMAT)
-    head.check_vocab_maps(folder / WEIGHTS_FILE)
-    return head.to(dtype=target.dtype, device=target.device)

@@ -1,4 +1,5 @@
-"""EAGLE-3 heads in the checkpoint layout vLLM and SGLang load: export and import.
+"""EAGLE-3 heads in the checkpoint layout vLLM and SGLang load: export and import, and load_eagle3_head, which
+reads either that layout or foretell's own folder.
 
 The layout (docs/eagle3.md cites the loaders' source): a folder with config.json and model.safetensors.
 
@@ -29,8 +30,10 @@ from pathlib import Path
 import torch
 
 from foretell.errors import ForetellError
-from foretell.models.eagle3 import Eagle3Config, Eagle3Head, default_aux_layers
-from foretell.models.module_folder import check_finite, int8_rows_expanded
+from foretell.models.eagle3 import (
+    CONFIG_FILE, FOLDER_FORMAT, Eagle3Config, Eagle3Head, default_aux_layers, read_eagle3_config,
+)
+from foretell.models.module_folder import WEIGHTS_FILE, check_finite, int8_rows_expanded, load_weights, saved_folder
 from foretell.models.transformer import Transformer
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"  # SGLang's class name; vLLM's registry maps it to Eagle3LlamaForCausalLM
@@ -204,6 +207,21 @@ def import_eagle3(folder: str | Path, target: Transformer) -> Eagle3Head:
         raise ForetellError(f"{folder / WEIGHTS} does not match its config.json: wrong shape {wrong[:5]}")
     head.load_state_dict({k: v.to(head.state_dict()[k].dtype) for k, v in own.items()})
     head.check_vocab_maps(folder / WEIGHTS)
+    return head.to(dtype=target.dtype, device=target.device)
+
+
+def load_eagle3_head(folder: str | Path, target: Transformer) -> Eagle3Head:
+    """A head saved by save_eagle3_head, or an EAGLE-3 checkpoint in the layout vLLM and SGLang load
+    (config.json + model.safetensors; import_eagle3), onto `target` (its dtype and device). `folder` may
+    be the --out folder of the training run that saved it."""
+    folder = saved_folder(folder, FOLDER_FORMAT)
+    if not (folder / CONFIG_FILE).is_file() and (folder / "config.json").is_file():
+        return import_eagle3(folder, target)
+    config = read_eagle3_config(folder)
+    config.check_target(target.config)
+    head = Eagle3Head(config, target)
+    load_weights(head, folder, FOLDER_FORMAT)
+    head.check_vocab_maps(folder / WEIGHTS_FILE)
     return head.to(dtype=target.dtype, device=target.device)
 
 

@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from foretell.models.eagle3 import (
-    DEFAULT_DRAFT_VOCAB, Eagle3Config, load_eagle3_head, new_eagle3_head, read_eagle3_config, save_eagle3_head,
+    DEFAULT_DRAFT_VOCAB, Eagle3Config, new_eagle3_head, read_eagle3_config, save_eagle3_head,
 )
+from foretell.models.eagle3_format import load_eagle3_head
 from foretell.models.config import ModelConfig
 from foretell.train.common.data import TokenData
 from foretell.train.common.depths import format_depth_table
