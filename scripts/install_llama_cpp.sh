@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # llama.cpp's own binaries, llama-server and llama-bench, as foretell's benchmark peer (`foretell bench` methods
-# llama-cpp and llama-cpp-draft; the llama-server rows of benchmarks/serve_batching.py).
+# llama-cpp and llama-cpp-draft; the llama-server rows of benchmarks/serve/serve_batching.py).
 # Source: the llama.cpp tree vendored in the llama-cpp-python sdist, a pinned release on the package index, so
 # nothing but pip reaches the network. Built static (no shared libraries to find) into .venv/bin: about 10 minutes
 # on 2 cores. The native build (-march=native, what a user building here gets) is kept when a llama-bench smoke test

@@ -1,4 +1,4 @@
-"""benchmarks/acceptance_check.py judges issue 20's criteria from bench rows: synthetic runs with known ratios."""
+"""benchmarks/bench/acceptance_check.py judges issue 20's criteria from bench rows: synthetic runs with known ratios."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def write_run(folder: Path, temperature: float, seconds: dict[str, dict[str, flo
 
 
 def check(greedy: Path, sampled: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "benchmarks/acceptance_check.py", str(greedy), str(sampled)], cwd=ROOT,
+    return subprocess.run([sys.executable, "benchmarks/bench/acceptance_check.py", str(greedy), str(sampled)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

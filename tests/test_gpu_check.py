@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.sh runs on CPU in its dry mode, so the prepared GPU check cannot rot between GPU loans."""
+"""benchmarks/gpu/gpu_check.sh runs on CPU in its dry mode, so the prepared GPU check cannot rot between GPU loans."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_gpu_check_dry_run(tmp_path):
     env = {**os.environ, "DRY": "1", "OUT": str(tmp_path)}
-    done = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+    done = subprocess.run(["bash", "benchmarks/gpu/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())

@@ -137,7 +137,7 @@ def run_bench(prompts: list[dict], methods: list, encode: Callable[[str], list[i
             out.flush()  # the row survives an interruption
             bar.update()
     summary["peak_rss_mb"] = round(max(summary.get("peak_rss_mb", 0.0), peak_rss_mb()), 1)
-    summary["cpu_class"] = cpu_class()  # what benchmarks/default_drafter.py files the ranking under
+    summary["cpu_class"] = cpu_class()  # what benchmarks/ship/default_drafter.py files the ranking under
     (cfg.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
     return path
 

@@ -2,7 +2,7 @@
 
 At batch size one a small model's step on a GPU is dominated by kernel launches (hundreds per forward);
 replaying a captured graph launches them all at once. The captured graph writes the KV cache slots it was
-captured at, so CapturedForward serves cost measurement (benchmarks/gpu_check.py); decoding through captured
+captured at, so CapturedForward serves cost measurement (benchmarks/gpu/gpu_check.py); decoding through captured
 graphs needs cache writes and attention indexed by tensors rather than Python integers (not built yet).
 """
 

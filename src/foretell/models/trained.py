@@ -21,7 +21,7 @@ class TrainedDraft:
         return cache_dir / "drafts" / self.run_dir / "draft" / "model"
 
 
-_TABLE = "bash benchmarks/adaspec_table.sh"
+_TABLE = "bash benchmarks/adaspec/adaspec_table.sh"
 TRAINED_DRAFTS = {
     d.name: d
     for d in (

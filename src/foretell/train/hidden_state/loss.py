@@ -27,7 +27,7 @@ deep_rows: "all" (the seed's recipe) unrolls every row of the sequence at every 
 costs `k` passes of the layer over T rows; "anchors" unrolls steps j >= 1 only from the KL anchors
 (A of T rows; each anchor's chain attends to the target rows and to its own earlier predictions
 only, so the other rows are not needed): about 1 + (k - 1) * A / T passes; with 32 of 320 rows a
-sequence's step took 2.2x less time at depth 5 (benchmarks/hidden_train_step.py), at the price of
+sequence's step took 2.2x less time at depth 5 (benchmarks/train/hidden_train_step.py), at the price of
 fewer deep MSE pairs. The KL terms are the same either way.
 """
 

@@ -1,0 +1,80 @@
+"""Where a batched step's time goes, in process (no HTTP): C requests kept active on Spec-Bench prompts until N
+have finished, for each budget policy; prints tokens/s, tokens per step and the seconds spent in the target's
+packed forward, in drafting (Decoding.draft) and in verification (Decoding.settle). A diagnostic, not a test.
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/serve/batch_profile.py [DRAFTER|default] [--budgets auto,fixed,none]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import foretell.decoding as decoding
+from foretell.api import load
+from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize
+from foretell.bench.datasets import load_prompts
+from foretell.types import SamplingParams
+
+
+def timed(owner, name: str, seconds: dict, key: str) -> None:
+    """Wrap owner.name so that its calls add their time to seconds[key]."""
+    inner = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            seconds[key] += time.perf_counter() - start
+
+    setattr(owner, name, wrapper)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("drafter", nargs="?", default="default", help="a method name, or default (the target's)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--budgets", default="auto,fixed,none")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--requests", type=int, default=24)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    pipe = load(args.model, None if args.drafter == "default" else args.drafter, dtype="bfloat16")
+    prompts = [pipe.encode(x["prompt"]) for x in load_prompts(["spec-bench"], 3)]
+    seconds = {"forward": 0.0, "draft": 0.0, "settle": 0.0}
+    timed(decoding.Decoding, "draft", seconds, "draft")
+    timed(decoding.Decoding, "settle", seconds, "settle")
+    timed(pipe.target.model, "forward_packed", seconds, "forward")
+    policies = {"auto": lambda: BatchAwareBudget(cost=pipe.weights.target_cost()), "fixed": FixedByBatchSize,
+                "none": lambda: None}
+    for budget in args.budgets.split(","):
+        batch = pipe.batch_engine(policies[budget](), max_batch=args.clients)
+        tokens, finished, sent, steps = [0], [0], 0, 0
+        for key in seconds:
+            seconds[key] = 0.0
+
+        def on_chunk(chunk):
+            tokens[0] += len(chunk.tokens)
+            finished[0] += chunk.result is not None
+
+        start = time.perf_counter()
+        while finished[0] < args.requests:
+            while sent < args.requests and sent - finished[0] < args.clients:
+                batch.submit(prompts[sent % len(prompts)], SamplingParams(max_new_tokens=args.max_tokens), on_chunk,
+                             print)
+                sent += 1
+            batch.step()
+            steps += 1
+        wall = time.perf_counter() - start
+        split = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
+        print(f"{pipe.speculative.method} budget={budget}: {tokens[0] / wall:.1f} tokens/s, {tokens[0] / steps:.2f} "
+              f"tokens/step, {wall:.1f} s ({split})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
