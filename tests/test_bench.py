@@ -309,7 +309,7 @@ def test_hidden_state_budget_variants_are_exact_and_capped(bench_setup, tmp_path
 def test_full_precision_variant_runs_the_unquantized_draft_beside_the_int8_one(bench_setup, tmp_path):
     """M-fp: the same hidden-state method with its draft left unquantized, in the same run as the int8 one."""
     from foretell.models.hidden_draft import new_hidden_draft, save_hidden_draft
-    from foretell.models.quant import Int8Linear
+    from foretell.runtime.quant import Int8Linear
 
     prompts, _, encode, models, _ = bench_setup
     hidden = save_hidden_draft(new_hidden_draft(models.pipeline().target.model), tmp_path / "hidden")

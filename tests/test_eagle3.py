@@ -55,7 +55,7 @@ def test_greedy_equals_plain_near_the_token_limit_and_with_the_scheduler(plain):
 
 
 def test_int8_head_is_exact_and_quantizes_its_layer_and_output(plain):
-    from foretell.models.quant import Int8Linear
+    from foretell.runtime.quant import Int8Linear
 
     head = make_head(plain.target.model, seed=4).quantize("int8")
     assert isinstance(head.lm_head, Int8Linear) and isinstance(head.midlayer.qkv_proj, Int8Linear)

@@ -15,9 +15,8 @@ from conftest import assert_drafters_reproduce_plain
 from foretell.api import load
 from foretell.errors import ForetellError
 from foretell.kernels import block_gemm, lean_module
-from foretell.models.gguf_quant import GGUF_KIND, GGUFLinear
-from foretell.models.lean_step import BlockQ8Linear
-from foretell.models.quant import Int4Linear, select_rows
+from foretell.runtime.gguf_quant import GGUF_KIND, BlockQ8Linear, GGUFLinear
+from foretell.runtime.quant import Int4Linear, select_rows
 from gguf_blocks import T, quantize
 from test_lean_step import q8_activations
 

@@ -10,7 +10,7 @@ from conftest import PROMPTS, greedy_params, make_hf_model
 from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
-from foretell.models.quant import Int4Linear
+from foretell.runtime.quant import Int4Linear
 
 gguf = pytest.importorskip("gguf")
 

@@ -482,7 +482,7 @@ def test_save_load_round_trip(plain, tmp_path, tiny_pair):
 
 @pytest.mark.parametrize("hot_size", [0, 24])
 def test_int8_draft_keeps_greedy_exact_and_leaves_the_target_alone(plain, tmp_path, tiny_pair, hot_size):
-    from foretell.models.quant import Int8Linear
+    from foretell.runtime.quant import Int8Linear
 
     target = plain.target.model
     save_hidden_draft(make_draft(target, rank=8, seed=3), tmp_path / "hd")

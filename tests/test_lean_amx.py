@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from conftest import assert_drafters_reproduce_plain
 from foretell.api import load
 from foretell.kernels import amx_products, block_gemm, lean_module
-from foretell.models import wide_linear
-from foretell.models.lean_step import BF16A, BF16X, LeanStep, amx_tiles
-from foretell.models.quant import describe_target
+from foretell.runtime import wide_linear
+from foretell.runtime.lean_step import BF16A, BF16X, LeanStep, amx_tiles
+from foretell.runtime.quant import describe_target
 
 pytestmark = pytest.mark.skipif(not amx_products(), reason="this CPU has no AMX tiles (or Linux grants no tile state)")
 

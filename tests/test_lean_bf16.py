@@ -13,9 +13,9 @@ from conftest import PROMPTS, assert_drafters_reproduce_plain, greedy_params
 from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.kernels import amx_products, block_gemm, lean_decode
-from foretell.models import wide_linear
-from foretell.models.lean_step import BF16, BF16A, BF16X, F32, LeanStep, bf16_interleaved
-from foretell.models.quant import describe_target
+from foretell.runtime import wide_linear
+from foretell.runtime.lean_step import BF16, BF16A, BF16X, F32, LeanStep, bf16_interleaved
+from foretell.runtime.quant import describe_target
 
 pytestmark = pytest.mark.skipif(lean_decode() is None, reason="the lean step's kernel cannot be built on this machine")
 

@@ -11,8 +11,9 @@ from conftest import PROMPTS, assert_drafters_reproduce_plain, greedy_params
 from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.kernels import lean_decode
-from foretell.models.lean_step import Q4X, BlockQ8Linear, int4_blocks
-from foretell.models.quant import Int4Linear
+from foretell.runtime.gguf_quant import BlockQ8Linear
+from foretell.runtime.lean_step import Q4X
+from foretell.runtime.quant import Int4Linear, int4_blocks
 
 pytestmark = pytest.mark.skipif(lean_decode() is None, reason="the lean step's kernel cannot be built on this machine")
 
@@ -104,7 +105,7 @@ def assert_steps_match_pytorch(model) -> None:
 
 
 def test_native_dequantization_matches_the_tensor_formula():
-    from foretell.models.lean_step import dequantize_q4, dequantize_q4_torch
+    from foretell.runtime.quant import dequantize_q4, dequantize_q4_torch
 
     g = torch.Generator().manual_seed(3)
     codes = torch.randint(0, 256, (48, 64 // 2 * 3), generator=g, dtype=torch.uint8)
@@ -172,7 +173,8 @@ def test_block_products_match_dense_and_the_one_row_sums(kind, act_q8, layout):
     activations rounded to 8 bits with act_q8), and each row exactly what that row alone gives (a verification pass
     computes a one-token step's sums). With 8-bit activations also in the column-interleaved layout."""
     from foretell.kernels import block_gemm
-    from foretell.models.lean_step import Q8X, dequantize_q4, interleaved
+    from foretell.runtime.lean_step import Q8X, interleaved
+    from foretell.runtime.quant import dequantize_q4
 
     g = torch.Generator().manual_seed(kind)
     out, cols = 40, 96
@@ -205,8 +207,8 @@ def test_int8_columns_match_dense_and_the_one_row_sums(cols):
     times 1..13 rows (one to three passes), also for an input count that is no multiple of 8: the dense product of
     its values, each row what it gives alone; Int8Linear's own product on CPU is that kernel's."""
     from foretell.kernels import block_gemm
-    from foretell.models.lean_step import I8X, packed_projection
-    from foretell.models.quant import Int8Linear
+    from foretell.runtime.lean_step import I8X, packed_projection
+    from foretell.runtime.quant import Int8Linear
 
     g = torch.Generator().manual_seed(cols)
     layer = Int8Linear.from_weight(torch.randn(48, cols, generator=g))
@@ -322,8 +324,8 @@ def test_column_products_on_avx512_give_avx2s_bits(int8):
     """BF16X and I8X products of 1..35 rows (up to three passes of 16 on AVX-512, six of 6 on AVX2): the same bits
     on both paths, so a machine's verification passes and one-token steps agree whichever it takes."""
     from foretell.kernels import block_gemm, lean_module
-    from foretell.models.lean_step import bf16_interleaved, packed_projection
-    from foretell.models.quant import Int8Linear
+    from foretell.runtime.lean_step import bf16_interleaved, packed_projection
+    from foretell.runtime.quant import Int8Linear
 
     module = lean_module()
     if not module.lean_avx512(True):

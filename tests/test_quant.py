@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from foretell.api import load
 from foretell.config import SpeculativeConfig, TreeShape
 from foretell.errors import ForetellError
-from foretell.models.quant import Int8Linear, quantize_int8, select_rows
+from foretell.runtime.quant import Int8Linear, quantize_int8, select_rows
 from foretell.models.transformer import small_step_attention
 from foretell.types import SamplingParams
 

@@ -14,7 +14,7 @@ from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
 from foretell.models.hidden_draft import new_hidden_draft, save_hidden_draft
 from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
-from foretell.models.quant import Int4Linear, Int8Linear
+from foretell.runtime.quant import Int4Linear, Int8Linear
 from foretell.sampling import processed_probs
 from foretell.types import SamplingParams
 

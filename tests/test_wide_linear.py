@@ -10,7 +10,7 @@ from conftest import PROMPTS, greedy_params
 from foretell.api import load
 from foretell.budget import machine_key
 from foretell.models.loading import build_model
-from foretell.models.wide_linear import WideLinear, fp32_wide_rows, wide_rows_of, widen_linears
+from foretell.runtime.wide_linear import WideLinear, fp32_wide_rows, wide_rows_of, widen_linears
 
 
 def test_wide_linear_runs_narrow_passes_in_bf16_and_wide_ones_in_fp32():
@@ -61,7 +61,7 @@ def test_bf16_target_with_wide_passes_keeps_its_plain_greedy_output_under_specul
 def test_training_in_bf16_on_an_emulated_bf16_cpu_is_warned_about(monkeypatch, capsys):
     from argparse import Namespace
 
-    from foretell.models import wide_linear
+    from foretell.runtime import wide_linear
     from foretell.train.common.options import warn_emulated_bf16
 
     args = Namespace(bf16=True, feature_dtype="bfloat16", device="cpu")
@@ -77,8 +77,8 @@ def test_training_in_bf16_on_an_emulated_bf16_cpu_is_warned_about(monkeypatch, c
 
 
 def test_int8_prefill_runs_in_fp32_where_bf16_is_emulated(monkeypatch):
-    from foretell.models import wide_linear
-    from foretell.models.quant import FUSED_MAX_ROWS, Int8Linear
+    from foretell.runtime import wide_linear
+    from foretell.runtime.quant import FUSED_MAX_ROWS, Int8Linear
 
     torch.manual_seed(0)
     layer = Int8Linear.from_weight(torch.randn(24, 16).to(torch.bfloat16))
@@ -96,7 +96,7 @@ def test_a_bf16_feature_pass_runs_its_wide_products_in_fp32(tiny_pair, monkeypat
     passes were ~7x slower emulated), and its features are the bf16 target's up to summation order."""
     from types import SimpleNamespace
 
-    from foretell.models import wide_linear
+    from foretell.runtime import wide_linear
     from foretell.train.common import feature_run
     from foretell.train.common.data import DataConfig
     from foretell.train.common.features import FeatureConfig, extract_batch
@@ -138,7 +138,7 @@ def test_the_bf16_kernel_is_an_fp32_product_of_the_bf16_weight():
 
 
 def test_wide_linear_runs_its_middle_widths_in_the_kernel(monkeypatch):
-    from foretell.models import wide_linear
+    from foretell.runtime import wide_linear
 
     gemm = _kernel_or_skip()
     calls = []
@@ -200,8 +200,8 @@ def test_auto_draft_quant_keeps_bf16_drafts_where_the_kernel_runs(monkeypatch):
     beat PyTorch's int8 kernel there. Elsewhere on CPU "auto" is int8 (fp32 drafts: where foretell's block kernel
     runs them), and none off the CPU."""
     from foretell.kernels import block_gemm
-    from foretell.models import wide_linear
-    from foretell.models.quant import resolve_quant
+    from foretell.runtime import wide_linear
+    from foretell.runtime.quant import resolve_quant
 
     monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: 8)
     monkeypatch.setattr(wide_linear, "kernel_rows", lambda threads: 32)
@@ -217,7 +217,7 @@ def test_auto_draft_quant_keeps_bf16_drafts_where_the_kernel_runs(monkeypatch):
 
 
 def test_a_hot_cut_of_a_wide_layer_stays_wide():
-    from foretell.models.quant import select_rows
+    from foretell.runtime.quant import select_rows
 
     torch.manual_seed(0)
     wide = WideLinear(nn.Linear(24, 40, bias=False).to(torch.bfloat16), wide_rows=12, kernel_rows=8)
@@ -236,7 +236,7 @@ def test_a_bf16_head_loaded_for_a_bf16_target_takes_the_wide_paths(tiny_pair, tm
     from foretell.drafters.eagle_tree import Eagle3Drafter
     from foretell.models.eagle3 import Eagle3Config, new_eagle3_head, save_eagle3_head
 
-    from foretell.models import wide_linear
+    from foretell.runtime import wide_linear
 
     monkeypatch.setattr(wide_linear, "fp32_wide_rows", lambda threads: 16)
     monkeypatch.setattr(wide_linear, "kernel_rows", lambda threads: 0)  # no kernel: "auto" makes it int8, fc stays
@@ -254,10 +254,10 @@ def test_a_bf16_head_loaded_for_a_bf16_target_takes_the_wide_paths(tiny_pair, tm
 
 def test_foretell_cost_says_which_products_the_wide_passes_use(tiny_pair, tmp_path, monkeypatch, capsys):
     from foretell.cli import main
-    from foretell.models import wide_linear
+    from foretell.runtime import wide_linear
 
     monkeypatch.setenv("FORETELL_CACHE", str(tmp_path / "cache"))  # a fresh cost curve, not a cached one
-    from foretell.models import lean_step
+    from foretell.runtime import lean_step
 
     monkeypatch.setattr(lean_step, "run_bf16_as_float32", lambda model: False)  # as for a target the lean step
     # does not suit: it stays bf16 (else bf16 runs as float32, test_lean_bf16)

@@ -20,10 +20,10 @@ from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength, make
 from foretell.engine import Engine
 from foretell.errors import ForetellError
 from foretell.models.loading import LoadedModel, kept_gguf, load_model
-from foretell.models.gguf_quant import keep_gguf_quantization
-from foretell.models.lean_step import run_bf16_as_float32
-from foretell.models.quant import TARGET_QUANT_CHOICES, quantize_target, split_target_quant
-from foretell.models.wide_linear import widen_linears
+from foretell.runtime.gguf_quant import keep_gguf_quantization
+from foretell.runtime.lean_step import run_bf16_as_float32
+from foretell.runtime.quant import TARGET_QUANT_CHOICES, quantize_target, split_target_quant
+from foretell.runtime.wide_linear import widen_linears
 from foretell.text import encode_prompt
 from foretell.types import Chunk, GenerationResult, SamplingParams
 
@@ -115,16 +115,16 @@ def load(
     compile: torch.compile the target's per-layer blocks (opt-in; compiled during warm-up; see
     benchmarks/compile_ab.py for whether it pays on your machine).
     wide_fp32: a bf16 target on CPU runs in float32 activations over its bf16 weights where the lean step suits
-    it (with lean; models/lean_step.run_bf16_as_float32: steps and verification stream the bf16 weights, prompts
+    it (with lean; runtime/lean_step.run_bf16_as_float32: steps and verification stream the bf16 weights, prompts
     use an exact fp32 copy, or a bf16 one where bf16 products are native; on a CPU with AMX the lean passes
     multiply in bf16 on its tiles too, lean_step.amx_tiles), else, on a CPU without native bf16
     matmul, its passes of many rows (prompts, draft trees) in fp32 on an exact fp32 copy of its weights where that
-    is faster here (models/wide_linear.py).
+    is faster here (runtime/wide_linear.py).
     bf16_kernel: with wide_fp32, passes of a few rows (draft trees) run foretell's bf16 kernel where it is built and
     faster here (kernels/bf16_gemm.cpp); False keeps PyTorch's products (A/B runs).
     lean: passes of up to 32 tokens (plain decoding's steps, verification) run in one native call where the target
     suits it: a float32 CPU target of a family on the fast path (docs/models.md) with dense, int4 or GGUF weights
-    (models/lean_step.py); False keeps PyTorch's path (A/B runs).
+    (runtime/lean_step.py); False keeps PyTorch's path (A/B runs).
     warm_up: a few throw-away forwards so the first generation is not the slow one.
     """
     if speculative is None:

@@ -8,7 +8,7 @@ import json
 import sys
 
 from foretell.errors import ForetellError
-from foretell.models.quant import TARGET_QUANT_CHOICES, describe_target
+from foretell.runtime.quant import TARGET_QUANT_CHOICES, describe_target
 from foretell.spec_args import add_model_args, add_speculative_args
 
 
@@ -224,9 +224,9 @@ def cmd_cost(args) -> None:
     import torch
 
     from foretell.budget import cost_curve, plot_cost_curve
-    from foretell.models.lean_step import run_bf16_as_float32
+    from foretell.runtime.lean_step import run_bf16_as_float32
     from foretell.models.loading import load_model
-    from foretell.models.wide_linear import bf16_rows_of, kernel_rows_of, widen_linears
+    from foretell.runtime.wide_linear import bf16_rows_of, kernel_rows_of, widen_linears
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -237,7 +237,7 @@ def cmd_cost(args) -> None:
         as_float32 = run_bf16_as_float32(loaded.model)
         wide = None if as_float32 else widen_linears(loaded.model)
         loaded.model.use_lean_step()
-        # Where bf16 is emulated, say which products the wide passes use (models/wide_linear.py).
+        # Where bf16 is emulated, say which products the wide passes use (runtime/wide_linear.py).
         kernel = kernel_rows_of(loaded.model)
         paths = f" ({f'bf16 kernel for 2..{kernel} rows, ' if kernel else ''}fp32 from {wide} rows)" if wide else ""
         if loaded.model.lean is not None:

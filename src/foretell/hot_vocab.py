@@ -31,7 +31,7 @@ class HotVocab:
 
     def head(self, lm_head: torch.nn.Module) -> torch.nn.Module:
         """The output layer cut to the hot rows (plain or int8; a contiguous copy for speed)."""
-        from foretell.models.quant import select_rows
+        from foretell.runtime.quant import select_rows
 
         return select_rows(lm_head, self.ids)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
-from foretell.models.quant import TARGET_QUANT_CHOICES
+from foretell.runtime.quant import TARGET_QUANT_CHOICES
 
 # Flag -> config option, for the flags that map one to one (None = not given).
 DIRECT = ("gamma", "length_policy", "lookup_max", "lookup_min", "hot_vocab", "draft_quant", "budget",

@@ -62,8 +62,8 @@ class DrafterWeights:
 
     def draft_model(self, spec: str, quant: str) -> LoadedModel:
         def make():
-            from foretell.models.quant import apply_quant
-            from foretell.models.wide_linear import widen_linears
+            from foretell.runtime.quant import apply_quant
+            from foretell.runtime.wide_linear import widen_linears
 
             draft = load_model(spec, self.dtype, self.device, self.cache_dir)
             check_same_tokenizer(self.target.tokenizer, draft.tokenizer, self.target_name, spec)
@@ -171,8 +171,8 @@ class DrafterWeights:
 
 def widened(module, target: torch.nn.Module):
     """A bf16 drafter module on a CPU without native bf16 matmul: its layers left in bf16 take the wide-pass paths
-    the target takes (foretell's kernel for tree levels of a few rows; models/wide_linear.py), none if it has none."""
-    from foretell.models.wide_linear import kernel_rows_of, wide_rows_of, widen_linears
+    the target takes (foretell's kernel for tree levels of a few rows; runtime/wide_linear.py), none if it has none."""
+    from foretell.runtime.wide_linear import kernel_rows_of, wide_rows_of, widen_linears
 
     wide = wide_rows_of(target)
     if wide:
@@ -181,12 +181,12 @@ def widened(module, target: torch.nn.Module):
 
 
 def lean_drafter(module, target):
-    """An EAGLE-3 head, hidden-state draft or parallel head steps natively (models/lean_drafters.py) where its target
+    """An EAGLE-3 head, hidden-state draft or parallel head steps natively (runtime/lean_drafters.py) where its target
     does (load(..., lean=True) on a float32 CPU target): a step in one call instead of ~30 PyTorch operations. With 8-bit
     activations in the target, in an EAGLE-3 head too (its int8 projections, 8 output columns at a time). Where the
     target's long passes multiply in bf16 (native bf16 CPUs), the drafter's (its prompt feeds) do too."""
     from foretell.models.eagle3 import Eagle3Head
-    from foretell.models.wide_linear import bf16_rows_of, bf16_wide_products
+    from foretell.runtime.wide_linear import bf16_rows_of, bf16_wide_products
 
     rows = bf16_rows_of(target)
     if rows:

@@ -1,8 +1,8 @@
 """Native kernels foretell builds once on first use (torch.utils.cpp_extension), each with a PyTorch fallback.
 
 bf16_gemm.cpp: bf16 weights times a few fp32 rows on x86 CPUs with AVX2, for CPUs without a native bf16 matrix
-multiply (models/wide_linear.py decides where it pays).
-lean_decode.cpp: a whole one-token decode step of a Llama-shaped model in one call (models/lean_step.py).
+multiply (runtime/wide_linear.py decides where it pays).
+lean_decode.cpp: a whole one-token decode step of a Llama-shaped model in one call (runtime/lean_step.py).
 Building needs a C++ compiler and ninja; where either is
 missing, or the CPU is not x86 with AVX2, foretell says so once and uses PyTorch's products. FORETELL_NO_KERNELS=1
 turns the kernels off (A/B runs).
@@ -19,7 +19,17 @@ from pathlib import Path
 
 import torch
 
+from foretell.paths import default_cache_dir
+
 FOLDER = Path(__file__).parent
+
+# The kinds of packed weights lean_decode.cpp reads (its numbering; the layouts: runtime/lean_step.py)
+Q4, Q8, F32 = 0, 1, 2  # Q4_1 blocks (int4), Q8_0 blocks (int8), dense fp32
+Q4X, Q8X = 3, 4  # the same blocks with 8 output columns interleaved, for 8-bit activations
+BF16, BF16X = 5, 6  # a dense weight of bf16 numbers as bf16; BF16X: 16 output columns interleaved
+I8X = 7  # int8 with a scale per output row, 16 output columns interleaved
+BF16A = 8  # bf16 in AMX's tile layout (bf16 products on the tiles)
+GGUF_KIND = 9  # a GGUF file's blocks as it ships them, parts of rows in their own types
 
 
 def kernels_allowed() -> bool:
@@ -69,8 +79,6 @@ def block_gemm():
 
 def build_folder(name: str) -> tuple[Path, str]:
     """Where kernels/NAME.cpp is built, and the key of its source and torch version that names the folder."""
-    from foretell.models.loading import default_cache_dir
-
     key = hashlib.sha256((FOLDER / f"{name}.cpp").read_bytes() + torch.__version__.encode()).hexdigest()[:12]
     return default_cache_dir() / "kernels" / f"{name}-{key}", key
 

@@ -48,7 +48,7 @@ class DrafterModule(nn.Module):
     placed_by: str  # the submodule whose weight has the module's dtype and device
     cache_layers = 1  # decoder layers in its KV cache
     rotary = None  # its RotaryTables (models/transformer.py), set by the subclass
-    lean = None  # the subclass's use_lean_step() sets it: its passes in native calls (models/lean_drafters.py)
+    lean = None  # the subclass's use_lean_step() sets it: its passes in native calls (runtime/lean_drafters.py)
 
     def native(self, rows: int | None = None) -> bool:
         """Whether an inference pass runs natively: use_lean_step() took, autograd is off (training keeps PyTorch's

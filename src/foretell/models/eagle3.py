@@ -35,6 +35,8 @@ from foretell.models.module_folder import (
     FolderFormat, read_config, save_module, saved_folder,
 )
 from foretell.models.transformer import RMSNorm, RotaryTables, Transformer
+from foretell.runtime.lean_drafters import LeanEagle3Step, head_lean_support
+from foretell.runtime.quant import Int8Linear, quantize_int8, resolve_quant
 
 FOLDER_FORMAT = FolderFormat(name="foretell-eagle3", version=1, config_file="eagle3.json", what="EAGLE-3 head")
 CONFIG_FILE = FOLDER_FORMAT.config_file
@@ -182,15 +184,13 @@ class Eagle3Head(DrafterModule):
         self.shared = SharedEmbedding(target.embed_tokens)
         # The target's RoPE, its scaling included; the tables grow with the positions asked for.
         self.rotary = RotaryTables(config.head_dim, config.rope_theta, config.scaling(), config.max_position_embeddings)
-        self.lean = None  # use_lean_step(): a step and its logits in one native call (models/lean_drafters.py)
+        self.lean = None  # use_lean_step(): a step and its logits in one native call (runtime/lean_drafters.py)
         self.to(dtype=target.dtype, device=target.device)
 
     def use_lean_step(self, on: bool = True, act_q8: bool = False) -> str | None:
         """Run steps natively where the head suits the lean step (float32 on CPU); returns why not otherwise.
         Packs the weights as they are now: call after quantize(). act_q8: 8-bit activations in its int8 projections
         (drafts only propose, so this moves acceptance, never the output)."""
-        from foretell.models.lean_drafters import LeanEagle3Step, head_lean_support
-
         self.lean = None
         reason = head_lean_support(self) if on else None
         if on and reason is None:
@@ -220,12 +220,10 @@ class Eagle3Head(DrafterModule):
         self.t2d[ids] = True
 
     def quantize(self, mode: str) -> Eagle3Head:
-        """Store the decoder layer's projections and the draft output layer as int8 per `mode` (models/quant.py;
+        """Store the decoder layer's projections and the draft output layer as int8 per `mode` (runtime/quant.py;
         "auto" = int8 on CPU). Lossless for decoding (drafts only propose); inference only. The head steps once per
         tree level, so its step time counts several times a pass; fc, run once a pass, stays as it is (it also
         places the module: `placed_by`)."""
-        from foretell.models.quant import Int8Linear, quantize_int8, resolve_quant
-
         if resolve_quant(mode, self.device, self.dtype) == "int8" and not isinstance(self.lm_head, Int8Linear):
             quantize_int8(self.midlayer)
             self.lm_head = Int8Linear.from_weight(self.lm_head.weight)

@@ -33,9 +33,10 @@ from foretell.models.drafter_module import DrafterModule, TargetSizes, check_tar
 from foretell.models.module_folder import (
     WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module, saved_folder,
 )
-from foretell.models.quant import quantize_int8, resolve_quant
 from foretell.models.token_info import TokenInfo
 from foretell.models.transformer import DecoderLayer, RotaryTables, Transformer, make_norm, softcap
+from foretell.runtime.lean_drafters import LeanDraftLayers, layers_lean_support
+from foretell.runtime.quant import quantize_int8, resolve_quant
 
 FOLDER_FORMAT = FolderFormat(name="foretell-hidden-draft", version=1, config_file="hidden_draft.json",
                              what="hidden-state draft", run_part="draft")
@@ -134,8 +135,6 @@ class HiddenDraft(DrafterModule):
     def use_lean_step(self, on: bool = True) -> str | None:
         """Run steps natively where the draft suits the lean step (float32 on CPU); returns why not otherwise.
         Packs the weights as they are now: call after quantize() and set_draft_vocab()."""
-        from foretell.models.lean_drafters import LeanDraftLayers, layers_lean_support
-
         self.lean = None
         reason = layers_lean_support(self, [self.layer], self.norm, self.shared.final_softcap) if on else None
         if on and reason is None:
@@ -208,7 +207,7 @@ class HiddenDraft(DrafterModule):
         return self.token_info(embedded)
 
     def quantize(self, mode: str) -> "HiddenDraft":
-        """Store the draft's decoder-layer projections as int8 per `mode` (models/quant.py; "auto" = int8
+        """Store the draft's decoder-layer projections as int8 per `mode` (runtime/quant.py; "auto" = int8
         on CPU). Lossless for decoding (drafts only propose); inference only (int8 weights do not train).
         The output layer stays as it is: its hot rows are the target's (bf16 numbers, which the lean step's column
         kernel streams as such, use_lean_step), and without a hot vocabulary it is the target's own.

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from foretell.models.gguf_meta import correct_config, open_gguf
 from foretell.models.presets import PRESETS, assemble_chunks, locate_single_gguf
 from foretell.models.trained import TRAINED_DRAFTS
 from foretell.models.transformer import Transformer
+from foretell.paths import default_cache_dir
 
 DONE_MARKER = "foretell-converted.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,10 +34,6 @@ class LoadedModel:
     config: ModelConfig
     path: Path
     name: str
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("FORETELL_CACHE", Path.home() / ".cache" / "foretell"))
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:

@@ -31,6 +31,7 @@ from foretell.models.module_folder import (
     WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module, saved_folder,
 )
 from foretell.models.transformer import DecoderLayer, RMSNorm, RotaryTables, Transformer, softcap
+from foretell.runtime.lean_drafters import LeanDraftLayers, layers_lean_support
 
 FOLDER_FORMAT = FolderFormat(name="foretell-parallel-head", version=1, config_file="parallel_head.json", what="parallel head",
                              run_part="head")
@@ -143,8 +144,6 @@ class ParallelHead(DrafterModule):
         """Run forwards natively where the head suits the lean step (float32 on CPU); returns why not otherwise.
         Packs the weights as they are now. A bench-sized forward (3 context rows, 3 placeholders, 8192 output
         rows) took 7.7 ms in PyTorch on 2 AVX2 cores and 0.8 ms so (benchmarks/parallel_head_step.py)."""
-        from foretell.models.lean_drafters import LeanDraftLayers, layers_lean_support
-
         self.lean = None
         reason = layers_lean_support(self, list(self.layers), self.norm, self.shared.final_softcap) if on else None
         if on and reason is None:

@@ -18,7 +18,9 @@ from torch import nn
 
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
+from foretell.models.norms import OffsetRMSNorm, RMSNorm, make_norm  # noqa: F401 (drafters import them from here)
 from foretell.models.rope import RopeScaling, rope_tables  # drafters import rope_tables from here too
+from foretell.runtime.lean_step import LeanStep, lean_support
 
 
 @dataclass
@@ -85,40 +87,6 @@ def causal_mask(T: int, device) -> torch.Tensor:
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()[None, None]
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 as the reference implementation does, then scale in the model dtype.
-        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
-
-    def scale(self) -> torch.Tensor:
-        """The effective per-channel scale: what a plain RMSNorm's weight would be (a drafter's own norm starts as it)."""
-        return self.weight
-
-
-class OffsetRMSNorm(RMSNorm):
-    """Gemma's RMSNorm: scale by (offset + weight), multiplied in fp32 before the cast (weights start at 0)."""
-
-    def __init__(self, dim: int, eps: float, offset: float):
-        super().__init__(dim, eps)
-        self.offset = offset
-        nn.init.zeros_(self.weight)  # scale 1 until weights load (a drafter's own norms start there)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float() + self.offset, self.eps).to(x.dtype)
-
-    def scale(self) -> torch.Tensor:
-        return self.weight + self.offset
-
-
-def make_norm(cfg: ModelConfig, dim: int) -> RMSNorm:
-    return OffsetRMSNorm(dim, cfg.rms_norm_eps, cfg.norm_offset) if cfg.norm_offset else RMSNorm(dim, cfg.rms_norm_eps)
-
-
 @cache
 def _in_dtype(value: float, dtype: torch.dtype) -> float:
     return torch.tensor(value, dtype=dtype).item()
@@ -149,7 +117,7 @@ class DecoderLayer(nn.Module):
         self.scale = cfg.attention_scale  # None: SDPA's default, head_dim ** -0.5
         self.attn_softcap = cfg.attn_softcap
         self.act = ACTIVATION_FUNCTIONS[cfg.hidden_act]
-        # Attention over the cache in fp32: where bf16 matmuls are emulated (models/wide_linear.py sets it) the
+        # Attention over the cache in fp32: where bf16 matmuls are emulated (runtime/wide_linear.py sets it) the
         # one-token step's two tiny products cost ~2x more in bf16 than converting the cached keys and values, and
         # wider passes follow so that verification computes what plain steps do (up to summation order).
         self.attention_fp32 = False
@@ -290,7 +258,7 @@ class Transformer(nn.Module):
         # Every layer attends alike (the Llama / Qwen2 fast path) unless some slide or rotate differently.
         self.uniform = not self.sliding and cfg.local_rope_theta is None
         self.compiled = False  # compile_steps()
-        self.lean = None  # use_lean_step(): passes of a few tokens in one native call (models/lean_step.py)
+        self.lean = None  # use_lean_step(): passes of a few tokens in one native call (runtime/lean_step.py)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -311,12 +279,10 @@ class Transformer(nn.Module):
         return self
 
     def use_lean_step(self, on: bool = True, act_q8: bool = False) -> str | None:
-        """Run passes of a few tokens (plain decoding's steps, verification) in one native call (models/lean_step.py)
+        """Run passes of a few tokens (plain decoding's steps, verification) in one native call (runtime/lean_step.py)
         where it applies to this model; returns why not where it does not (then nothing changes). on=False goes back
         to PyTorch's path. act_q8: 8-bit activations in the block projections (lossy, opt-in); then every pass with a
         single-sequence cache runs in the lean step, prompts in chunks, so prompt and steps are one model."""
-        from foretell.models.lean_step import LeanStep, lean_support
-
         self.lean = None
         if not on:
             return None

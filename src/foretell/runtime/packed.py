@@ -1,6 +1,6 @@
 """One target pass for every active request (continuous batching).
 
-Where the target runs the lean step (models/lean_step.py), every request's pass that the lean step takes (one-token
+Where the target runs the lean step (runtime/lean_step.py), every request's pass that the lean step takes (one-token
 steps, verification chains and trees, and with 8-bit activations prompt chunks too) goes into one native call
 (lean_decode_packed): each weight matrix is read once for all their rows, attention runs per request over its own
 cache, and each row gets the arithmetic it would get alone, so a request's tokens in a batch are its tokens alone.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from foretell.models.lean_step import visible_slots
+from foretell.runtime.lean_step import visible_slots
 from foretell.models.transformer import ForwardOutput, Transformer
 
 

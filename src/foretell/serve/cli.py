@@ -92,7 +92,7 @@ def run_serve(args: argparse.Namespace) -> None:
         print(f"[speculative config written to {spec.save(args.save_spec_config)}]", file=sys.stderr)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from foretell.models.quant import describe_target
+    from foretell.runtime.quant import describe_target
 
     pipeline = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant, compile=args.compile)
     name = args.served_model_name or Path(str(args.model).rstrip("/")).name

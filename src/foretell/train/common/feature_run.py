@@ -23,7 +23,7 @@ import torch
 from foretell.errors import ForetellError
 from foretell.models.config import ModelConfig
 from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
-from foretell.models.wide_linear import widen_linears
+from foretell.runtime.wide_linear import widen_linears
 from foretell.train.common.cache import META, fingerprint_of, read_meta
 from foretell.train.common.data import DataConfig, DataReport, TokenData, build_token_data
 from foretell.train.common.distributed import DistContext

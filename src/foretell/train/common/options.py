@@ -129,7 +129,7 @@ def run_feature_kind(fn, cfg, args) -> bool:
 
 def warn_emulated_bf16(args) -> None:
     """--bf16 on a CPU whose bf16 matmul is emulated (no AVX512-BF16 / AMX) makes every training step many times
-    slower than fp32 (models/wide_linear.py): say so at the start. --feature-dtype bfloat16 is fine there: the
+    slower than fp32 (runtime/wide_linear.py): say so at the start. --feature-dtype bfloat16 is fine there: the
     feature pass runs its wide products in fp32 (feature_run.prepare_features) and only stores bf16."""
     import sys
 
@@ -137,7 +137,7 @@ def warn_emulated_bf16(args) -> None:
 
     if not getattr(args, "bf16", False) or getattr(args, "device", "cpu") != "cpu":
         return
-    from foretell.models.wide_linear import fp32_wide_rows
+    from foretell.runtime.wide_linear import fp32_wide_rows
 
     rows = fp32_wide_rows(torch.get_num_threads())
     if rows is not None:

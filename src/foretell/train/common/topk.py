@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from foretell.models.wide_linear import wide_rows_of
+from foretell.runtime.wide_linear import wide_rows_of
 
 # Below this the teacher's tail mass is float32 rounding of 1 - sum(top-k), not probability.
 TAIL_EPS = 1e-6

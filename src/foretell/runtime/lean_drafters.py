@@ -1,0 +1,159 @@
+"""Drafter modules in the lean step (runtime/lean_step.py): an EAGLE-3 head's step and logits in one native call,
+and a hidden-state draft's or parallel head's decoder layers in one call with their output (and input) projections
+in the column kernel. Drafts only propose, so their rounding can move acceptance, never the output."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from foretell.kernels import BF16A, BF16X, I8X, block_gemm, lean_decode
+from foretell.models.norms import RMSNorm
+from foretell.runtime.lean_step import LEAN_MAX_ROWS, kind_of, packed_layer, packed_projection, run_chunked
+from foretell.runtime.quant import FUSED_MAX_ROWS
+
+
+def head_lean_support(head) -> str | None:
+    """None where the lean step can run an EAGLE-3 head (models/eagle3.py), else why not."""
+    m = head.midlayer
+    return drafter_lean_support(head, (m.input_layernorm, m.hidden_norm, m.post_attention_layernorm, head.norm),
+                                (m.qkv_proj, m.o_proj, m.gate_up_proj, m.down_proj, head.lm_head))
+
+
+def layers_lean_support(module, layers, final_norm, final_softcap) -> str | None:
+    """None where the lean step can run a drafter module's decoder layers (models/transformer.DecoderLayer) and
+    final norm (LeanDraftLayers: a hidden-state draft, a parallel head), else why not."""
+    if final_softcap is not None:
+        return "the lean step runs output layers without a soft-cap"
+    for layer in layers:
+        if layer.q_norm is not None or layer.attn_output_norm is not None or layer.attn_softcap is not None \
+                or layer.rotary_dim is not None or layer.scale is not None or layer.act is not F.silu:
+            return "the lean step runs Llama-shaped layers (no q/k or sandwich norms or soft-caps, full rotary, SiLU)"
+    norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)] + [final_norm]
+    projections = [p for layer in layers for p in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+    return drafter_lean_support(module, norms, projections)
+
+
+def drafter_lean_support(module, norms, projections) -> str | None:
+    """None where the lean step can run a drafter module with these norms and projections, else why not."""
+    if module.device.type != "cpu" or module.dtype != torch.float32:
+        return "the lean step runs float32 drafters on CPU"
+    if module.config.head_dim % 8:
+        return f"the lean step runs head sizes that are multiples of 8, not {module.config.head_dim}"
+    if any(type(n) is not RMSNorm for n in norms):
+        return "the lean step runs plain RMSNorm"
+    try:
+        for layer in projections:
+            kind_of(layer)
+    except ValueError as e:
+        return str(e)
+    if lean_decode() is None:
+        return "the lean step's kernel is not built here"
+    return None
+
+
+def column_product(layer: nn.Module):
+    """(block_gemm, kind, packed weight, scales) where `layer` packs to the column kernel (bf16 numbers or int8, no
+    bias), else None: a few rows through it cost little more than one (kernels/lean_decode.cpp, group_x16)."""
+    try:
+        kind, main, scales, bias = packed_projection(layer, interleave=False)
+    except ValueError:  # a layer type the kernel does not read: PyTorch's product serves it
+        return None
+    return (block_gemm(), kind, main, scales) if kind in (BF16X, I8X, BF16A) and not bias.numel() else None
+
+
+def run_column_product(packed, rows: torch.Tensor) -> torch.Tensor | None:
+    """rows [T, K] @ W^T through column_product's packing, or None where it did not pack or T is past the kernel."""
+    if packed is None or rows.shape[0] > FUSED_MAX_ROWS:
+        return None
+    gemm, kind, main, scales = packed
+    return gemm(rows.float().contiguous(), kind, main, scales)
+
+
+class LeanEagle3Step:
+    """An EAGLE-3 head's step and output layer in one native call: its layer reads [norm(embeddings), norm(hidden)]
+    (lean_decode's side input). Only drafts come out of it, so its rounding can move acceptance, never exactness."""
+
+    def __init__(self, head, act_q8: bool = False):
+        m = head.midlayer
+        c = head.config
+        self.head_module = head
+        self.act_q8 = act_q8
+        self.tensors, kinds = packed_layer(m.hidden_norm, m.post_attention_layernorm,
+                                           (m.qkv_proj, m.o_proj, m.gate_up_proj, m.down_proj), act_q8)
+        kind, *parts = packed_projection(head.lm_head, act_q8)
+        self.kinds = kinds + [kind]
+        self.head = [head.norm.weight.detach().float().contiguous(), *parts]
+        self.side_norm = m.input_layernorm.weight.detach().float().contiguous()
+        self.heads, self.kv_heads, self.eps = c.num_attention_heads, c.num_key_value_heads, float(c.rms_norm_eps)
+        self.kernel = lean_decode()
+        self.max_rows = LEAN_MAX_ROWS  # longer passes (a prompt's rows) run faster as PyTorch's matrix products
+        # fc, once a pass over the rows committed since the last: in the column kernel where its weights pack to
+        # one (bf16 numbers, or int8): PyTorch's float32 product of a few rows cost ~1 ms a pass here
+        self.fc = column_product(head.fc)
+        # the output layer alone, for passes that need one row's logits (the context fed after a verification, the
+        # whole prompt after a prefill): every row's would cost a product over 8192 columns each; with 8-bit
+        # activations the kernel's own product keeps them
+        self.output = None if act_q8 else column_product(head.lm_head)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor | None:
+        """fc of target features [T, F] through the column kernel, or None where fc did not pack to it."""
+        return run_column_product(self.fc, features)
+
+    def __call__(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache,
+                 tree_mask: torch.Tensor | None, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eagle3Head.step's rows: returns (outputs [T, H] before the final norm, draft logits [T, V], or the last
+        row's [1, V] with last_only)."""
+        cos, sin = self.head_module.rotary(positions, int(positions.max()), torch.float32)
+        headless = last_only and self.output is not None and hidden.shape[0] > 1
+        head, kinds = (self.head[:1], self.kinds[:-1]) if headless else (self.head, self.kinds)
+        weights = (self.tensors, head, kinds, self.heads, self.kv_heads, self.eps, self.act_q8)
+        logits, states, last = run_chunked(self.kernel, LEAN_MAX_ROWS, hidden.float().contiguous(), cos, sin, cache,
+                                           tree_mask, weights, side=embeds.float().contiguous(),
+                                           side_norm=self.side_norm)
+        if headless:
+            return last, run_column_product(self.output, states[-1][-1:])
+        return last, logits[-1:] if last_only else logits
+
+
+class LeanDraftLayers:
+    """A drafter's decoder layers and final norm (a hidden-state draft's one layer, a parallel head's) in one native
+    call, and its output layer in the column kernel, run separately: the drafter needs logits for some rows only (a
+    hidden-state chain feeds its predictions back and scores them all at the end; a parallel head scores its last
+    context row and its placeholders), and its output layer is larger than its layers. Only drafts come out of it,
+    so its rounding can move acceptance, never exactness."""
+
+    def __init__(self, layers, final_norm, output_layer, config, rotary, input_layer: nn.Module | None = None):
+        """input_layer: a projection the drafter's input rows come from (a parallel head's fuse), run in the column
+        kernel too where it packs to it (`input`)."""
+        self.tensors, self.kinds = [], []
+        for layer in layers:
+            tensors, kinds = packed_layer(layer.input_layernorm, layer.post_attention_layernorm,
+                                          (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
+            self.tensors += tensors
+            self.kinds += kinds
+        self.head = [final_norm.weight.detach().float().contiguous()]  # the final norm alone: no logits
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.eps = float(config.rms_norm_eps)
+        self.rotary = rotary
+        self.output = column_product(output_layer)
+        self.input_layer = None if input_layer is None else column_product(input_layer)
+        self.max_rows = LEAN_MAX_ROWS  # longer passes (a prompt's rows) run faster as PyTorch's matrix products
+        self.kernel = lean_decode()
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """Rows x [T, H] after the cache's length (causal among themselves; writes their slots): the final-normed
+        outputs [T, H]."""
+        cos, sin = self.rotary(positions, int(positions.max()), torch.float32)
+        weights = (self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps, False)
+        _, states, _ = run_chunked(self.kernel, LEAN_MAX_ROWS, x.float().contiguous(), cos, sin, cache, None, weights)
+        return states[-1]
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor | None:
+        """The output layer over normed rows [T, H] in the column kernel, or None where it did not pack."""
+        return run_column_product(self.output, states)
+
+    def input(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """The input layer over rows [T, K] in the column kernel, or None where it did not pack (or there is none)."""
+        return run_column_product(self.input_layer, rows)
