@@ -4,10 +4,12 @@
 # prompts: Spec-Bench + GSM8K, PER prompts a category, T=0.7, seed 1, bf16. Each run's report gives every method's
 # speedup over plain decoding in that run and its tau. Keep other work off the cores while it runs.
 #   bash benchmarks/sampling_rules.sh        (OUT=benchmarks/results/sampling_rules, PER=4, TOKENS=128)
+#   SUMMARY_ONLY=1 bash benchmarks/sampling_rules.sh   (the table again from the recorded runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/sampling_rules}
 for RULE in coupled rejection; do
+  [ -n "${SUMMARY_ONLY:-}" ] && break
   .venv/bin/foretell bench --datasets spec-bench,gsm8k --per-category "${PER:-4}" --max-new-tokens "${TOKENS:-128}" \
     --temperature 0.7 --seed 1 --sampling $RULE --dtype bfloat16 --threads 2 \
     --methods plain,eagle3-auto,parallel-head-auto,hidden-state \
@@ -23,14 +25,19 @@ for rule in ("coupled", "rejection"):
         r = json.loads(line)
         rows.setdefault((r["method"], rule), []).append(r)
 def total(rs, key): return sum(r.get(key) or 0 for r in rs)
-lines = ["| method | rule | tokens/s | speedup over plain (same rule) | tau |", "|---|---|---:|---:|---:|"]
+lines = ["| method | rule | tokens/s | speedup over plain (same rule) | per-prompt median | tau | tokens = plain |",
+         "|---|---|---:|---:|---:|---:|---:|"]
 for (method, rule), rs in sorted(rows.items()):
     plain = rows[("plain", rule)]
+    by_prompt = {(r["dataset"], r["id"]): r for r in plain}
     tps = total(rs, "new_tokens") / total(rs, "seconds")
     base = total(plain, "new_tokens") / total(plain, "seconds")
+    ratios = sorted(r["tokens_per_s"] / by_prompt[(r["dataset"], r["id"])]["tokens_per_s"] for r in rs)
+    median = (ratios[(len(ratios) - 1) // 2] + ratios[len(ratios) // 2]) / 2
+    same = sum(r["tokens"] == by_prompt[(r["dataset"], r["id"])]["tokens"] for r in rs)
     passes = total(rs, "target_passes")
     tau = total(rs, "new_tokens") / passes if passes else float("nan")
-    lines.append(f"| {method} | {rule} | {tps:.1f} | {tps / base:.2f} | {tau:.2f} |")
+    lines.append(f"| {method} | {rule} | {tps:.1f} | {tps / base:.2f} | {median:.2f} | {tau:.2f} | {same} / {len(rs)} |")
 (out / "summary.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
