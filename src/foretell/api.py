@@ -20,10 +20,9 @@ from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength, make
 from foretell.engine import Engine
 from foretell.errors import ForetellError
 from foretell.models.loading import LoadedModel, kept_gguf, load_model
-from foretell.runtime.gguf_quant import keep_gguf_quantization
-from foretell.runtime.lean_step import run_bf16_as_float32
-from foretell.runtime.quant import TARGET_QUANT_CHOICES, quantize_target, split_target_quant
-from foretell.runtime.wide_linear import widen_linears
+from foretell.runtime.config import RuntimeConfig
+from foretell.runtime.prepare import prepare
+from foretell.runtime.quant import TARGET_QUANT_CHOICES, split_target_quant
 from foretell.text import encode_prompt
 from foretell.types import Chunk, GenerationResult, SamplingParams
 
@@ -126,6 +125,8 @@ def load(
     suits it: a float32 CPU target of a family on the fast path (docs/models.md) with dense, int4 or GGUF weights
     (runtime/lean_step.py); False keeps PyTorch's path (A/B runs).
     warm_up: a few throw-away forwards so the first generation is not the slow one.
+    The target is made ready per a RuntimeConfig of these arguments (runtime/prepare.py says the steps and their
+    order); its drafters follow it (drafters/factory.py).
     """
     if speculative is None:
         spec = default_speculative(target, cache_dir, device=str(device))[0]
@@ -134,29 +135,21 @@ def load(
     if quant not in TARGET_QUANT_CHOICES:
         raise ForetellError(f"unknown target quantization {quant!r}; use one of {', '.join(TARGET_QUANT_CHOICES)}")
     quant, act_q8 = split_target_quant(quant)
-    if act_q8 and (compile or not lean or str(dtype).removeprefix("torch.") != "float32" or device != "cpu"):
-        raise ForetellError(f"quant='{quant}-q8' (8-bit activations) runs in foretell's lean step: a float32 target on "
-                            f"CPU, without compile and with lean=True; use quant={quant!r} otherwise")
-    gguf = kept_gguf(target, cache_dir) if quant == "gguf" else None
-    if quant == "gguf" and gguf is None:
-        raise ForetellError(f"quant='gguf' keeps a GGUF file's own quantization, and {str(target)!r} has no GGUF file "
-                            "on disk; use int4 or int8")
+    runtime = RuntimeConfig(device=device, dtype=dtype, quant=quant, activations="q8" if act_q8 else "float",
+                            wide_fp32=wide_fp32, kernel_rows=None if bf16_kernel else 0, lean=lean, compile=compile)
+    if quant == "gguf":
+        gguf = kept_gguf(target, cache_dir)
+        if gguf is None:
+            raise ForetellError(f"quant='gguf' keeps a GGUF file's own quantization, and {str(target)!r} has no GGUF "
+                                "file on disk; use int4 or int8")
+        runtime = replace(runtime, gguf_file=gguf)
     loaded = load_model(target, dtype, device, cache_dir)
-    if gguf is not None:
-        keep_gguf_quantization(loaded.model, gguf)
-    else:
-        quantize_target(loaded.model, quant)
-    # bf16: float32 activations over the bf16 weights, which the lean step streams
-    as_float32 = wide_fp32 and lean and not compile and quant == "none" and run_bf16_as_float32(loaded.model)
-    if wide_fp32 and not as_float32:
-        widen_linears(loaded.model, kernel=None if bf16_kernel else 0)
-    if compile:
-        loaded.model.compile_steps()
-    elif lean:
-        reason = loaded.model.use_lean_step(act_q8=act_q8)  # where it does not apply, nothing changes
-        if act_q8 and reason is not None:
-            raise ForetellError(f"quant='{quant}-q8' needs foretell's lean step, and {reason}; use quant={quant!r}")
-    # drafters follow the target's activations (a float32 EAGLE-3 head steps in the lean step too)
+    prepared = prepare(loaded.model, runtime)
+    if act_q8 and prepared.lean is not None:
+        raise ForetellError(f"quant='{quant}-q8' needs foretell's lean step, and {prepared.lean}; use quant={quant!r}")
+    # drafters follow the target's activations: a bf16 target run as float32 activations over its bf16 weights gets
+    # float32 drafters of bf16 numbers (a float32 EAGLE-3 head steps in the lean step too)
+    as_float32 = prepared.bf16_as_float32
     weights = DrafterWeights(loaded, str(target), "float32" if as_float32 else dtype, device, cache_dir,
                              bf16_numbers=as_float32)
     spec = with_shipped_model(spec, weights)

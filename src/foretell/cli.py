@@ -224,9 +224,10 @@ def cmd_cost(args) -> None:
     import torch
 
     from foretell.budget import cost_curve, plot_cost_curve
-    from foretell.runtime.lean_step import run_bf16_as_float32
     from foretell.models.loading import load_model
-    from foretell.runtime.wide_linear import bf16_rows_of, kernel_rows_of, widen_linears
+    from foretell.runtime.config import RuntimeConfig
+    from foretell.runtime.prepare import prepare
+    from foretell.runtime.wide_linear import bf16_rows_of, kernel_rows_of
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -234,9 +235,8 @@ def cmd_cost(args) -> None:
     for name in args.models:
         loaded = load_model(name, args.dtype, args.device)
         # as `load` runs it: bf16 where it is emulated as float32 activations over the bf16 weights, else wide passes
-        as_float32 = run_bf16_as_float32(loaded.model)
-        wide = None if as_float32 else widen_linears(loaded.model)
-        loaded.model.use_lean_step()
+        prepared = prepare(loaded.model, RuntimeConfig(device=args.device, dtype=args.dtype))
+        as_float32, wide = prepared.bf16_as_float32, prepared.wide_rows
         # Where bf16 is emulated, say which products the wide passes use (runtime/wide_linear.py).
         kernel = kernel_rows_of(loaded.model)
         paths = f" ({f'bf16 kernel for 2..{kernel} rows, ' if kernel else ''}fp32 from {wide} rows)" if wide else ""

@@ -20,8 +20,11 @@ from foretell.drafters.length_policy import DraftLengthPolicy, make_length_polic
 from foretell.engine import Engine
 from foretell.errors import ForetellError
 from foretell.hot_vocab import HotVocab, default_hot_vocab
+from foretell.models.eagle3 import Eagle3Head
 from foretell.models.loading import LoadedModel, load_model
 from foretell.result_cache import make_result_cache
+from foretell.runtime.config import RuntimeConfig
+from foretell.runtime.prepare import drafter_runtime, prepare
 from foretell.text import stop_token_ids
 
 
@@ -62,13 +65,11 @@ class DrafterWeights:
 
     def draft_model(self, spec: str, quant: str) -> LoadedModel:
         def make():
-            from foretell.runtime.quant import apply_quant
-            from foretell.runtime.wide_linear import widen_linears
-
             draft = load_model(spec, self.dtype, self.device, self.cache_dir)
             check_same_tokenizer(self.target.tokenizer, draft.tokenizer, self.target_name, spec)
-            apply_quant(draft.model, quant)
-            widen_linears(draft.model)  # bf16 on a CPU without native bf16 matmul: wide passes in fp32
+            # its weights per `quant`; bf16 on a CPU without native bf16 matmul: wide passes in fp32 (measured here)
+            prepare(draft.model, RuntimeConfig(device=self.device, dtype=self.dtype, quant=quant, bf16_as_float32=False,
+                                               lean=False))
             return draft
 
         return self._once(("draft-model", spec, quant), make)
@@ -150,15 +151,11 @@ class DrafterWeights:
         """A loaded head or hidden-state draft made ready to draft on this target: its float32 parameters rounded to
         bf16 numbers where bf16_numbers says the target's are (a head trained and saved in float32 then drafts at
         the shipped bf16 heads' cost, not about twice it; a drafter only proposes, so this can move acceptance,
-        never exactness), quantized per `quant`, then on the target's wide-pass and lean-step paths."""
-        if self.bf16_numbers:
-            with torch.no_grad():
-                for param in module.parameters():
-                    if param.dtype == torch.float32:
-                        param.copy_(param.to(torch.bfloat16))
-        if quant is not None:
-            module = module.quantize(quant)
-        return lean_drafter(widened(module, self.target.model), self.target.model)
+        never exactness), quantized per `quant`, then on the target's wide-pass and lean-step paths (runtime/prepare.py:
+        drafter_runtime). Where the target has 8-bit activations, an EAGLE-3 head's int8 projections take them too."""
+        runtime = drafter_runtime(self.target.model, self.device, self.dtype, quant, self.bf16_numbers,
+                                  q8=isinstance(module, Eagle3Head))
+        return prepare(module, runtime).module
 
     def target_cost(self) -> CostCurve:
         """The target's forward cost by verified tokens on this machine (measured once, then cached on disk)."""
@@ -167,37 +164,6 @@ class DrafterWeights:
     def draft_step_seconds(self, spec: str, quant: str) -> float:
         model = self.draft_model(spec, quant).model
         return self._once(("cost", spec, quant), lambda: cost_curve(model, spec, self.cache_dir))(1)
-
-
-def widened(module, target: torch.nn.Module):
-    """A bf16 drafter module on a CPU without native bf16 matmul: its layers left in bf16 take the wide-pass paths
-    the target takes (foretell's kernel for tree levels of a few rows; runtime/wide_linear.py), none if it has none."""
-    from foretell.runtime.wide_linear import kernel_rows_of, wide_rows_of, widen_linears
-
-    wide = wide_rows_of(target)
-    if wide:
-        widen_linears(module, wide, kernel=kernel_rows_of(target))
-    return module
-
-
-def lean_drafter(module, target):
-    """An EAGLE-3 head, hidden-state draft or parallel head steps natively (runtime/lean_drafters.py) where its target
-    does (load(..., lean=True) on a float32 CPU target): a step in one call instead of ~30 PyTorch operations. With 8-bit
-    activations in the target, in an EAGLE-3 head too (its int8 projections, 8 output columns at a time). Where the
-    target's long passes multiply in bf16 (native bf16 CPUs), the drafter's (its prompt feeds) do too."""
-    from foretell.models.eagle3 import Eagle3Head
-    from foretell.runtime.wide_linear import bf16_rows_of, bf16_wide_products
-
-    rows = bf16_rows_of(target)
-    if rows:
-        bf16_wide_products(module, rows)
-    lean = getattr(target, "lean", None)
-    if lean is not None:
-        if isinstance(module, Eagle3Head):
-            module.use_lean_step(act_q8=lean.act_q8)
-        else:
-            module.use_lean_step()
-    return module
 
 
 def build_drafter(spec: SpeculativeConfig, weights: DrafterWeights) -> tuple[Drafter | None, DraftLengthPolicy]:

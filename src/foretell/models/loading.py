@@ -22,9 +22,9 @@ from foretell.models.presets import PRESETS, assemble_chunks, locate_single_gguf
 from foretell.models.trained import TRAINED_DRAFTS
 from foretell.models.transformer import Transformer
 from foretell.paths import default_cache_dir
+from foretell.runtime.config import parse_dtype
 
 DONE_MARKER = "foretell-converted.json"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -34,15 +34,6 @@ class LoadedModel:
     config: ModelConfig
     path: Path
     name: str
-
-
-def parse_dtype(name: str | torch.dtype) -> torch.dtype:
-    if isinstance(name, torch.dtype):
-        return name
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise ForetellError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None
 
 
 def kept_gguf(spec: str | Path, cache_dir: Path | None = None) -> Path | None:

@@ -1,2 +1,13 @@
-"""The runtime layer: how a prepared model's passes run on this machine (native kernels, batching), beside the pure
-PyTorch model definitions in models/."""
+"""The runtime layer: how a model's passes run on this machine, beside the PyTorch model definitions in models/.
+
+config.py   RuntimeConfig: device, dtype, the weights' and activations' formats, the native paths, compile
+prepare.py  prepare(module, config): the steps that turn a loaded module into the one that runs, in one order
+quant.py, gguf_quant.py, wide_linear.py
+            the quantized and kernel-backed linear layers (int8 / int4, a GGUF file's blocks, bf16 wide passes)
+lean_step.py, lean_drafters.py
+            a pass of a few tokens in one native call (kernels/lean_decode.cpp), for targets and drafter modules
+packed.py   several requests' passes in one forward (continuous batching)
+
+Nothing here imports models/ but the building blocks it checks or runs (models/norms.py, gguf_meta.py,
+transformer.py's ForwardOutput in packed.py).
+"""
