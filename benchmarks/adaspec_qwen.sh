@@ -8,7 +8,7 @@
 # Scale on 2 cores (measured): self data ~?; teacher pass 1.5B bf16 ~115 tokens/s; each training stage
 # STEPS x BATCH x 256 tokens at ~50 tokens/s (60 x 8 x 256: ~40 min).
 # Environment: OUT (runs/adaspec-qwen), SELF (160) GSM8K train prompts answered, TEST (32) held-out ones,
-# SHAREGPT_ROWS (240), STEPS (60), BATCH (8), LR (2e-5), KS ("0.4 0.2"), THREADS (2), DECODE_PROMPTS (12).
+# SHAREGPT_ROWS (240), STEPS (60), BATCH (8), LR (2e-5), KS ("0.4 0.2"), THREADS (2), DECODE_PROMPTS (6).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F=.venv/bin/foretell
@@ -46,10 +46,22 @@ for HELD in gsm8k sharegpt; do
   [ -f "$OUT/eval-alpha-$HELD.json" ] || $F eval-draft "${EVAL[@]}" --data "$OUT/self-$HELD-test.jsonl" --prompts 0 \
     --json "$OUT/eval-alpha-$HELD.json"
 done
+# Each decoding run keeps two drafts beside the target: on AMX a bf16 1.5B target and two 0.5B drafts take ~19.5 GB
+# (bf16 weights plus their fp32 and tile copies); four drafts do not fit 24 GB. Each run decodes plain in the same run.
+DECODE=(--target $TARGET --num-sequences 1 --seq-len 256 --max-new-tokens 128 --gamma 4 --dtype bfloat16 --threads "$T")
+GROUPS_=("--draft undistilled=$DRAFT_DIR --draft distill-all-tokens=$OUT/run/reference/model")
+KS_=(${KS:-0.4 0.2})
+for ((i = 0; i < ${#KS_[@]}; i += 2)); do
+  G=""; for K in "${KS_[@]:i:2}"; do G+=" --draft adaspec-k$K=$OUT/run/adaspec-k$K/model"; done; GROUPS_+=("$G")
+done
 for FROM in data spec-bench; do
   for TEMP in 0 1; do
-    [ -f "$OUT/eval-decode-$FROM-t$TEMP.json" ] || $F eval-draft "${EVAL[@]}" --data "$OUT/self-gsm8k-test.jsonl" \
-      --num-sequences 1 --prompts "${DECODE_PROMPTS:-12}" --prompts-from $FROM --decode-temperature $TEMP \
-      --json "$OUT/eval-decode-$FROM-t$TEMP.json"
+    for G in "${!GROUPS_[@]}"; do
+      J="$OUT/eval-decode-$FROM-t$TEMP-g$((G + 1)).json"
+      # shellcheck disable=SC2086  # a group is several --draft words
+      [ -f "$J" ] || $F eval-draft "${DECODE[@]}" ${GROUPS_[$G]} --data "$OUT/self-gsm8k-test.jsonl" \
+        --prompts "${DECODE_PROMPTS:-6}" --prompts-from $FROM --decode-temperature $TEMP --json "$J"
+    done
   done
 done
+.venv/bin/python benchmarks/adaspec/adaspec_qwen_table.py "$OUT"
