@@ -67,7 +67,7 @@ def test_int8_head_is_exact_and_quantizes_its_layer_and_output(plain):
 
 @pytest.mark.parametrize("quant", ["none", "int8"])
 def test_lean_head_steps_match_pytorch_and_decode_exactly(plain, quant):
-    """The head's native step (models/lean_drafters.LeanEagle3Step): a chain of context rows and a tree level give
+    """The head's native step (runtime/lean_drafters.LeanEagle3Step): a chain of context rows and a tree level give
     PyTorch's outputs and logits up to rounding, and greedy decoding with it equals plain decoding."""
     from foretell.kernels import lean_decode
 

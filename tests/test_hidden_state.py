@@ -500,7 +500,7 @@ def test_int8_draft_keeps_greedy_exact_and_leaves_the_target_alone(plain, tmp_pa
 
 @pytest.mark.parametrize("quant", ["none", "int8"])
 def test_lean_draft_steps_match_pytorch_and_decode_exactly(plain, quant):
-    """The draft's native step (models/lean_drafters.LeanDraftLayers): context rows then a chain of its own predictions
+    """The draft's native step (runtime/lean_drafters.LeanDraftLayers): context rows then a chain of its own predictions
     give PyTorch's predictions, cache and logits up to rounding (the output layer in the column kernel, its hot rows
     being bf16 numbers), and greedy decoding with it equals plain decoding."""
     from foretell.kernels import lean_decode

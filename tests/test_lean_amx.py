@@ -1,4 +1,4 @@
-"""bf16 products on AMX tiles (kernels/lean_decode.cpp kind BF16A; models/lean_step.amx_tiles): on a CPU with AMX a
+"""bf16 products on AMX tiles (kernels/lean_decode.cpp kind BF16A; runtime/lean_step.amx_tiles): on a CPU with AMX a
 bf16 model's lean passes round their activations to bf16 and sum in fp32, as a bf16 matrix product does. Each row
 gets the same bits whatever the pass's width, so speculation over them stays exact. Skipped where the CPU has no
 AMX or Linux does not grant its tile state."""

@@ -1,4 +1,4 @@
-"""bf16 weights in the lean step (kernels/lean_decode.cpp kinds BF16 and BF16X; models/lean_step.py): dense weights
+"""bf16 weights in the lean step (kernels/lean_decode.cpp kinds BF16 and BF16X; runtime/lean_step.py): dense weights
 holding bf16 numbers are streamed as bf16, and a bf16 target on a CPU whose bf16 products are emulated runs as
 float32 activations over them. Products match the dense fp32 ones, every row computes what it computes alone, and
 every drafter reproduces that target's plain greedy decoding."""

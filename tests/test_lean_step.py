@@ -1,4 +1,4 @@
-"""The lean one-token step (models/lean_step.py, kernels/lean_decode.cpp): the same arithmetic as the PyTorch
+"""The lean one-token step (runtime/lean_step.py, kernels/lean_decode.cpp): the same arithmetic as the PyTorch
 path in one native call. Its logits, hidden states and cache writes match PyTorch's one-token pass on dense fp32,
 int4 and GGUF-block weights, and every drafter still reproduces plain decoding with it on."""
 

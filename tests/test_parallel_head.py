@@ -220,7 +220,7 @@ def test_save_load_round_trip(plain, tmp_path, tiny_pair):
 
 
 def test_lean_forward_matches_pytorch_and_decodes_exactly(plain):
-    """The head's native forward (models/lean_drafters.LeanDraftLayers; fuse and its hot output rows in the column
+    """The head's native forward (runtime/lean_drafters.LeanDraftLayers; fuse and its hot output rows in the column
     kernel, being bf16 numbers): context rows with placeholders, twice, give PyTorch's logits and cache up to
     rounding, and greedy decoding with it equals plain decoding."""
     from foretell.hot_vocab import HotVocab

@@ -1,4 +1,4 @@
-"""bf16 wide passes in fp32 (models/wide_linear.py): same weights and ties, same greedy text in fp32 activations."""
+"""bf16 wide passes in fp32 (runtime/wide_linear.py): same weights and ties, same greedy text in fp32 activations."""
 
 from __future__ import annotations
 
