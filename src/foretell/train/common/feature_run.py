@@ -23,7 +23,8 @@ import torch
 from foretell.errors import ForetellError
 from foretell.models.config import ModelConfig
 from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
-from foretell.runtime.wide_linear import widen_linears
+from foretell.runtime.config import RuntimeConfig
+from foretell.runtime.prepare import prepare
 from foretell.train.common.cache import META, fingerprint_of, read_meta
 from foretell.train.common.data import DataConfig, DataReport, TokenData, build_token_data
 from foretell.train.common.distributed import DistContext
@@ -230,7 +231,9 @@ def prepare_features(cfg, target_dir: Path, target, data: TokenData, fuse_layers
         ctx.barrier()
     dtype = parse_dtype(cfg.features.dtype)
     extractor = target if dtype == target.dtype else build_model(target_dir, dtype, target.device)
-    widen_linears(extractor)  # bf16 without a native bf16 matmul: its 320-row passes in fp32 (~7x faster on AVX2)
+    # bf16 without a native bf16 matmul: its 320-row passes in fp32 (~7x faster on AVX2); PyTorch's path otherwise
+    prepare(extractor, RuntimeConfig(device=str(extractor.device), dtype=dtype, quant=None, bf16_as_float32=False,
+                                     lean=False))
     return build_feature_cache(extractor, data, tuple(fuse_layers), folder, cfg.features, fingerprint, ctx)
 
 
