@@ -10,7 +10,7 @@ from pathlib import Path
 
 POLICIES = {
     "draft-chain": "fixed length",
-    "draft-chain-rejection": "seed 001: recent rejection rate",
+    "draft-chain-rejection": "recent rejection rate",
     "draft-chain-additive": "transformers: +2 / -1",
     "draft-chain-auto": "hardware-aware (cost curve + acceptance)",
 }
@@ -23,7 +23,7 @@ def overall_rows(report: Path) -> list[list[str]]:
 
 def main(base: str = "runs/dynamic-length") -> None:
     runs = [(Path(base), None)] + [(Path(f"{base}-gamma{g}"), g) for g in (2, 6)]
-    out = ["# Dynamic draft length (AdaSPEC, seed 001) on SmolLM2-135M-Instruct", "",
+    out = ["# Dynamic draft length on SmolLM2-135M-Instruct", "",
            "Produced by `bash benchmarks/bench/dynamic_length.sh`: the AdaSPEC-distilled draft `smollm2-135m-adaspec-gsm8k`, "
            "12 GSM8K test prompts, 128 new tokens, bf16, greedy, int8 draft. Fixed lengths at gamma 2, 4 and 6; the "
            "policies start from gamma 4.", "",

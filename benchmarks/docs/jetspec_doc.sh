@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/jetspec.md from the JetSpec (seed 003) runs: the trained head's held-out per-depth acceptance
+# docs/jetspec.md from the JetSpec parallel-head runs: the trained head's held-out per-depth acceptance
 # (benchmarks/train/train_parallel_head.sh), the GSM8K bench against plain decoding and prompt lookup, the
 # LOSSY threshold table (benchmarks/bench/lossy_table.sh) and the scheduler under load
 # (benchmarks/bench/scheduler_load.py). Missing runs are left out.
@@ -12,10 +12,10 @@ LOSSY=${LOSSY:-runs/lossy-self}
 LOAD=${LOAD:-runs/scheduler_load}
 LOAD_HEAD=${LOAD_HEAD:-runs/parallel_head/smollm2/head}  # the head scheduler_load.py ran with (the first, GSM8K-text head)
 {
-  echo "# JetSpec (seed 003) on SmolLM2-135M-Instruct"
+  echo "# JetSpec parallel draft head on SmolLM2-135M-Instruct"
   echo
   if [ -f "$HEAD_RUN/eval.md" ]; then
-    echo "## The trained parallel head (\`bash benchmarks/train/train_parallel_head.sh\`), held-out target answers to GSM8K test prompts"
+    echo "## The trained parallel head"; echo; echo "\`bash benchmarks/train/train_parallel_head.sh\`; held-out target answers to GSM8K test prompts."
     echo; sed 1d "$HEAD_RUN/eval.md"; echo
   fi
   if [ -f "$BENCH/report.md" ]; then

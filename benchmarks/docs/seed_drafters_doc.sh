@@ -11,7 +11,7 @@ CMD=${CMD:-"ONLY=plain,prompt-lookup,draft-chain,draft-tree,parallel-head,parall
   echo
   echo "Produced by \`$CMD\` (one interleaved run, bf16, greedy, 2 CPU cores); drafters"
   echo "from \`benchmarks/train/train_parallel_head.sh\`, \`benchmarks/adaspec/adaspec_table.sh\` and, for hidden-state, the first short version of"
-  echo "\`benchmarks/train/train_hidden_state.sh\` (\`STEPS=120\`, commit 77d26a2)."
+  echo "\`benchmarks/train/train_hidden_state.sh\` (\`STEPS=120\`)."
   echo "Speedups are against plain decoding of the same prompts in the same run. bf16 'greedy = plain' counts differ"
   echo "because a multi-token pass rounds differently from a one-token pass; in fp32 every drafter is exact (tests)."
   echo
