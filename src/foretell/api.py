@@ -112,7 +112,7 @@ def load(
     step): lossy against float activations, faster, and every pass runs through the lean step so speculation
     still reproduces that model's plain decoding exactly.
     compile: torch.compile the target's per-layer blocks (opt-in; compiled during warm-up; see
-    benchmarks/compile_ab.py for whether it pays on your machine).
+    benchmarks/experiments/compile_ab.py for whether it pays on your machine).
     wide_fp32: a bf16 target on CPU runs in float32 activations over its bf16 weights where the lean step suits
     it (with lean; runtime/lean_step.run_bf16_as_float32: steps and verification stream the bf16 weights, prompts
     use an exact fp32 copy, or a bf16 one where bf16 products are native; on a CPU with AMX the lean passes

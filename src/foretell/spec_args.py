@@ -30,7 +30,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    "exactly; with -q8 (float32 only) also 8-bit activations, as llama.cpp: lossy, faster "
                    "(default: %(default)s)")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the target's per-layer blocks at start (opt-in; benchmarks/compile_ab.py says "
+                   help="torch.compile the target's per-layer blocks at start (opt-in; benchmarks/experiments/compile_ab.py says "
                    "whether it pays here)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
