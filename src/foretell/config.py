@@ -128,7 +128,7 @@ class HeadTreeShape:
 
 @dataclass(frozen=True)
 class HiddenStateOptions:
-    """hidden-state: tree shape (defaults from seed 000: depth 5, branching 3) and the ablation switches."""
+    """hidden-state: tree shape (defaults from Make Every Draft Count: depth 5, branching 3) and the ablation switches."""
 
     depth: int = 5  # draft steps per regular proposal = maximum tree depth
     width: int = 3  # children offered per node (top-k)
@@ -136,7 +136,7 @@ class HiddenStateOptions:
     token_info: bool = True  # add E(node token) to the children's logits
     resample: bool = True  # build a subtree from the last chain's logits after a rejection
     fuse: bool = True  # verify it with the next regular tree in one pass (else alone, first)
-    resample_depth: int = 3  # levels of a resampled subtree (the seed: 3-5)
+    resample_depth: int = 3  # levels of a resampled subtree (the paper: 3-5)
     # Trigger, on the draft's distribution at the rejected position (the children of the last
     # accepted node): "unsure" = its top probability < threshold (the draft had no clear
     # favourite there, so the target's token carries the most news); "plausible" = it gave the
@@ -206,7 +206,7 @@ class SpeculativeConfig:
     model: the drafter's weights: a draft model (preset, .gguf file or HF folder) for draft-model and
         draft-tree; a saved head folder for parallel-head; a saved hidden-state draft folder for hidden-state; an
         EAGLE-3 head for eagle3 (foretell's folder, or an EAGLE-3 checkpoint in the layout vLLM and SGLang load).
-    gamma, length_policy: draft tokens per pass and how that number adapts (fixed, seed 001's rejection-rate
+    gamma, length_policy: draft tokens per pass and how that number adapts (fixed, a recent-rejection-rate
         rule, transformers' +2/-1 additive rule).
     lookup_max, lookup_min: prompt lookup's longest and shortest n-gram to match, tried longest first.
     tree / head_tree / hidden / eagle_tree: the tree of draft-tree / parallel-head / hidden-state / eagle3

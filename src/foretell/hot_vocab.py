@@ -2,7 +2,7 @@
 
 A draft's output layer over a 152K vocabulary can cost as much as the rest of a small draft.
 Restricting the draft to the H most frequent tokens (FR-Spec, EAGLE-3's draft vocabulary,
-seed 000's hot vocabulary) is still lossless: the draft distribution q is simply zero outside
+the hot tokens of Make Every Draft Count's hidden-state drafter) is still lossless: the draft distribution q is simply zero outside
 the hot set, and verification against the target's full p is unchanged.
 """
 

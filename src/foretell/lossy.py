@@ -1,7 +1,8 @@
-"""The verification controller: lossless by default, with the seed's shortcut as an opt-in LOSSY mode.
+"""The verification controller: lossless by default, with a probability shortcut as an opt-in LOSSY mode.
 
-Seed 003 skips the target's check of a draft whose draft probability exceeds a threshold
-(0.85). That changes the output distribution (the target never vetoes those tokens), so
+The shortcut skips the target's check of a draft whose draft probability exceeds a threshold
+(0.85 in the brief that proposed it; JetSpec itself, whose parallel head foretell implements, verifies every
+token). That changes the output distribution (the target never vetoes those tokens), so
 foretell only does it when asked (`lossy_threshold`), and says so in the statistics.
 
 Rule: a draft node is *confident* when the product of the drafter's probabilities along its

@@ -54,7 +54,7 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
                    "SGLang load (config.json + model.safetensors)")
     g.add_argument("--gamma", type=int, help="draft-model, prompt-lookup: draft tokens per step (default 4)")
     g.add_argument("--length-policy", choices=("fixed", "rejection-rate", "additive"),
-                   help="draft-model, prompt-lookup: fixed gamma; seed 001's rejection-rate rule; transformers' +2/-1")
+                   help="draft-model, prompt-lookup: fixed gamma; a recent-rejection-rate rule; transformers' +2/-1")
     g.add_argument("--lookup-max", type=int, help="prompt-lookup: longest n-gram matched (default 3)")
     g.add_argument("--lookup-min", type=int, help="prompt-lookup: shortest n-gram matched (default 1)")
     g.add_argument("--hot-vocab", type=int,
@@ -73,7 +73,7 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tree-budget", type=int, help="tree drafters: tree nodes verified per pass")
     g.add_argument("--lossy-threshold", type=float,
                    help="LOSSY, off by default: accept a draft token without the target's check when its draft path "
-                        "probability exceeds this value in (0, 1] (seed 003's shortcut; output no longer exact)")
+                        "probability exceeds this value in (0, 1] (a shortcut; output no longer exact)")
     g.add_argument("--draft-gate", action="store_const", const=True,
                    help="tree drafters: before each pass, decide from measured tokens/s whether drafting pays at all "
                    "(else verify only the --result-cache branch, or nothing). Lossless")

@@ -354,7 +354,7 @@ METHODS: dict[str, MethodSpec] = {
     "draft-chain-auto": MethodSpec(_draft("draft-model", budget="auto"),
                                    "foretell, draft model, hardware-aware chain length", "draft"),
     "draft-chain-rejection": MethodSpec(_chain(length_policy="rejection-rate"),
-                                        "foretell, draft model, seed 001's rejection-rate draft length (base --gamma)",
+                                        "foretell, draft model, recent-rejection-rate draft length (base --gamma)",
                                         "draft"),
     "draft-chain-additive": MethodSpec(_chain(length_policy="additive"),
                                        "foretell, draft model, transformers' +2/-1 draft length (base --gamma)", "draft"),

@@ -74,7 +74,7 @@ def acceptance(rows: list[dict]) -> list[float]:
 
 
 def monitoring(rows: list[dict]) -> tuple[float | None, float | None]:
-    """Seed 003's monitoring metrics over rows: verification pass rate and wasted share (None without counts)."""
+    """JetSpec's monitoring metrics over rows: verification pass rate and wasted share (None without counts)."""
     rows = [r for r in rows if r.get("draft_passes")]
     passes = sum(r["draft_passes"] for r in rows)
     verified = sum(r.get("draft_tokens_verified") or 0 for r in rows)
@@ -262,7 +262,7 @@ def write_report(out_dir: Path) -> Path:
         parts += [f"## {name}", "", markdown_table(summaries), ""]
     parts += budget_section(groups[OVERALL], (summary.get("settings") or {}).get("tree_budget"))
     parts += ["Pass rate: share of target passes with drafts that accepted at least one draft token; wasted: "
-              "draft tokens the target verified but did not accept, over all it verified (seed 003's monitoring). "
+              "draft tokens the target verified but did not accept, over all it verified (JetSpec's monitoring). "
               "Draft / verify ms a pass: the drafter's time and the target's verification time per target pass "
               "(plain decoding: its one-token steps).", ""]
     parts += ["![speedup](speedup.png)", "", "![acceptance](acceptance.png)", ""]

@@ -1,4 +1,4 @@
-"""The hidden-state drafter (seed 000): token-info tree sampling, resampling and fusion.
+"""The hidden-state drafter (Make Every Draft Count): token-info tree sampling, resampling and fusion.
 
 One chain of draft steps serves the whole tree. The draft (models/hidden_draft.py) sees the
 target's final-normed hidden states of the committed tokens (engine hook), predicts the state
@@ -52,7 +52,7 @@ from foretell.models.token_info import TokenInfoTable
 from foretell.sampling import ranking_probs
 from foretell.types import Proposal, SamplingParams
 
-DEFAULT_HOT_VOCAB = 8192  # output tokens of the benchmarked configuration (seed 000: a few thousand hot tokens)
+DEFAULT_HOT_VOCAB = 8192  # output tokens of the benchmarked configuration (the paper keeps a few thousand hot tokens)
 INFO_MEMO_BYTES = 64 << 20  # E rows kept between proposals of one generation (tokens recur: digits, " the")
 
 

@@ -1,1 +1,1 @@
-"""Hidden-state draft training (seed 000): one decoder layer autoregressing on the target's hidden states."""
+"""Hidden-state draft training (Make Every Draft Count): one decoder layer autoregressing on the target's hidden states."""

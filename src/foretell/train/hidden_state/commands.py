@@ -7,7 +7,7 @@ from pathlib import Path
 from foretell.errors import ForetellError
 
 
-HELP = "a hidden-state draft (seed 000): one layer autoregressing on the target's hidden states"
+HELP = "a hidden-state draft (Make Every Draft Count): one layer autoregressing on the target's hidden states"
 DESCRIPTION = """
 Builds chat-templated training sequences, runs the target once over them to cache its final-normed last-layer
 hidden states and top-k next-token log-probs (OUT/features, bf16), then trains one decoder layer (initialised
@@ -41,7 +41,7 @@ def add_arguments(p) -> None:
         ("--logit-clamp", float, loss.logit_clamp, "draft logits are clamped to [-C, C] before the KL"),
         ("--anchors", int, loss.anchors, "anchors per sequence and step for the KL (and, with --deep-rows "
          "anchors, for the deeper unrolled steps)"),
-        ("--deep-rows", None, loss.deep_rows, "rows unrolled past the first step: all (the seed's recipe) or anchors "
+        ("--deep-rows", None, loss.deep_rows, "rows unrolled past the first step: all (the paper's recipe) or anchors "
          "(only the KL anchors: a step ~2x cheaper at depth 5, fewer deep MSE pairs)"),
     ])
     g.add_argument("--init-draft", help="start from this trained draft (a saved OUT/draft of the same shape) instead of "

@@ -3,7 +3,7 @@
 Teacher-forced like parallel_head/eval.py: at every anchor t of a held-out sequence the draft has seen the
 target's states 0..t and unrolls `depth` steps on its own predictions; depth d = j + 1 predicts the
 state at p = t + d and, through lm_head + E(x_p), the token p + 1. Per depth: the hidden MSE
-against the target's state at p (the seed's check: < 0.1), top-1 = the target's greedy token,
+against the target's state at p (the paper's check: < 0.1), top-1 = the target's greedy token,
 top-`width` (the target's greedy token among the children the tree offers), the expected
 acceptance sum min(p, q) and the chain rate (top-1 right at every depth 1..d).
 """

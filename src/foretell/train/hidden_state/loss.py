@@ -1,8 +1,8 @@
-"""The loss of hidden-state draft training (seed 000), per sequence, on cached target features.
+"""The loss of hidden-state draft training (Make Every Draft Count), per sequence, on cached target features.
 
 Anchor t is a context row: the draft has seen the target's final-normed states of positions
 0..t and then its own j previous predictions; its j-th step (j = 0..k-1) predicts the state at
-position p = t + j + 1. Two terms, weighted w_mse and w_kl (the seed's 0.7 and 0.3):
+position p = t + j + 1. Two terms, weighted w_mse and w_kl (the paper's 0.7 and 0.3):
 
 - MSE between that prediction and the target's state at p (mean over the hidden size), at every
   anchor (no output layer), or with deep_rows="anchors" at every anchor for j = 0 and at the KL
@@ -23,7 +23,7 @@ Curriculum: the number of unrolled steps grows from 1 to the depth in equal stag
 `curriculum` fraction of training. Logit clamping bounds the draft logits entering the KL (instability guard).
 Noise positions, anchors and the curriculum are pure functions of (seed, step, sequence).
 
-deep_rows: "all" (the seed's recipe) unrolls every row of the sequence at every step, so a step
+deep_rows: "all" (the paper's recipe) unrolls every row of the sequence at every step, so a step
 costs `k` passes of the layer over T rows; "anchors" unrolls steps j >= 1 only from the KL anchors
 (A of T rows; each anchor's chain attends to the target rows and to its own earlier predictions
 only, so the other rows are not needed): about 1 + (k - 1) * A / T passes; with 32 of 320 rows a
@@ -52,7 +52,7 @@ class HiddenLossConfig:
     mse_weight: float = 0.7
     kl_weight: float = 0.3
     noise: float = 0.1  # share of input rows replaced by another position's state
-    # The seed clamps to (-10, 10) for its target; SmolLM2's own top logits reach ~28, so a clamp
+    # The paper clamps to (-10, 10) for its target; SmolLM2's own top logits reach ~28, so a clamp
     # at 10 would flatten exactly the tokens that matter. 50 bounds runaway logits only.
     logit_clamp: float = 50.0
     anchors: int = 32  # KL anchors sampled per sequence and step (the MSE uses every anchor)
