@@ -1,4 +1,4 @@
-"""The README stays short and every relative link in README.md and docs/*.md resolves.
+"""The README stays short, every relative link in README.md and docs/*.md resolves, and docs/results.md is generated.
 
 No models, no network: external http(s) and mailto links are not checked. A link's `#anchor` must match a
 heading of the target file under GitHub's slug rules (see github_slug).
@@ -121,3 +121,14 @@ def test_readme_is_short():
 @pytest.mark.parametrize("path", DOC_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_links_resolve(path):
     assert broken_links(path) == []
+
+
+def test_results_page_is_generated():
+    """docs/results.md is what benchmarks/docs/results_doc.py writes from benchmarks/results/index.json."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "docs" / "results_doc.py")],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == (ROOT / "docs" / "results.md").read_text(encoding="utf-8"), (
+        "docs/results.md is out of date: .venv/bin/python benchmarks/docs/results_doc.py > docs/results.md")
