@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -365,3 +365,80 @@ def test_a_trained_draft_folder_is_a_valid_init(prepared, tmp_path, capsys):
     assert main(["train", "adaspec", "--target", cfg.target, "--data", cfg.data.source, "--draft-init", str(tmp_path / "nowhere"),
                  "--out", str(tmp_path / "bad")]) == 2
     assert "--draft-init" in capsys.readouterr().err
+
+
+# --- the pretrained-draft regime (issue 55): Qwen2-shaped pair, teacher cache, lossless speculation -------------
+
+
+@pytest.fixture(scope="module")
+def qwen_pair(tmp_path_factory):
+    """A tiny Qwen2-shaped target (q/k/v biases, tied embeddings) and a draft distilled from it by the pipeline's
+    reference stage. The token data is written directly: transformers reads the word-level test tokenizer of a
+    Qwen2 folder as Qwen2's own BPE class, which splits none of its words."""
+    root = tmp_path_factory.mktemp("qwen-distill")
+    target = save_hf(root / "target", make_hf_model("qwen2", VOCAB, seed=6), make_tokenizer(VOCAB))
+    cfg = DistillConfig(
+        str(target), root / "out", DataConfig(str(root / "unused.jsonl"), seq_len=SEQ_LEN), DraftSpec(layers=1),
+        TrainConfig(steps=3, batch_size=4, micro_batch_size=2, checkpoint_every=2), TeacherConfig(top_k=8),
+    )
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, VOCAB, (16, SEQ_LEN), generator=g)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[:, SEQ_LEN // 3:] = True
+    (cfg.out / "data").mkdir(parents=True)
+    TokenData(ids, mask).save(cfg.out / "data" / "train.safetensors")
+    (cfg.out / "data" / "data.json").write_text(json.dumps(asdict(cfg.data), sort_keys=True))
+    return cfg, run_pipeline(cfg, "reference")
+
+
+def test_an_interrupted_teacher_pass_resumes_to_the_same_cache(prepared, tmp_path, monkeypatch):
+    import numpy as np
+
+    from foretell.train.adaspec import teacher as teacher_module
+    from foretell.train.adaspec.teacher import build_teacher_cache
+
+    cfg, _ = prepared
+    target = build_model(Path(cfg.target), torch.float32)
+    data = TokenData.load(cfg.out / "data" / "train.safetensors")
+    whole = build_teacher_cache(target, data, tmp_path / "whole", cfg.teacher, {"t": 1})
+
+    real, calls = teacher_module.topk_log_probs, []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the user's ^C during the third batch
+        return real(*args)
+
+    monkeypatch.setattr(teacher_module, "topk_log_probs", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_teacher_cache(target, data, tmp_path / "split", cfg.teacher, {"t": 1})
+    assert json.loads((tmp_path / "split" / "meta.json").read_text())["done"] == 2 * cfg.teacher.batch_size
+    with pytest.raises(ForetellError, match="incomplete"):
+        teacher_module.TeacherCache.open(tmp_path / "split")
+    monkeypatch.setattr(teacher_module, "topk_log_probs", real)
+    resumed = build_teacher_cache(target, data, tmp_path / "split", cfg.teacher, {"t": 1})
+    for name in ("logp", "ids", "lse"):
+        assert np.array_equal(getattr(whole, name), getattr(resumed, name)), name
+    with pytest.raises(ForetellError, match="other settings"):
+        build_teacher_cache(target, data, tmp_path / "split", cfg.teacher, {"t": 2})
+
+
+def test_a_distilled_qwen2_draft_speculates_exactly_like_plain_greedy(qwen_pair):
+    from foretell.api import load
+    from foretell.config import SpeculativeConfig
+    from foretell.types import SamplingParams
+
+    cfg, models = qwen_pair
+    draft = models["reference"]
+    init = load_file(str(models["init"] / "model.safetensors"))
+    trained = load_file(str(draft / "model.safetensors"))
+    assert any(not torch.equal(init[k], trained[k]) for k in init), "the reference stage changed the draft"
+    pipe = load(cfg.target, SpeculativeConfig(method="draft-model", model=str(draft), gamma=3, draft_quant="none"),
+                warm_up=False)
+    greedy = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    for prompt in ([3, 9, 14, 30], [20, 5]):
+        spec = pipe.engine.generate(prompt, greedy)
+        plain = pipe.plain_engine().generate(prompt, greedy)
+        assert spec.tokens == plain.tokens and len(plain.tokens) == 20
+        assert spec.stats.draft_tokens_verified > 0
