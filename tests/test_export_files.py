@@ -1,5 +1,5 @@
-"""`foretell export` writes files other users may read as far as the umask allows (an engine often runs as
-another user): 0644 under umask 022, 0600 under 077."""
+"""`foretell export`, training and saving write files other users may read as far as the umask allows (an engine
+often runs as another user): 0644 under umask 022, 0600 under 077."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from conftest import make_hf_model, make_tokenizer, save_model_folder
 from foretell.api import load
 from foretell.cli import main
-from foretell.export import current_umask
+from foretell.files import current_umask
 from foretell.models.eagle3 import Eagle3Config, new_eagle3_head, save_eagle3_head
 
 
@@ -48,3 +48,18 @@ def test_eagle3_export(tmp_path, umask):
                  "--out", str(tmp_path / "engine")]) == 0
     files = modes(tmp_path / "engine")
     assert "model.safetensors" in files and set(files.values()) == {0o666 & ~umask}
+
+
+def test_saved_drafts_and_heads_follow_the_umask(tmp_path, umask):
+    """What training writes (a draft model folder, a head folder) is read by engines as well as `foretell export`'s."""
+    from foretell.models.derive import save_model_folder as save_draft, truncated_copy
+
+    target = save_model_folder(tmp_path / "target", make_hf_model("llama", 48, seed=0, layers=4), make_tokenizer(48))
+    pipe = load(target, "none", warm_up=False)
+    draft = save_draft(truncated_copy(pipe.target.model, 1), pipe.tokenizer, tmp_path / "draft")
+    config = Eagle3Config.for_target(pipe.target.model.config, draft_vocab_size=40, aux_layers=(1, 2, 3))
+    head = new_eagle3_head(pipe.target.model, config, seed=7, draft_vocab=torch.tensor([0, 2, 3, 5, *range(9, 45)]))
+    save_eagle3_head(head, tmp_path / "head")
+    for folder in (draft, tmp_path / "head"):
+        files = modes(folder)
+        assert any(name.endswith(".safetensors") for name in files) and set(files.values()) == {0o666 & ~umask}, folder

@@ -9,10 +9,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from foretell.errors import ForetellError
+from foretell.files import readable_as_umask_allows
 
 DFLASH_REASON = (
     "the parallel head does not map onto DFlash's layout exactly, so it cannot be exported as one: DFlash projects "
@@ -83,29 +83,6 @@ def export_draft_model(spec: str, out: str | Path, dtype: str = "float32") -> Pa
     draft = load_model(spec, dtype)
     return readable_as_umask_allows(save_model_folder(draft.model, draft.tokenizer, out,
                                                       extra={"exported_from": str(spec)}))
-
-
-def readable_as_umask_allows(folder: Path) -> Path:
-    """Give every file of a written export the mode any new file gets here (0644 under umask 022): safetensors
-    writes its files 0600 whatever the umask, which an engine running as another user cannot read. The folder
-    was written whole and renamed into place before, so this changes no content a reader could see half of."""
-    mode = 0o666 & ~current_umask()
-    for path in folder.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            path.chmod(mode)
-    return folder
-
-
-def current_umask() -> int:
-    try:  # Linux states it; elsewhere reading it means setting it, briefly
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o077)
-    os.umask(mask)
-    return mask
 
 
 def cmd_export_draft_model(args) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from foretell.errors import ForetellError
+from foretell.files import readable_as_umask_allows
 from foretell.models.config import ModelConfig
 from foretell.models.transformer import Transformer
 
@@ -150,6 +151,7 @@ def save_model_folder(model: Transformer, tokenizer, path: str | Path, extra: di
     tokenizer.save_pretrained(str(tmp))
     if extra is not None:
         (tmp / "foretell-model.json").write_text(json.dumps(extra, indent=2))
+    readable_as_umask_allows(tmp)
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
     return path

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from foretell.errors import ForetellError
+from foretell.files import readable_as_umask_allows
 from foretell.models.eagle3 import (
     CONFIG_FILE, FOLDER_FORMAT, Eagle3Config, Eagle3Head, default_aux_layers, read_eagle3_config,
 )
@@ -118,6 +119,7 @@ def export_eagle3(head: Eagle3Head, out: str | Path, dtype: torch.dtype = torch.
     tmp.mkdir(parents=True)
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(engine_state_dict(head, dtype), str(tmp / WEIGHTS), metadata={"format": "pt"})
+    readable_as_umask_allows(tmp)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from foretell.errors import ForetellError
+from foretell.files import readable_as_umask_allows
 
 WEIGHTS_FILE = "model.safetensors"
 # A matrix stored in int8 (shipped drafters within the package's size budget): codes under its own name, a float
@@ -93,7 +94,7 @@ def save_module(module: torch.nn.Module, config: Any, folder: str | Path, fmt: F
     meta = {"format": fmt.name, "version": fmt.version, "config": asdict(config)}
     (folder / fmt.config_file).write_text(json.dumps(meta, indent=2) + "\n")
     save_file({k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}, str(folder / WEIGHTS_FILE))
-    return folder
+    return readable_as_umask_allows(folder)
 
 
 def read_config(folder: Path, config_cls: type, fmt: FolderFormat):
