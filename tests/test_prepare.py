@@ -80,3 +80,16 @@ def test_a_drafter_follows_its_targets_paths():
     target.lean = type("Lean", (), {"act_q8": True})()
     assert drafter_runtime(target, "cpu", "float32", q8=True).activations == "q8"
     assert drafter_runtime(target, "cpu", "float32", q8=False).activations == "float"
+
+
+def test_the_pytorch_model_and_the_kernels_know_nothing_of_the_runtime():
+    """models/transformer.py is the plain PyTorch model (the fast path is runtime/lean_step.LeanTransformer), and
+    kernels/ reads only its cache folder from foretell."""
+    from foretell.models.transformer import Transformer
+    from foretell.runtime.lean_step import LeanTransformer
+    from test_import_cycles import SRC, import_graph
+
+    graph = import_graph(SRC, "foretell")
+    assert not {m for m in graph["foretell.models.transformer"] if m.startswith(("foretell.runtime", "foretell.kernels"))}
+    assert graph["foretell.kernels"] == {"foretell.paths"}
+    assert not hasattr(Transformer, "use_lean_step") and issubclass(LeanTransformer, Transformer)

@@ -23,6 +23,7 @@ from foretell.models.trained import TRAINED_DRAFTS
 from foretell.models.transformer import Transformer
 from foretell.paths import default_cache_dir
 from foretell.runtime.config import parse_dtype
+from foretell.runtime.lean_step import LeanTransformer
 
 DONE_MARKER = "foretell-converted.json"
 
@@ -145,10 +146,12 @@ def load_tokenizer(folder: Path):
         raise ForetellError(f"could not load the tokenizer in {folder}: {e}") from None
 
 
-def build_model(folder: Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> Transformer:
+def build_model(folder: Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> LeanTransformer:
+    """The model in `folder` as the fast-path target (runtime/lean_step.LeanTransformer: the PyTorch model until
+    runtime.prepare gives it the lean step)."""
     config = ModelConfig.from_file(folder / "config.json")
     with torch.device("meta"):
-        model = Transformer(config)
+        model = LeanTransformer(config)
     model = model.to_empty(device=device)
     state = read_state_dict(folder)
     try:

@@ -20,7 +20,6 @@ from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
 from foretell.models.norms import OffsetRMSNorm, RMSNorm, make_norm  # noqa: F401 (drafters import them from here)
 from foretell.models.rope import RopeScaling, rope_tables  # drafters import rope_tables from here too
-from foretell.runtime.lean_step import LeanStep, lean_support
 
 
 @dataclass
@@ -258,7 +257,6 @@ class Transformer(nn.Module):
         # Every layer attends alike (the Llama / Qwen2 fast path) unless some slide or rotate differently.
         self.uniform = not self.sliding and cfg.local_rope_theta is None
         self.compiled = False  # compile_steps()
-        self.lean = None  # use_lean_step(): passes of a few tokens in one native call (runtime/lean_step.py)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -277,19 +275,6 @@ class Transformer(nn.Module):
             layer.finish = torch.compile(layer.finish, dynamic=True)
         self.compiled = True
         return self
-
-    def use_lean_step(self, on: bool = True, act_q8: bool = False) -> str | None:
-        """Run passes of a few tokens (plain decoding's steps, verification) in one native call (runtime/lean_step.py)
-        where it applies to this model; returns why not where it does not (then nothing changes). on=False goes back
-        to PyTorch's path. act_q8: 8-bit activations in the block projections (lossy, opt-in); then every pass with a
-        single-sequence cache runs in the lean step, prompts in chunks, so prompt and steps are one model."""
-        self.lean = None
-        if not on:
-            return None
-        reason = lean_support(self)
-        if reason is None:
-            self.lean = LeanStep(self, act_q8)
-        return reason
 
     def new_cache(self, capacity: int) -> KVCache:
         c = self.config
@@ -346,11 +331,6 @@ class Transformer(nn.Module):
         """
         T = input_ids.shape[0]
         cache.check_room(T)
-        tree = tree_mask is not None
-        if self.lean is not None and self.lean.takes(T, cache.length, tree) and cache.k.shape[1] == 1:
-            logits, states = self.lean(input_ids, positions, cache, tree_mask)
-            hidden = {i: states[i] for i in hidden_layers}
-            return ForwardOutput(logits=logits if logits_rows is None else logits[logits_rows], hidden=hidden)
         last = int(positions.max())
         mask = self._attention_mask(T, cache.length, tree_mask)
         cos, sin = self.rope(positions, last, self.dtype)

@@ -25,6 +25,7 @@ from foretell.kernels import (  # the projection kinds, as lean_decode.cpp numbe
     BF16, BF16A, BF16X, F32, GGUF_KIND, I8X, Q4, Q4X, Q8, Q8X, amx_products, lean_decode, lean_module,
 )
 from foretell.models.norms import RMSNorm
+from foretell.models.transformer import ForwardOutput, Transformer
 from foretell.runtime import wide_linear
 from foretell.runtime.gguf_quant import BlockQ8Linear, GGUFLinear
 from foretell.runtime.quant import Int4Linear, Int8Linear, q4_blocks
@@ -299,3 +300,39 @@ class LeanStep:
         logits, states, _ = run_chunked(self.kernel, self.max_rows, model.embed_tokens(input_ids), cos, sin, cache,
                                         tree_mask, self.weights)
         return logits, states
+
+
+class LeanTransformer(Transformer):
+    """The fast-path target: the PyTorch model (models/transformer.py), whose passes the lean step takes run in one
+    native call once use_lean_step() took, with the model's forward and forward_packed. Every other pass (and every
+    pass while `lean` is None) is the PyTorch model's own. Models are loaded as this class (models/loading.py), so
+    `lean` is there to ask; runtime/prepare.py decides whether it is set."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.lean: LeanStep | None = None  # use_lean_step(): passes of a few tokens in one native call
+
+    def use_lean_step(self, on: bool = True, act_q8: bool = False) -> str | None:
+        """Run passes of a few tokens (plain decoding's steps, verification) in one native call where it applies to
+        this model; returns why not where it does not (then nothing changes). on=False goes back to PyTorch's path.
+        act_q8: 8-bit activations in the block projections (lossy, opt-in); then every pass with a single-sequence
+        cache runs in the lean step, prompts in chunks, so prompt and steps are one model."""
+        self.lean = None
+        if not on:
+            return None
+        reason = lean_support(self)
+        if reason is None:
+            self.lean = LeanStep(self, act_q8)
+        return reason
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache, tree_mask: torch.Tensor | None = None,
+                hidden_layers: tuple[int, ...] = (), logits_rows: torch.Tensor | slice | None = None) -> ForwardOutput:
+        """Transformer.forward, through the lean step where it takes the pass (a single sequence's cache)."""
+        T = input_ids.shape[0]
+        lean = self.lean
+        if lean is not None and lean.takes(T, cache.length, tree_mask is not None) and cache.k.shape[1] == 1:
+            cache.check_room(T)
+            logits, states = lean(input_ids, positions, cache, tree_mask)
+            hidden = {i: states[i] for i in hidden_layers}
+            return ForwardOutput(logits=logits if logits_rows is None else logits[logits_rows], hidden=hidden)
+        return super().forward(input_ids, positions, cache, tree_mask, hidden_layers, logits_rows)

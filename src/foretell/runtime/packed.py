@@ -19,7 +19,7 @@ from foretell.models.transformer import ForwardOutput, Transformer
 def forward_packed(target: Transformer, passes: list) -> list[ForwardOutput]:
     """Each pass (decoding.TargetPass fields: input_ids, positions, cache, tree_mask, hidden_layers, logits_rows)
     through `target`, in as few passes over the weights as this runtime allows; outputs in the passes' order."""
-    step = target.lean
+    step = getattr(target, "lean", None)  # a LeanTransformer's lean step, where it has one
     if step is None:
         return target.forward_packed(passes)
     native = [i for i, p in enumerate(passes) if lean_takes(step, p)]
