@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import foretell.decoding
+import foretell.verify
 from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.sampling import processed_probs
@@ -133,6 +133,6 @@ def test_engine_samples_follow_target(micro, params, drafter, rule):
 def test_the_same_test_rejects_a_biased_verifier(micro, params, rule, monkeypatch):
     target, root = micro
     biased = accept_if_argmax_rule if rule == "rejection" else accept_if_argmax_coupled
-    monkeypatch.setattr(foretell.decoding, "verify", biased)
+    monkeypatch.setattr(foretell.verify, "verify", biased)  # what the lossless verifier calls
     counts = engine_counts(root, replace(PARAMS[params], sampling=rule))
     assert worst_p_value(counts, exact_marginals(target, PARAMS[params])) < 1e-6

@@ -215,12 +215,12 @@ def test_sampled_output_follows_the_target(micro, params, options):
 
 def test_the_same_test_rejects_a_biased_tree_verifier(micro, monkeypatch):
     """Power check: a verifier that accepts a child whenever it is the target's argmax is caught."""
-    import foretell.decoding
+    import foretell.verify
     from foretell.sampling import processed_probs, sample
     from foretell.tree import children_lists
     from foretell.types import Verification
 
-    exact_verify = foretell.decoding.verify
+    exact_verify = foretell.verify.verify
 
     def biased(target_logits, proposal, params, generator, coupling=None):
         if proposal.is_chain:  # the empty proposal of the last step
@@ -236,7 +236,7 @@ def test_the_same_test_rejects_a_biased_tree_verifier(micro, monkeypatch):
             path.append(match)
             node = match
 
-    monkeypatch.setattr(foretell.decoding, "verify", biased)
+    monkeypatch.setattr(foretell.verify, "verify", biased)  # what the lossless verifier calls
     hf_target, pipe = micro
     params = SamplingParams(temperature=1.0)
     spec, _ = with_hidden(pipe, HiddenStateOptions(depth=3, max_nodes=8, resample_when="always"), rank=8)

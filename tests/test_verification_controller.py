@@ -115,6 +115,24 @@ def test_chain_and_tree_draft_models_provide_draft_probabilities(tiny_pair):
             assert pipe.engine.generate(PROMPTS[0], params).stats.lossy_threshold == 0.5
 
 
+def test_verification_is_the_engines_strategy(plain):
+    """Lossless `verify` by default, lossy.py's strategy with a threshold; decoding.py verifies through the engine's
+    verifier and nothing else."""
+    import ast
+    from pathlib import Path
+
+    import foretell.decoding
+    from foretell.lossy import LossyVerifier
+    from foretell.verify import LOSSLESS
+
+    assert plain.engine.verifier is LOSSLESS and LOSSLESS.threshold is None
+    assert head_engine(plain, lossy_threshold=0.5).verifier == LossyVerifier(0.5)
+    tree = ast.parse(Path(foretell.decoding.__file__).read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert "verifier" in names and not {"verify", "verify_controlled", "judge", "lossy_threshold"} & names
+
+
 def test_errors_name_the_problem(plain, tiny_pair):
     with pytest.raises(ForetellError, match="lossy_threshold .* not prompt-lookup"):
         load(tiny_pair[0], SpeculativeConfig(method="prompt-lookup", lossy_threshold=0.9), warm_up=False)

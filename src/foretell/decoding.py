@@ -22,14 +22,13 @@ from foretell.drafters.base import empty_proposal
 from foretell.errors import ForetellError
 from foretell.kv_cache import KVCache
 from foretell.logits_process import keep_nodes, token_logprobs
-from foretell.lossy import verify_controlled
 from foretell.models.transformer import ForwardOutput
 from foretell.result_cache import merge_branch
 from foretell.sampling import make_generator
+from foretell.sizing import PassOutcome
 from foretell.text import TextStream
 from foretell.tree import accepted_slots, attention_mask, slot_positions
 from foretell.types import Chunk, GenerationResult, GenerationStats, Proposal, SamplingParams, TokenLogprob
-from foretell.verify import verify
 
 if TYPE_CHECKING:
     from foretell.engine import Engine
@@ -61,7 +60,7 @@ class _Planned:
 
     proposal: Proposal
     drafted: bool  # the drafter ran (the draft gate may skip it)
-    budget: int  # tokens the drafter was allowed (its depth for a tree)
+    budget: int  # tokens the drafter was allowed (its depth for a tree; 0: no drafting)
     branch: list[int]  # the result cache's branch, [] when none
     matched: int  # the result cache key's length
     cache_nodes: list[int]  # nodes only the result cache proposed
@@ -70,7 +69,9 @@ class _Planned:
 
 
 class Decoding:
-    """The state of one generation under an Engine's configuration (its drafter, policies and extras)."""
+    """The state of one generation under an Engine's configuration (its drafter, policies and extras). How much
+    each pass drafts is its own sizer's to say (sizing.py, made fresh for it); how drafts are judged, the engine's
+    verifier's (verify.Verifier)."""
 
     def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams):
         if len(prompt_ids) >= engine.context_window:
@@ -82,7 +83,7 @@ class Decoding:
         self.t0 = time.perf_counter()
         self.ids = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
-        self.stats = GenerationStats(prompt_tokens=self.prompt_len, lossy_threshold=engine.lossy_threshold)
+        self.stats = GenerationStats(prompt_tokens=self.prompt_len, lossy_threshold=engine.verifier.threshold)
         self.limit = min(params.max_new_tokens, engine.context_window - self.prompt_len)
         capacity = self.prompt_len + self.limit + max(engine.max_draft, engine.max_proposal) + 1
         self.generator = make_generator(params.seed, engine.target.device)
@@ -99,11 +100,10 @@ class Decoding:
         self._planned: _Planned | None = None
         if engine.result_cache is not None:
             engine.result_cache.begin(self.ids)
-        if engine.draft_gate is not None:
-            engine.draft_gate.begin()
         if engine.drafter is not None:
             engine.drafter.start(self.ids, capacity, params, self.generator)
             engine.drafter.couple(self.noise)
+        self.sizer = engine.new_sizer()  # how much this request drafts each pass (sizing.py): fresh for it
         if not self.prefilling:  # a one-token prompt: nothing to prefill
             self._prefilled()
 
@@ -147,14 +147,12 @@ class Decoding:
         """Run the drafter (and the engine's extras) for the next pass; the proposal waits for target_pass()."""
         engine, t1 = self.engine, time.perf_counter()
         room = self.limit - (len(self.ids) - self.prompt_len)  # tokens we may still add
-        n = engine.draft_budget(room) if engine.drafter is not None else 0
-        if budget is not None:
-            n = min(n, budget)
+        n = self.sizer.draft_tokens(room, budget)
         branch, matched = self._cache_branch(n)
-        drafted = n > 0 and (engine.draft_gate is None or engine.draft_gate.should_draft(matched))
+        drafted = n > 0 and self.sizer.should_draft(matched)
         proposal = engine.drafter.propose(self.ids, n) if drafted else empty_proposal()
         if drafted and branch:
-            branch = self._sized_branch(branch, proposal, t1)
+            branch = branch[:self.sizer.branch_tokens(len(branch), proposal.size, time.perf_counter() - t1)]
         proposal, cache_nodes = self._extend_proposal(proposal, branch)
         if self.processor is not None and proposal.size:
             proposal, cache_nodes = self._pruned(proposal, cache_nodes)
@@ -188,7 +186,7 @@ class Decoding:
         proposal = planned.proposal
         logits = out.logits if self.processor is None else self.processor.rows(out.logits, proposal)
         coupling = Coupling(self.noise, len(self.ids)) if self.noise is not None else None  # row 0: the next index
-        verdict = engine.judge(logits, proposal, self.params, self.generator, coupling)
+        verdict = engine.verifier(logits, proposal, self.params, self.generator, coupling)
         if proposal.is_chain:
             self.cache.commit_prefix(1 + verdict.accepted)
             committed = {layer: h[: 1 + verdict.accepted] for layer, h in out.hidden.items()}
@@ -208,25 +206,25 @@ class Decoding:
         if self.logprobs is not None:  # the rows that chose each emitted token: the root's, then the path's
             rows = torch.arange(1 + verdict.accepted) if proposal.is_chain else accepted_slots(verdict.path)
             logprobs = token_logprobs(logits[rows.to(logits.device)], emitted, self.params.top_logprobs)
-        if engine.draft_gate is not None and planned.budget > 0:  # without the drafter: the branch's prefix + 1
-            engine.draft_gate.record(planned.matched, planned.drafted, 1 + verdict.accepted, t3 - planned.started,
-                                     1 + _common_prefix(accepted_tokens, planned.branch))
+        from_cache = len(set(planned.cache_nodes) & set(verdict.path or ()))  # accepted nodes only the branch had
         stats.draft_seconds += planned.planned - planned.started
         stats.verify_seconds += t3 - planned.planned
         stats.target_passes += 1
+        depth = proposal.depth if proposal.size else 0
         if proposal.size:
             stats.draft_tokens_verified += proposal.size
-            depth = proposal.depth
             stats.record(depth, verdict.accepted)
-            engine.length_policy.update(depth, verdict.accepted)
             stats.draft_passes += 1
             stats.passes_with_accepted += int(verdict.accepted > 0)
             stats.lossy_accepted += verdict.waived
             if planned.cache_nodes:
-                from_cache = len(set(planned.cache_nodes) & set(verdict.path or ()))
                 stats.cache_useful += int(from_cache > 0)
                 stats.cache_accepted_tokens += from_cache
-                engine.result_cache.sizer.record(len(planned.cache_nodes), from_cache)
+        # without the drafter the pass would have committed the branch's accepted prefix + 1
+        self.sizer.record(PassOutcome(planned.budget, planned.drafted, planned.matched, proposal.size, depth,
+                                      verdict.accepted, t3 - planned.started,
+                                      1 + _common_prefix(accepted_tokens, planned.branch),
+                                      len(planned.cache_nodes), from_cache))
         return self._extend(emitted, logprobs)
 
     def _pruned(self, proposal: Proposal, cache_nodes: list[int]) -> tuple[Proposal, list[int]]:
@@ -277,39 +275,17 @@ class Decoding:
         self.stats.cache_hits += bool(branch)
         return branch, matched
 
-    def _sized_branch(self, branch: list[int], proposal: Proposal, started: float) -> list[int]:
-        """The branch trimmed to what pays by the adaptive scheduler's cost curve (result_cache.BranchSizer);
-        whole without a scheduler, and on the scheduler's probes."""
-        scheduler = getattr(self.engine.drafter, "scheduler", None)
-        if scheduler is None or not scheduler.history or scheduler.history[-1].probe:
-            return branch
-        keep = self.engine.result_cache.sizer.size(len(branch), proposal.size, scheduler.history[-1].expected_tokens,
-                                                   scheduler.verify_seconds, time.perf_counter() - started)
-        return branch[:keep]
-
     def _extend_proposal(self, proposal: Proposal, branch: list[int]) -> tuple[Proposal, list[int]]:
-        """The opt-in extras around the drafter's proposal: lossy mode needs its draft probabilities;
-        the result cache's branch is merged in. Returns the proposal and the nodes only the cache added."""
+        """The opt-in extras around the drafter's proposal: the verifier refuses one it cannot judge (lossy mode
+        needs draft probabilities); the result cache's branch is merged in. Returns the proposal and the nodes only
+        the cache added."""
         engine = self.engine
-        if engine.lossy_threshold is not None and proposal.size and proposal.draft_prob is None:
-            raise ForetellError(
-                f"lossy verification needs per-node draft probabilities (Proposal.draft_prob), which the "
-                f"{engine.drafter.name} drafter does not provide; use parallel-head, draft-model, draft-tree or "
-                "hidden-state, or leave lossy_threshold off"
-            )
+        if proposal.size:
+            engine.verifier.check(proposal, engine.drafter.name)
         if not branch:
             return proposal, []
         merged = merge_branch(proposal, branch, engine.max_proposal or engine.max_draft)
         return merged.proposal, merged.added
-
-
-def judge(logits: torch.Tensor, proposal: Proposal, params: SamplingParams, generator, lossy_threshold: float | None,
-          coupling: Coupling | None = None):
-    """The verification controller: lossless `verify` unless the opt-in lossy mode is on; coupling: the coupled
-    rule's noise for this pass (None: speculative sampling's rule with `generator`)."""
-    if lossy_threshold is None:
-        return verify(logits, proposal, params, generator, coupling)
-    return verify_controlled(logits, proposal, params, generator, lossy_threshold, coupling)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

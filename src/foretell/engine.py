@@ -11,15 +11,17 @@ from typing import Iterator
 
 import torch
 
-from foretell.decoding import Decoding, judge
+from foretell.decoding import Decoding
 from foretell.draft_gate import DraftGate
 from foretell.drafters.base import Drafter
 from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength
 from foretell.errors import ForetellError
-from foretell.lossy import check_lossy_threshold
+from foretell.lossy import check_lossy_threshold, verifier_for
 from foretell.models.transformer import Transformer, warm_up
 from foretell.result_cache import ResultCache
+from foretell.sizing import RequestSizer, new_request_sizer
 from foretell.types import Chunk, GenerationResult, SamplingParams
+from foretell.verify import Verifier
 
 
 @dataclass
@@ -28,6 +30,7 @@ class Engine:
     tokenizer: object
     stop_ids: set[int]
     drafter: Drafter | None = None
+    # A chain drafter's draft length; each request sizes with a copy of it (sizing.py), so this one never changes.
     length_policy: DraftLengthPolicy = field(default_factory=FixedLength)
     max_draft: int = 16  # upper bound on draft tokens a policy may ask for
     # Opt-in, both off by default: LOSSY verification (lossy.py: a draft path probability above
@@ -89,11 +92,10 @@ class Engine:
         """The largest proposal the drafter declares (tree nodes); 0 = bounded by max_draft."""
         return self.drafter.max_nodes if self.drafter is not None else 0
 
-    def draft_budget(self, room: int) -> int:
-        """Tokens the drafter may propose (for a tree: its depth); never past the token limit."""
-        if self.drafter.sizes_itself:
-            return room - 1
-        return min(self.length_policy.next_length(), self.max_draft, room - 1)
+    def new_sizer(self) -> RequestSizer:
+        """A request's draft sizer (sizing.py) under this configuration, fresh; made after the drafter's start."""
+        branch = self.result_cache.sizer if self.result_cache is not None else None
+        return new_request_sizer(self.drafter, self.length_policy, self.max_draft, self.draft_gate, branch)
 
     def logits_processor(self, prompt_ids: list[int], params: SamplingParams):
         """The request's logits processing (logits_process.py), or None when it leaves the logits as they are."""
@@ -112,6 +114,7 @@ class Engine:
 
         return compiler_for(self.tokenizer, self.target.config.vocab_size, self.stop_ids)
 
-    def judge(self, logits, proposal, params: SamplingParams, generator, coupling=None):
-        """The verification controller: lossless `verify` unless the opt-in lossy mode is on."""
-        return judge(logits, proposal, params, generator, self.lossy_threshold, coupling)
+    @property
+    def verifier(self) -> Verifier:
+        """The verification strategy: lossless `verify` unless the opt-in lossy mode is on (lossy.py)."""
+        return verifier_for(self.lossy_threshold)

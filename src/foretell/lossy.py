@@ -15,13 +15,15 @@ from the target's logits at the last accepted node, as always.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from foretell.coupled import Coupling
 from foretell.errors import ForetellError
 from foretell.tree import children_lists
 from foretell.types import Proposal, SamplingParams, Verification
-from foretell.verify import verify
+from foretell.verify import LOSSLESS, Verifier, verify
 
 
 def check_lossy_threshold(threshold) -> float | None:
@@ -34,6 +36,30 @@ def check_lossy_threshold(threshold) -> float | None:
             f"target's check), or None for lossless verification; got {threshold!r}"
         )
     return float(threshold)
+
+
+@dataclass(frozen=True)
+class LossyVerifier:
+    """The opt-in LOSSY verification strategy (verify.Verifier): verify_controlled with `threshold`."""
+
+    threshold: float
+
+    def check(self, proposal: Proposal, drafter: str) -> None:
+        if proposal.size and proposal.draft_prob is None:
+            raise ForetellError(
+                f"lossy verification needs per-node draft probabilities (Proposal.draft_prob), which the "
+                f"{drafter} drafter does not provide; use parallel-head, draft-model, draft-tree or "
+                "hidden-state, or leave lossy_threshold off"
+            )
+
+    def __call__(self, target_logits: torch.Tensor, proposal: Proposal, params: SamplingParams,
+                 generator: torch.Generator | None, coupling: Coupling | None = None) -> Verification:
+        return verify_controlled(target_logits, proposal, params, generator, self.threshold, coupling)
+
+
+def verifier_for(threshold: float | None) -> Verifier:
+    """The verification strategy of a (checked) lossy_threshold: lossless verification for None."""
+    return LOSSLESS if threshold is None else LossyVerifier(threshold)
 
 
 def confident_path(proposal: Proposal, threshold: float) -> list[int]:

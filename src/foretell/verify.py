@@ -23,6 +23,8 @@ instead: each position's token is the target's Gumbel-max token under noise keye
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from foretell.coupled import Coupling, verify_coupled
@@ -152,3 +154,33 @@ def verify(
     if params.greedy:
         return verify_tree_greedy(target_logits, proposal)
     return verify_tree_sampled(target_logits, proposal, params, generator)
+
+
+class Verifier(Protocol):
+    """How the target judges a pass's proposal: LOSSLESS (`verify`, the default) or an opt-in strategy
+    (lossy.LossyVerifier). The engine holds one; decoding verifies through it and nothing else."""
+
+    threshold: float | None  # reported in the statistics (lossy.py's threshold; None: lossless)
+
+    def check(self, proposal: Proposal, drafter: str) -> None:
+        """Refuse (ForetellError) a proposal of `drafter` this strategy cannot judge, before the target pass."""
+
+    def __call__(self, target_logits: torch.Tensor, proposal: Proposal, params: SamplingParams,
+                 generator: torch.Generator | None, coupling: Coupling | None = None) -> Verification:
+        """The verdict on `proposal` from the target pass's logits (as `verify`'s arguments)."""
+
+
+class LosslessVerifier:
+    """`verify`: the output is exactly the target's (greedy) or distributed exactly as the target's (sampled)."""
+
+    threshold = None
+
+    def check(self, proposal: Proposal, drafter: str) -> None:
+        pass
+
+    def __call__(self, target_logits: torch.Tensor, proposal: Proposal, params: SamplingParams,
+                 generator: torch.Generator | None, coupling: Coupling | None = None) -> Verification:
+        return verify(target_logits, proposal, params, generator, coupling)
+
+
+LOSSLESS = LosslessVerifier()

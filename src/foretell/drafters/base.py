@@ -6,12 +6,15 @@ them directly instead of probing for optional attributes.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from foretell.coupled import GumbelNoise
 from foretell.types import Proposal, SamplingParams
+
+if TYPE_CHECKING:
+    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 
 
 class Drafter(Protocol):
@@ -22,6 +25,9 @@ class Drafter(Protocol):
     sizes_itself: True when the drafter picks its own depth and size (trees); the engine's length policy
         then does not apply, and `max_tokens` of propose only caps the depth.
     max_nodes: the largest proposal it makes (tree nodes); 0 = bounded by the engine's max_draft.
+    schedule: the adaptive schedule (drafters/tree_scheduler.py) this generation's trees are grown and trimmed
+        by, made fresh by `start`; None: a fixed shape, or a chain. The engine's sizer for the request (sizing.py)
+        shares it.
     target_layers: target hidden layers it reads (as in Transformer.forward's `hidden_layers`: 0 =
         embeddings, L = final norm); () costs nothing extra. The engine then requests those layers in
         the prefill and every verification pass, and calls `observe` with the rows ([n, H] per layer)
@@ -35,6 +41,7 @@ class Drafter(Protocol):
     sizes_itself: bool
     max_nodes: int
     target_layers: tuple[int, ...]
+    schedule: AdaptiveTreeScheduler | None
 
     def start(self, prompt_ids: list[int], capacity: int, params: SamplingParams, generator: torch.Generator) -> None:
         """Begin a new generation. capacity bounds the sequence length (prompt + new + drafts)."""
@@ -71,6 +78,7 @@ class DrafterBase:
     sizes_itself = False
     max_nodes = 0
     target_layers: tuple[int, ...] = ()
+    schedule: AdaptiveTreeScheduler | None = None
     noise: GumbelNoise | None = None
 
     def couple(self, noise: GumbelNoise | None) -> None:

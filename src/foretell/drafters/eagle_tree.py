@@ -97,8 +97,8 @@ class Eagle3Drafter(HookedTreeDrafter):
         self._check_observed(tokens)
         self._sent = ([], [])
         depth, grow = min(self.shape.depth, max_tokens), self.max_nodes
-        if self.scheduler is not None:  # draft only what the scheduler may keep
-            grow, depth_cap = self.scheduler.growth_limits()
+        if self.schedule is not None:  # draft only what the scheduler may keep
+            grow, depth_cap = self.schedule.growth_limits()
             depth = min(depth, depth_cap)
         if depth <= 0 or not self._pending:  # a one-token prompt has no target rows yet
             return empty_proposal()
@@ -107,7 +107,7 @@ class Eagle3Drafter(HookedTreeDrafter):
         level_times = [time.perf_counter()]  # depth 1 is ready; _grow adds the time of each next level
         nodes = self._grow(root_state, root_logits, depth, len(tokens) - 2, level_times)
         keep = nodes.best(grow)
-        if self.scheduler is not None:
+        if self.schedule is not None:
             keep = keep[: self._schedule([nodes.scores[i] for i in keep], self._parents(nodes, keep), t0,
                                          level_times)]
         return self._proposal(nodes, keep)

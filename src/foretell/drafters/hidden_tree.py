@@ -223,8 +223,8 @@ class HiddenStateDrafter(HookedTreeDrafter):
         if depth <= 0:
             return empty_proposal()
         grow = self.max_nodes
-        if self.scheduler is not None:  # draft only what the scheduler may keep
-            grow, depth_cap = self.scheduler.growth_limits()
+        if self.schedule is not None:  # draft only what the scheduler may keep
+            grow, depth_cap = self.schedule.growth_limits()
             depth = min(depth, max(depth_cap, 2))  # >= 2: resampling reuses the levels past the first
         resampled = self._resample(tokens, depth) if self.options.resample else None
         self._chain = None
@@ -321,7 +321,7 @@ class HiddenStateDrafter(HookedTreeDrafter):
 
     def _proposal(self, root_len: int, trees: list, t0: float, only_resampled: bool = False) -> Proposal:
         tokens, parents, scores, sources = merge_trees(trees, self.max_nodes)
-        if self.scheduler is not None and tokens:  # best-first order: any prefix is closed under ancestors
+        if self.schedule is not None and tokens:  # best-first order: any prefix is closed under ancestors
             n = self._schedule(scores, parents, t0)
             tokens, parents, scores, sources = tokens[:n], parents[:n], scores[:n], sources[:n]
         resampled_only = [only_resampled or s == 0b10 for s in sources]

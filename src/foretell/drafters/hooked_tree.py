@@ -2,7 +2,8 @@
 
 The target rows of newly committed tokens wait in `_pending` until the next proposal feeds them to the
 drafter's module; a proposal first checks that every committed row arrived. With an AdaptiveTreeScheduler
-the drafter remembers the tree it sent, so that `verified` can report the outcome to the scheduler.
+each generation grows and trims its trees by a fresh schedule of it (`schedule`, made by start; the engine's
+sizer shares it), and the drafter remembers the tree it sent, so that `verified` can report the outcome to it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class HookedTreeDrafter(DrafterBase):
         """max_nodes: the fixed tree's node cap (a scheduler's cap replaces it); target_layers: the hook layers
         whose rows the engine hands over after each commit."""
         self._module = module  # the drafter's own weights: it makes the KV cache and reads the hook's rows
-        self.scheduler = scheduler
+        self.scheduler = scheduler  # the configuration; each generation sizes by a fresh schedule of it
+        self.schedule: AdaptiveTreeScheduler | None = None
         self.max_nodes = scheduler.limits.max_nodes if scheduler is not None else max_nodes
         self.target_layers = tuple(target_layers)
         self.cache = None
@@ -40,6 +42,8 @@ class HookedTreeDrafter(DrafterBase):
             self.cache = self._module.new_cache(need)
         self.cache.truncate(0)
         self.params = params
+        self.schedule = self.scheduler.fresh() if self.scheduler is not None else None
+        self._sent = ([], [])
         self._pending, self._observed = [], 0
 
     def _rows(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -69,15 +73,15 @@ class HookedTreeDrafter(DrafterBase):
         the kept ones are remembered for `verified`. t0: when the proposal started (its drafting time);
         level_times: when each level of a tree grown a level at a time was ready (perf_counter)."""
         levels = None if level_times is None else [t - t0 for t in level_times]
-        n = self.scheduler.choose(scores, parents, time.perf_counter() - t0, levels)
+        n = self.schedule.choose(scores, parents, time.perf_counter() - t0, levels)
         self._sent = (parents[:n], scores[:n])
         return n
 
     def verified(self, accepted: int, verify_seconds: float, verified_nodes: int) -> None:
         """The engine's report on the last proposal: accepted path length, the pass's time and its size
         (larger than our tree when the engine merged in the result cache's branch)."""
-        if self.scheduler is not None and self._sent[0]:
-            self.scheduler.record(*self._sent, accepted, verify_seconds, verified_nodes)
+        if self.schedule is not None and self._sent[0]:
+            self.schedule.record(*self._sent, accepted, verify_seconds, verified_nodes)
 
     def cache_bytes(self) -> int:
         return self.cache.nbytes() if self.cache is not None else 0

@@ -1,4 +1,7 @@
-"""How many tokens to draft next step, chosen from what verification accepted so far."""
+"""How many tokens to draft next step, chosen from what verification accepted so far.
+
+A policy object is a configuration: each request's sizer (sizing.py) decodes with a copy of it, so what one
+request's drafts did never sizes another's."""
 
 from __future__ import annotations
 

@@ -99,8 +99,8 @@ class ParallelHeadDrafter(HookedTreeDrafter):
         """max_tokens caps the tree's depth (tokens left to generate)."""
         self._check_observed(tokens)
         depth, grow = min(self.shape.depth, max_tokens), self.shape.max_nodes
-        if self.scheduler is not None:  # draft only what the scheduler may keep: fewer placeholder rows and nodes
-            grow, depth_cap = self.scheduler.growth_limits()
+        if self.schedule is not None:  # draft only what the scheduler may keep: fewer placeholder rows and nodes
+            grow, depth_cap = self.schedule.growth_limits()
             depth = min(depth, depth_cap)
         if depth <= 0 or not self._pending:  # a one-token prompt has no target rows yet
             return empty_proposal()
@@ -114,7 +114,7 @@ class ParallelHeadDrafter(HookedTreeDrafter):
         self.cache.commit_prefix(features.shape[0])
         q = self._q(logits, len(tokens))
         drafted, parents, scores = grow_tree(q, grow, self.shape.width)
-        if self.scheduler is not None:
+        if self.schedule is not None:
             n = self._schedule(scores, parents, t0)
             drafted, parents, scores = drafted[:n], parents[:n], scores[:n]
         draft_prob = node_probs(q, drafted, parents)

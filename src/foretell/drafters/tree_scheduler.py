@@ -22,6 +22,7 @@ Every choice is lossless: the scheduler only picks which drafts the target verif
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -82,8 +83,24 @@ class AdaptiveTreeScheduler:
     _predicted: list[float] = field(default_factory=list)  # per depth: decayed sum of raw node probabilities
     _correction: dict[int, float] = field(default_factory=dict)  # cost-curve size -> measured / curve
     _steps: int = 0
-    history: list[Choice] = field(default_factory=list)
+    history: list[Choice] = field(default_factory=list)  # this schedule's choices (growth_limits reads the latest)
     _seconds: dict[int, float] = field(default_factory=dict)  # verify_seconds memo, cleared when _correction moves
+    _log: list[Choice] | None = field(default=None, repr=False)  # a fresh() copy's: the configured one's history
+
+    def fresh(self) -> AdaptiveTreeScheduler:
+        """The schedule of a new request (a drafter's start makes one per generation): the same limits and cost
+        curve, and the same cost corrections (the machine's timings carry over; the copy shares them); its own
+        calibration, probe count and choices (the text's acceptance starts afresh). Its choices are also logged in
+        this scheduler's history, which reports and benchmarks read over all requests."""
+        schedule = copy.copy(self)  # shares _correction and _seconds (and any per-instance setting)
+        schedule._passed, schedule._predicted, schedule._steps, schedule.history = [], [], 0, []
+        schedule._log = self.history if self._log is None else self._log
+        return schedule
+
+    @property
+    def last_choice(self) -> Choice | None:
+        """The latest choice of this schedule (None before its first)."""
+        return self.history[-1] if self.history else None
 
     def calibration(self, depth: int) -> float:
         """Accepted / predicted at this depth (1 with no evidence; a pseudo-count keeps it sane).
@@ -138,7 +155,10 @@ class AdaptiveTreeScheduler:
             up = (self._steps // self.limits.probe_every) % 2 == 0
             best_n = min(len(scores), max(1, best_n * 2)) if up else max(1, best_n // 2)
         depth, width = tree_shape(parents[:best_n])
-        self.history.append(Choice(best_n, depth, width, best_expected, probe))
+        choice = Choice(best_n, depth, width, best_expected, probe)
+        self.history.append(choice)
+        if self._log is not None:
+            self._log.append(choice)
         return best_n
 
     def growth_limits(self, recent: int = 8) -> tuple[int, int]:
