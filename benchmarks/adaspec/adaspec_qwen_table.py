@@ -1,4 +1,4 @@
-"""The Qwen section's table of docs/adaspec.md from a finished benchmarks/adaspec_qwen.sh run folder.
+"""The Qwen section's table of docs/adaspec.md from a finished benchmarks/adaspec/adaspec_qwen.sh run folder.
 
 alpha on held-out target answers (eval-alpha-{gsm8k,sharegpt}.json), then real draft-model decoding, greedy and
 T=1, on GSM8K test and Spec-Bench prompts (eval-decode-{data,spec-bench}-t{0,1}-g*.json: each group of drafts

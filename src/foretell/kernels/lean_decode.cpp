@@ -331,7 +331,7 @@ bool lean_avx512(bool on) {
 // columns by 32 inputs an instruction. A tile's element sums its row's inputs in an order that does not depend on
 // the tile's other rows, and the 32-input chunks come in one fixed order, so a row gets the same bits whatever the
 // pass's width; with ~16x the products of AVX-512's FMAs a cycle, the products of a 16-row pass cost about what
-// streaming the weights once does (benchmarks/amx_ab.py has the whole passes).
+// streaming the weights once does (docs/speed.md has the whole passes' timings).
 // Compilers without AMX intrinsics (GCC < 11, Clang < 12), and systems other than Linux (which grants the tile state
 // through arch_prctl), build the rest: BF16A then is never packed.
 #if defined(__linux__) && \
@@ -548,7 +548,7 @@ void with_rows(int64_t R, Run& run, int64_t m) {
 
 // run(R, m) over M rows in as few passes of at most MAX rows as may be, of balanced sizes (R a compile-time
 // count). AVX2 (MAX 6): 12 accumulators, two weights, a broadcast and zero fill its 16 registers; each pass past
-// the first adds its products without hiding them under the weights' arrival (benchmarks/lean_ab.py on a 2-core
+// the first adds its products without hiding them under the weights' arrival (docs/speed.md, on a 2-core
 // EPYC: a pass of 4 tokens cost 1.1x a one-token step, 6 tokens 1.3x, 7 tokens 1.7x). AVX-512: MAX 16.
 template <int MAX, class Run>
 void in_passes(int64_t M, Run run) {

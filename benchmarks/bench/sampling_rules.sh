@@ -3,10 +3,10 @@
 # the position) against the standard rejection rule, per shipped SmolLM2 drafter, in two bench runs of the same
 # prompts: Spec-Bench + GSM8K, PER prompts a category, T=0.7, seed 1, bf16. Each run's report gives every method's
 # speedup over plain decoding in that run and its tau. Keep other work off the cores while it runs.
-#   bash benchmarks/sampling_rules.sh        (OUT=benchmarks/results/sampling_rules, PER=4, TOKENS=128)
-#   SUMMARY_ONLY=1 bash benchmarks/sampling_rules.sh   (the table again from the recorded runs)
+#   bash benchmarks/bench/sampling_rules.sh        (OUT=benchmarks/results/sampling_rules, PER=4, TOKENS=128)
+#   SUMMARY_ONLY=1 bash benchmarks/bench/sampling_rules.sh   (the table again from the recorded runs)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-benchmarks/results/sampling_rules}
 for RULE in coupled rejection; do
   [ -n "${SUMMARY_ONLY:-}" ] && break

@@ -10,7 +10,7 @@
 # Environment: OUT (runs/adaspec-qwen), SELF (160) GSM8K train prompts answered, TEST (32) held-out ones,
 # SHAREGPT_ROWS (240), STEPS (60), BATCH (8), LR (2e-5), KS ("0.4 0.2"), THREADS (2), DECODE_PROMPTS (6).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 F=.venv/bin/foretell
 OUT=${OUT:-runs/adaspec-qwen}
 T=${THREADS:-2}
