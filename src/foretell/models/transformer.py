@@ -269,7 +269,7 @@ class Transformer(nn.Module):
     def compile_steps(self) -> Transformer:
         """torch.compile each layer's projections-and-norms and MLP blocks (not attention, whose key length grows
         every step), with dynamic token counts so verification sizes do not recompile. Opt-in: on this 2-core CPU
-        it has not paid (benchmarks/compile_ab.py); the cost curve is keyed by it (budget.machine_key)."""
+        it has not paid (benchmarks/experiments/compile_ab.py); the cost curve is keyed by it (budget.machine_key)."""
         for layer in self.layers:
             layer.project_qkv = torch.compile(layer.project_qkv, dynamic=True)
             layer.finish = torch.compile(layer.finish, dynamic=True)
