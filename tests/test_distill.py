@@ -442,3 +442,37 @@ def test_a_distilled_qwen2_draft_speculates_exactly_like_plain_greedy(qwen_pair)
         plain = pipe.plain_engine().generate(prompt, greedy)
         assert spec.tokens == plain.tokens and len(plain.tokens) == 20
         assert spec.stats.draft_tokens_verified > 0
+
+
+def test_a_shipped_distilled_qwen2_draft_loads_by_name_with_its_checksums(qwen_pair, tmp_path):
+    """A distilled draft model ships like the heads (bf16 weights, tokenizer, manifest of checksums); loaded by
+    name it speculates exactly like plain greedy, and a damaged file is refused before any drafting."""
+    from foretell.config import SpeculativeConfig
+    from foretell.drafters.factory import DrafterWeights, build_engine
+    from foretell.models.loading import load_model
+    from foretell.models.shipped import Manifest, ship_drafter
+    from foretell.types import SamplingParams
+
+    cfg, models = qwen_pair
+    target = load_model(cfg.target)
+    root = tmp_path / "shipped"
+    ship_drafter(models["reference"], "tiny-qwen-draft", "draft-model", "tiny-qwen", target.model,
+                 {"method": "draft-model", "gamma": 3}, {"command": "a test"}, root=root)
+    manifest = Manifest.read(root / "tiny-qwen-draft")
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(manifest.files)
+
+    def engine():
+        weights = DrafterWeights(target, "tiny-qwen", shipped_root=root)
+        spec = SpeculativeConfig(method="draft-model", model="tiny-qwen-draft", gamma=3, draft_quant="none")
+        return build_engine(spec, weights)
+
+    plain = build_engine(SpeculativeConfig(method="none"), DrafterWeights(target, "tiny-qwen"))
+    greedy = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    spec_engine = engine()
+    for prompt in ([3, 9, 14, 30], [20, 5]):
+        out = spec_engine.generate(prompt, greedy)
+        assert out.tokens == plain.generate(prompt, greedy).tokens and out.stats.draft_tokens_verified > 0
+    weights = root / "tiny-qwen-draft" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(ForetellError, match="damaged: model.safetensors"):
+        engine()

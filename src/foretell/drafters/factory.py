@@ -64,8 +64,14 @@ class DrafterWeights:
         return self._loaded[key]
 
     def draft_model(self, spec: str, quant: str) -> LoadedModel:
+        """A draft model: a folder, a preset, or a shipped draft model's name (its checksums and target checked)."""
+        from foretell.models.shipped import MANIFEST, SHIPPED_DIR, verified_folder
+
         def make():
-            draft = load_model(spec, self.dtype, self.device, self.cache_dir)
+            root = self.shipped_root or SHIPPED_DIR
+            shipped = not Path(spec).exists() and (root / spec / MANIFEST).is_file()
+            where = str(verified_folder(spec, "draft-model", self.target.model, root)) if shipped else spec
+            draft = load_model(where, self.dtype, self.device, self.cache_dir)
             check_same_tokenizer(self.target.tokenizer, draft.tokenizer, self.target_name, spec)
             # its weights per `quant`; bf16 on a CPU without native bf16 matmul: wide passes in fp32 (measured here)
             prepare(draft.model, RuntimeConfig(device=self.device, dtype=self.dtype, quant=quant, bf16_as_float32=False,

@@ -22,7 +22,11 @@ from foretell.errors import ForetellError
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "shipped"
 MANIFEST = "manifest.json"
-KINDS = {"parallel-head": "parallel_head.json", "hidden-state": "hidden_draft.json", "eagle3": "eagle3.json"}  # method -> config file
+KINDS = {"parallel-head": "parallel_head.json", "hidden-state": "hidden_draft.json", "eagle3": "eagle3.json",
+         "draft-model": "config.json"}  # method -> config file
+# a whole draft model (e.g. a distilled small model of the target's family) also ships its tokenizer, so that the
+# tokenizer check against the target runs on the shipped files
+DRAFT_MODEL_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "foretell-model.json")
 
 
 @dataclass(frozen=True)
@@ -231,17 +235,21 @@ def ship_drafter(source: Path, name: str, kind: str, target_name: str, target_mo
 
     if kind not in KINDS:
         raise ForetellError(f"only {', '.join(KINDS)} drafters ship, not {kind}")
+    if kind == "draft-model" and storage != "bf16":
+        raise ForetellError("a draft model ships in bf16 (its folder is loaded as a model; int8 rows are for heads)")
     config_file = KINDS[kind]
     if not (source / config_file).is_file():
         raise ForetellError(f"{source} is not a saved {kind} drafter (no {config_file})")
     staging = fresh_staging(root, name)
-    shutil.copy(source / config_file, staging / config_file)
+    copied = [config_file] + [f for f in DRAFT_MODEL_FILES if kind == "draft-model" and (source / f).is_file()]
+    for file in copied:
+        shutil.copy(source / file, staging / file)
     weights = load_file(str(source / "model.safetensors"))
     if storage == "int8":
         weights = int8_rows_packed(weights)
     save_file({k: v.to(torch.bfloat16) if v.is_floating_point() and not k.endswith(INT8_ROW_SCALE) else v
                for k, v in weights.items()}, str(staging / "model.safetensors"))
-    files = {f: sha256_of(staging / f) for f in (config_file, "model.safetensors")}
+    files = {f: sha256_of(staging / f) for f in (*copied, "model.safetensors")}
     manifest = Manifest(name, kind, TargetIdentity.of(target_name, target_model), files, speculative, made_by, default,
                         storage)
     out = install_staged(manifest, staging, root)
