@@ -120,7 +120,7 @@ def test_topk_kl_equals_full_kl_when_k_is_the_vocabulary():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sequence_topk_in_row_slices_equals_the_whole_batchs_logits(tmp_path, monkeypatch, dtype):
-    from foretell.models.wide_linear import widen_linears
+    from foretell.runtime.wide_linear import widen_linears
     from foretell.train.common import topk
 
     folder = save_hf(tmp_path / "m", make_hf_model("llama", 48, seed=4), make_tokenizer(48))

@@ -1,4 +1,4 @@
-"""Hidden-state speculative decoding (seed 000) on tiny models: exact greedy output with
+"""Hidden-state speculative decoding ("Make Every Draft Count") on tiny models: exact greedy output with
 token-info, resampling and fusion (and each off), sampled losslessness, token-info, the tree
 budget, resampling from cached logits, saving and loading, and a briefly trained draft."""
 

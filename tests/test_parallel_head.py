@@ -1,4 +1,4 @@
-"""The parallel draft head (JetSpec, seed 003) on tiny models: the engine's hidden-state hook,
+"""The parallel draft head (JetSpec) on tiny models: the engine's hidden-state hook,
 exact greedy output, sampled losslessness, the tree budget, saving and loading."""
 
 import heapq

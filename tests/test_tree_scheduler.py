@@ -1,4 +1,4 @@
-"""The adaptive tree scheduler (JetSpec, seed 003): budget choice from cost and acceptance,
+"""The adaptive tree scheduler (JetSpec): budget choice from cost and acceptance,
 its response to load (slower big passes) and to rejections, and exactness in decoding."""
 
 import math

@@ -1,6 +1,6 @@
 """Time a hidden-state draft's chain as the bench runs it on SmolLM2-135M: one step over 3 new target rows after a
 200-row context, then 4 steps over its own predictions, then the output layer over the 5 predictions; PyTorch's
-path against the lean step (models/lean_drafters.LeanDraftLayers), with the draft's layer as it is and as int8. The
+path against the lean step (runtime/lean_drafters.LeanDraftLayers), with the draft's layer as it is and as int8. The
 target loads as the bench loads it (bf16 weights, float32 activations where this CPU emulates bf16 products).
 A draft folder is optional: the timing does not depend on the weights (default: a random draft with an
 8192-token vocabulary, the shipped drafters' size).
@@ -16,7 +16,7 @@ import time
 import torch
 
 from foretell.models.hidden_draft import HiddenDraftConfig, load_hidden_draft, new_hidden_draft
-from foretell.models.lean_step import run_bf16_as_float32
+from foretell.runtime.lean_step import run_bf16_as_float32
 from foretell.models.loading import load_model
 
 CONTEXT, NEW_ROWS, CHAIN, ROUNDS = 200, 3, 5, 200

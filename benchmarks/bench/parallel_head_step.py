@@ -1,6 +1,6 @@
 """Time one parallel-head forward as the bench runs it on SmolLM2-135M: 3 new context rows and 3 placeholders after
 a 200-row context, logits over the head's 8192 hot tokens; PyTorch's path against the lean step
-(models/lean_drafters.LeanDraftLayers: its layer in one native call, fuse and the output rows in the column kernel).
+(runtime/lean_drafters.LeanDraftLayers: its layer in one native call, fuse and the output rows in the column kernel).
 The target loads as the bench loads it (bf16 weights, float32 activations where this CPU emulates bf16 products).
 
     .venv/bin/python benchmarks/bench/parallel_head_step.py [--head src/foretell/shipped/smollm2-135m-head]
@@ -14,7 +14,7 @@ import time
 import torch
 
 from foretell.drafters.factory import DrafterWeights
-from foretell.models.lean_step import run_bf16_as_float32
+from foretell.runtime.lean_step import run_bf16_as_float32
 from foretell.models.loading import load_model
 from foretell.models.parallel_head import load_parallel_head
 

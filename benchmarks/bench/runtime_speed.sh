@@ -3,7 +3,7 @@
 # Spec-Bench, PER prompts a category, 128 new tokens, methods interleaved prompt by prompt in each run):
 #   OUT/bf16   foretell plain (bf16) against transformers' plain generate
 #   OUT/quant  on the GGUF file's own Q4_1 weights (--quant QUANT, default gguf) with float32 activations (QDTYPE;
-#              where foretell's lean step runs them, models/lean_step.py): foretell plain, prompt lookup and
+#              where foretell's lean step runs them, runtime/lean_step.py): foretell plain, prompt lookup and
 #              DRAFTER (a --spec-config file, default: the shipped default drafter's, if one ships) against
 #              llama.cpp's plain decoding of the same file
 #   OUT/split.md  where a plain token's time goes (benchmarks/bench/token_split.py): forward vs the loop around it

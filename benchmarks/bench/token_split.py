@@ -19,7 +19,7 @@ import torch
 from foretell.api import load
 from foretell.bench.datasets import load_prompts
 from foretell.config import SpeculativeConfig
-from foretell.models.quant import TARGET_QUANT_CHOICES
+from foretell.runtime.quant import TARGET_QUANT_CHOICES
 from foretell.types import SamplingParams
 
 

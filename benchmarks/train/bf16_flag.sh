@@ -10,7 +10,7 @@ bf16_flag() {
       "$1/train/job.json")
   fi
   if [ "$bf16" = auto ]; then
-    bf16=$(.venv/bin/python -c "from foretell.models.wide_linear import native_bf16; print(int(native_bf16()))")
+    bf16=$(.venv/bin/python -c "from foretell.runtime.wide_linear import native_bf16; print(int(native_bf16()))")
   fi
   echo "$(basename "$0"): training in $([ "$bf16" = 1 ] && echo "bf16 (--bf16)" || echo fp32) for $1" >&2
   if [ "$bf16" = 1 ]; then echo --bf16; fi

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from foretell.models.transformer import RUNTIME_VERSION, Transformer
-from foretell.models.wide_linear import bf16_rows_of, kernel_rows_of, wide_rows_of
+from foretell.runtime.wide_linear import bf16_rows_of, kernel_rows_of, wide_rows_of
 
 DEFAULT_SIZES = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -48,7 +48,7 @@ class CostCurve:
 
 
 def weight_format(model: Transformer) -> str:
-    from foretell.models.quant import Int4Linear, Int8Linear
+    from foretell.runtime.quant import Int4Linear, Int8Linear
 
     kinds = {type(m) for m in model.modules()}
     return "int4" if Int4Linear in kinds else "int8" if Int8Linear in kinds else "dense"
@@ -73,10 +73,10 @@ def machine_key(model: Transformer, model_name: str) -> dict:
         "threads": torch.get_num_threads(),
         "weights": weight_format(model),
         "compiled": model.compiled,
-        "wide_rows": wide_rows_of(model),  # bf16 passes of this many rows or more run in fp32 (models/wide_linear.py)
+        "wide_rows": wide_rows_of(model),  # bf16 passes of this many rows or more run in fp32 (runtime/wide_linear.py)
         "kernel_rows": kernel_rows_of(model),  # and of 2..this many rows in foretell's bf16 kernel
         "bf16_rows": bf16_rows_of(model),  # float32 passes of this many rows or more multiply in bf16 (native bf16)
-        "lean": model.lean is not None,  # one-token steps in one native call (models/lean_step.py)
+        "lean": model.lean is not None,  # one-token steps in one native call (runtime/lean_step.py)
         "act_q8": model.lean is not None and model.lean.act_q8,  # with 8-bit activations
         "lean_bf16": model.lean is not None and model.lean.streams_bf16,  # dense weights read as bf16
         "lean_amx": model.lean is not None and model.lean.amx,  # bf16 products on AMX tiles

@@ -213,7 +213,7 @@ class SpeculativeConfig:
         (head_tree None: as deep as the head drafts, up to 4).
     hot_vocab: draft among this many frequent tokens only (0 = all; lossless).
     draft_quant: int8 draft weights (auto = int8 on CPU, except bf16 drafts where foretell's bf16 kernel runs
-        (models/quant.py resolve_quant); lossless: only acceptance can change).
+        (runtime/quant.py resolve_quant); lossless: only acceptance can change).
     budget: fixed, or auto: draft length / tree size chosen each pass from this machine's measured cost curve.
     result_cache: outputs | prompt: continuations seen before (in earlier outputs; with prompt, the prompt
         too) join a tree proposal as one more branch (lossless).

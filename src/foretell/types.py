@@ -203,7 +203,7 @@ class GenerationStats:
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
     finish_reason: str = ""
-    # Monitoring (seed 003): passes that verified >= 1 draft token, and those that accepted >= 1.
+    # Monitoring (as JetSpec reports it): passes that verified >= 1 draft token, and those that accepted >= 1.
     draft_passes: int = 0
     passes_with_accepted: int = 0
     # Opt-in lossy verification (lossy.py): None = lossless. lossy_accepted counts the accepted

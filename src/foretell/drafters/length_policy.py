@@ -82,7 +82,7 @@ class AdditiveLength:
 
 
 def make_length_policy(name: str, gamma: int = 4) -> DraftLengthPolicy:
-    """fixed (gamma tokens), rejection-rate (seed 001, base gamma), additive (transformers' +2/-1)."""
+    """fixed (gamma tokens), rejection-rate (AdaSPEC's dynamic length, base gamma), additive (transformers' +2/-1)."""
     if name == "fixed":
         return FixedLength(gamma)
     if name == "rejection-rate":

@@ -1,4 +1,4 @@
-"""The adaptive scheduler (JetSpec, seed 003): each step's tree budget, depth and width, chosen
+"""The adaptive scheduler (JetSpec, "causal parallel tree drafting"): each step's tree budget, depth and width, chosen
 from what this machine costs now and what the drafter has recently been getting accepted.
 
 Per step the drafter grows the best-first tree up to the scheduler's caps; the scheduler then

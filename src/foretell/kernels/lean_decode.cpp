@@ -8,7 +8,7 @@
 // regions. The arithmetic is the PyTorch path's (models/transformer.py) in fp32, so a lean step and a PyTorch
 // pass over the same weights agree up to summation order, as passes of different widths already do.
 //
-// Projection weights come in these kinds (models/lean_step.py packs them):
+// Projection weights come in these kinds (runtime/lean_step.py packs them):
 //   Q4: GGUF Q4_1 blocks of 32 inputs: codes uint8 [N, K / 2] (byte j of a block holds input j in its low nibble
 //       and input j + 16 in its high nibble), dm float [N, K / 32, 2] = (d, m), w = d * code + m
 //   Q8: GGUF Q8_0 blocks of 32 inputs: codes int8 [N, K], d float [N, K / 32], w = d * code
@@ -664,7 +664,7 @@ void rows_q8act(const Proj& p, int64_t n, const RowsQ8& x, int64_t m, float* y, 
 // each of 8 output columns, and the activation's matching 4 codes are broadcast to all 8 lanes: one maddubs then
 // advances 8 columns' sums at once, and a block's scaling (cvt, scale, fma) is paid once per 8 columns instead of
 // once per column with a horizontal sum at the end, as the row layout above does. Codes for a group of 8 columns
-// g and block b (models/lean_step.interleaved writes them):
+// g and block b (runtime/lean_step.interleaved writes them):
 //   Q4X: 4 vectors of 32 bytes; in vector j, lane c's byte i holds column c's code for input 4j + i in its low
 //        nibble and for input 16 + 4j + i in its high nibble
 //   Q8X: 8 vectors of 32 bytes; in vector j, lane c's byte i is column c's code for input 4j + i
@@ -1742,7 +1742,7 @@ torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, tor
 }
 
 // The float32 weight [N, K] of Q4 blocks (w = d * code + m): a prompt's many-row product runs dense on it, and
-// PyTorch's unpacking of the codes cost ~1.3 ms a projection per prompt (models/lean_step.dequantize_q4).
+// PyTorch's unpacking of the codes cost ~1.3 ms a projection per prompt (runtime/lean_step.dequantize_q4).
 torch::Tensor dequantize_q4(torch::Tensor codes, torch::Tensor dm) {
   TORCH_CHECK(codes.scalar_type() == at::kByte && dm.scalar_type() == at::kFloat && codes.dim() == 2,
               "Q4 blocks expected: codes uint8 [N, K / 2], dm float [N, K / 32, 2]");

@@ -1,4 +1,5 @@
-"""The hidden-state draft model (seed 000): one decoder layer autoregressing on hidden states.
+"""The hidden-state draft model ("Make Every Draft Count", arXiv 2602.21224):
+one decoder layer autoregressing on hidden states.
 
 Its inputs and outputs live in one space: the target's *final-normed* last-layer hidden states
 (hook layer L = num_layers, the rows the target's output layer reads). We chose the normed

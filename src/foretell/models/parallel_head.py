@@ -1,4 +1,4 @@
-"""A parallel draft head (JetSpec, seed 003): one light transformer forward drafts D tokens.
+"""A parallel draft head (JetSpec, "causal parallel tree drafting"): one light transformer forward drafts D tokens.
 
 Input row i, for each committed position i: a linear fusion of the target's hidden states at i
 (a few of its layers, e.g. low / middle / high) and the target's own embedding of token i + 1,

@@ -1,4 +1,5 @@
-"""Token-info injection (seed 000): E(t) = W_E[t] W_1 W_2, added to draft logits at sampling time.
+"""Token-info injection ("Make Every Draft Count", arXiv 2602.21224):
+E(t) = W_E[t] W_1 W_2, added to draft logits at sampling time.
 
 W_E [V, H] is the target's frozen embedding, W_1 [H, r] and W_2 [r, V] are trainable and low
 rank (r = 256 by default). The hidden-state draft never sees tokens; E(t) is how the token of a

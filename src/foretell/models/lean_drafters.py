@@ -1,4 +1,0 @@
-"""Moved to foretell.runtime.lean_drafters (the runtime layer); this path is kept for existing imports.
-Code that replaces a name for a test (monkeypatch) patches foretell.runtime.lean_drafters, where the name is read."""
-
-from foretell.runtime.lean_drafters import *  # noqa: F401,F403
