@@ -872,11 +872,12 @@ template <>
 struct Gguf<GQ4_K> {
   static constexpr int64_t values = 256, bytes = 144;
   static constexpr bool is_signed = false;
+  static __m256i codes(const uint8_t* b, int j) { return nibbles32(b + 16 + 32 * (j / 2), j & 1); }
   static Chunk chunk(const uint8_t* b, int j) {
     int scale, min;
     scale_min_k(j, b + 4, scale, min);
     const float d = half_float(b) * float(scale);
-    return {nibbles32(b + 16 + 32 * (j / 2), j & 1), d, d, -(half_float(b + 2) * float(min))};
+    return {codes(b, j), d, d, -(half_float(b + 2) * float(min))};
   }
 };
 
@@ -885,12 +886,15 @@ template <>
 struct Gguf<GQ5_K> {
   static constexpr int64_t values = 256, bytes = 176;
   static constexpr bool is_signed = false;
+  static __m256i codes(const uint8_t* b, int j) {
+    const __m256i fifth = _mm256_slli_epi16(bit_field(b + 16, j, 1), 4);
+    return _mm256_or_si256(nibbles32(b + 48 + 32 * (j / 2), j & 1), fifth);
+  }
   static Chunk chunk(const uint8_t* b, int j) {
     int scale, min;
     scale_min_k(j, b + 4, scale, min);
     const float d = half_float(b) * float(scale);
-    const __m256i fifth = _mm256_slli_epi16(bit_field(b + 16, j, 1), 4);
-    return {_mm256_or_si256(nibbles32(b + 48 + 32 * (j / 2), j & 1), fifth), d, d, -(half_float(b + 2) * float(min))};
+    return {codes(b, j), d, d, -(half_float(b + 2) * float(min))};
   }
 };
 
@@ -901,14 +905,16 @@ template <>
 struct Gguf<GQ6_K> {
   static constexpr int64_t values = 256, bytes = 210;
   static constexpr bool is_signed = true;
-  static Chunk chunk(const uint8_t* b, int j) {
+  static __m256i codes(const uint8_t* b, int j) {  // with the offset of 32 taken off
     const int half = j / 4, k = j % 4;
     const __m256i low = nibbles32(b + 64 * half + 32 * (k & 1), k >= 2);
     const __m256i high = _mm256_slli_epi16(bit_field(b + 128 + 32 * half, 2 * k, 3), 4);
+    return _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+  }
+  static Chunk chunk(const uint8_t* b, int j) {
     const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
     const float d = half_float(b + 208);
-    return {_mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32)), d * float(scales[2 * j]),
-            d * float(scales[2 * j + 1]), 0.f};
+    return {codes(b, j), d * float(scales[2 * j]), d * float(scales[2 * j + 1]), 0.f};
   }
 };
 
@@ -1006,6 +1012,70 @@ void rows_gguf_q8(const uint8_t* row, int64_t K, const RowsQ8& x, int64_t m, flo
   for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]) + offsets[r];
 }
 
+// K-quants (Q4_K, Q5_K, Q6_K) with 8-bit activations, a block of 256 inputs at a time. The block's d (and dmin) and
+// its chunks' integer scales are decoded once; each chunk's integer products are multiplied by its integer scale in
+// the madd that sums them (both 16-input halves' scales at once, as Q6_K needs), times the activations' d, and the
+// block's d joins once at its end. The general loop above decodes every chunk's scales as floats, which at one or
+// two rows costs more than the products themselves.
+struct KScales {
+  float d, dmin;                  // dmin: 0 for Q6_K
+  int16_t lo[8], hi[8], min[8];   // chunk j: the scales of inputs 0..15 and 16..31 (equal but in Q6_K), its min
+};
+
+template <int64_t T>
+inline KScales k_scales(const uint8_t* b) {
+  KScales k;
+  if constexpr (T == GQ6_K) {
+    const int8_t* s = reinterpret_cast<const int8_t*>(b + 192);
+    k.d = half_float(b + 208), k.dmin = 0.f;
+    for (int j = 0; j < 8; ++j) k.lo[j] = s[2 * j], k.hi[j] = s[2 * j + 1], k.min[j] = 0;
+  } else {
+    k.d = half_float(b), k.dmin = half_float(b + 2);
+    for (int j = 0; j < 8; ++j) {
+      int scale, min;
+      scale_min_k(j, b + 4, scale, min);
+      k.lo[j] = k.hi[j] = int16_t(scale), k.min[j] = int16_t(min);
+    }
+  }
+  return k;
+}
+
+template <int64_t T, int R>
+void rows_kquant_q8(const uint8_t* row, int64_t K, const RowsQ8& x, int64_t m, float* y, int64_t y_stride, int64_t n) {
+  using G = Gguf<T>;
+  constexpr bool SIGNED = G::is_signed;
+  const int64_t blocks = K / 32;  // the activations' blocks
+  const int8_t* codes = x.codes.data();
+  __m256 acc[R];
+  float offsets[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.f;
+  for (int64_t block = 0; block < K / 256; ++block) {
+    const uint8_t* b = row + block * G::bytes;
+    const KScales k = k_scales<T>(b);
+    __m256 part[R];
+    float mins[R];
+    for (int r = 0; r < R; ++r) part[r] = _mm256_setzero_ps(), mins[r] = 0.f;
+    for (int j = 0; j < 8; ++j) {
+      const __m256i q = G::codes(b, j);
+      const __m256i magnitude = SIGNED ? _mm256_sign_epi8(q, q) : q;
+      const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(k.hi[j]), _mm_set1_epi16(k.lo[j]));
+      for (int r = 0; r < R; ++r) {
+        const int64_t a = (m + r) * blocks + 8 * block + j;
+        __m256i qa = load32(reinterpret_cast<const uint8_t*>(codes + a * 32));
+        if constexpr (SIGNED) qa = _mm256_sign_epi8(qa, q);
+        const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, qa), scale);
+        part[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(x.d[a]), part[r]);
+        if constexpr (!SIGNED) mins[r] = std::fma(float(k.min[j]), x.d_sum[a], mins[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(part[r], _mm256_set1_ps(k.d), acc[r]);
+      if constexpr (!SIGNED) offsets[r] = std::fma(-k.dmin, mins[r], offsets[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]) + offsets[r];
+}
+
 // One row of blocks as its K float weights (a prompt's many-row product runs dense on them)
 template <int64_t T>
 void dequantize_gguf_row(const uint8_t* row, int64_t K, float* out) {
@@ -1040,7 +1110,10 @@ void gemm_gguf(const Proj& p, const float* x, int64_t M, float* y, const RowsQ8*
         constexpr int64_t type = decltype(T)::value;
         if (xq)
           in_fours(M, [&](auto R, int64_t m) {
-            rows_gguf_q8<type, decltype(R)::value>(row, p.K, *xq, m, y + m * p.N, p.N, n);
+            if constexpr (type == GQ4_K || type == GQ5_K || type == GQ6_K)
+              rows_kquant_q8<type, decltype(R)::value>(row, p.K, *xq, m, y + m * p.N, p.N, n);
+            else
+              rows_gguf_q8<type, decltype(R)::value>(row, p.K, *xq, m, y + m * p.N, p.N, n);
           });
         else
           in_fours(M, [&](auto R, int64_t m) {

@@ -22,6 +22,9 @@ def forward_packed(target: Transformer, passes: list) -> list[ForwardOutput]:
     step = getattr(target, "lean", None)  # a LeanTransformer's lean step, where it has one
     if step is None:
         return target.forward_packed(passes)
+    if len(passes) == 1:  # a lone request: the single-sequence call (the same arithmetic, less set-up a pass)
+        p = passes[0]
+        return [target(p.input_ids, p.positions, p.cache, p.tree_mask, p.hidden_layers, p.logits_rows)]
     native = [i for i, p in enumerate(passes) if lean_takes(step, p)]
     outputs: list[ForwardOutput | None] = [None] * len(passes)
     if native:
