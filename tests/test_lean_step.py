@@ -158,9 +158,10 @@ def test_every_drafter_reproduces_plain_decoding_with_the_lean_step(tiny_pair):
             assert pipe.engine.generate(prompt, greedy_params()).tokens == want, spec.method
 
 
-def q8_activations(x: torch.Tensor) -> torch.Tensor:
-    """x rounded as the kernel's 8-bit activations are: per 32 values, 127 steps of max |x| / 127."""
-    blocks = x.view(x.shape[0], -1, 32)
+def q8_activations(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """x rounded as the kernel's 8-bit activations are: per `block` values (32; K-quant weights: 256), 127 steps of
+    max |x| / 127."""
+    blocks = x.view(x.shape[0], -1, block)
     top = blocks.abs().amax(-1, keepdim=True)
     codes = torch.round(blocks * torch.where(top > 0, 127 / top, 0))
     return (codes * (top / 127)).view_as(x)

@@ -577,33 +577,58 @@ struct RowsQ8 {
   std::vector<float> d, d_sum;  // [M, K / 32]: the block's scale, and scale * sum of its codes (Q4_1's + m term)
 };
 
-void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* d_sum) {
+// max |x[i]| for i < n (n a multiple of 8)
+inline float abs_max(const float* x, int64_t n) {
   const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 amax = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// q[0..32) = round(x[i] * inv) as int8; returns their sum
+inline int codes32(const float* x, float inv, int8_t* q) {
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleaving
+  __m256i i[4];
+  for (int j = 0; j < 4; ++j)
+    i[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), _mm256_set1_ps(inv)),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  __m256i total = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+  t = _mm_hadd_epi32(t, t);
+  t = _mm_hadd_epi32(t, t);
+  const __m256i packed = _mm256_permutevar8x32_epi32(
+      _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3])), order);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), packed);
+  return _mm_cvtsi128_si32(t);
+}
+
+void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* d_sum) {
   for (int64_t b = 0; b < K / 32; ++b) {
-    __m256 v[4];
-    __m256 amax = _mm256_setzero_ps();
-    for (int j = 0; j < 4; ++j) {
-      v[j] = _mm256_loadu_ps(x + 32 * b + 8 * j);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
-    }
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float top = _mm_cvtss_f32(m);
-    const __m256 inv = _mm256_set1_ps(top > 0.f ? 127.f / top : 0.f);
-    __m256i i[4];
-    for (int j = 0; j < 4; ++j)
-      i[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    __m256i total = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-    t = _mm_hadd_epi32(t, t);
-    t = _mm_hadd_epi32(t, t);
-    const __m256i packed = _mm256_permutevar8x32_epi32(
-        _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3])), order);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), packed);
+    const float top = abs_max(x + 32 * b, 32);
+    const int total = codes32(x + 32 * b, top > 0.f ? 127.f / top : 0.f, q + 32 * b);
     d[b] = top / 127.f;
-    d_sum[b] = d[b] * float(_mm_cvtsi128_si32(t));
+    d_sum[b] = d[b] * float(total);
+  }
+}
+
+// K-quant projections' 8-bit activations, as llama.cpp's Q8_K: one scale per 256 inputs (d = max |x| / 127), so a
+// K-quant block's 256 integer products sum as integers before one float step, and each 32's code sum (the mins'
+// term, summed against the block's 8 mins as integers too). Coarser than the 32-input blocks above; the same for a
+// row whatever the pass's width.
+struct RowsQ8K {
+  std::vector<int8_t> codes;  // [M, K]
+  std::vector<float> d;       // [M, K / 256]
+  std::vector<int16_t> sums;  // [M, K / 32]
+};
+
+void quantize_q8k(const float* x, int64_t K, int8_t* q, float* d, int16_t* sums) {
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const float top = abs_max(x + 256 * b, 256), inv = top > 0.f ? 127.f / top : 0.f;
+    for (int j = 0; j < 8; ++j) sums[8 * b + j] = int16_t(codes32(x + 256 * b + 32 * j, inv, q + 256 * b + 32 * j));
+    d[b] = top / 127.f;
   }
 }
 
@@ -746,7 +771,7 @@ void group_q8x(const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y, i
 // Every block reads as chunks of 32 inputs (Chunk): 32 codes and their scales. Float activations turn a chunk into
 // its 32 weights in registers (chunk_weights: the reference dequantization's products, with one rounding where it
 // has two); 8-bit activations multiply its codes as integers with the activations' own codes, as llama.cpp's dot
-// products do (the activations in blocks of 32 for every type, where llama.cpp quantizes them per 256 for K-quants).
+// products do (the activations in blocks of 32, and for K-quants in blocks of 256 as llama.cpp's Q8_K: RowsQ8K).
 // A chunk is decoded once for all rows of a pass, and each row's sums run in one fixed order.
 enum GgmlType : int64_t { GQ4_0 = 2, GQ4_1 = 3, GQ5_0 = 6, GQ5_1 = 7, GQ8_0 = 8, GQ4_K = 12, GQ5_K = 13, GQ6_K = 14 };
 
@@ -1012,14 +1037,16 @@ void rows_gguf_q8(const uint8_t* row, int64_t K, const RowsQ8& x, int64_t m, flo
   for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]) + offsets[r];
 }
 
-// K-quants (Q4_K, Q5_K, Q6_K) with 8-bit activations, a block of 256 inputs at a time. The block's d (and dmin) and
-// its chunks' integer scales are decoded once; each chunk's integer products are multiplied by its integer scale in
-// the madd that sums them (both 16-input halves' scales at once, as Q6_K needs), times the activations' d, and the
-// block's d joins once at its end. The general loop above decodes every chunk's scales as floats, which at one or
-// two rows costs more than the products themselves.
+// K-quants (Q4_K, Q5_K, Q6_K) with Q8_K activations (RowsQ8K), a block of 256 inputs at a time, as llama.cpp's dot
+// products do. The block's d (and dmin) and its chunks' integer scales are decoded once for all rows; each chunk's
+// integer products are multiplied by its integer scale in the madd that sums them (both 16-input halves' scales at
+// once, as Q6_K needs) and added up as integers over the block; one float step a block then scales them by d times
+// the activations' d, and the mins' term (the block's 8 mins against the activations' 8 code sums, as integers) by
+// dmin. Every row's sums run in this one order whatever the pass's width.
 struct KScales {
   float d, dmin;                  // dmin: 0 for Q6_K
-  int16_t lo[8], hi[8], min[8];   // chunk j: the scales of inputs 0..15 and 16..31 (equal but in Q6_K), its min
+  int16_t lo[8], hi[8];           // chunk j: the scales of inputs 0..15 and 16..31 (equal but in Q6_K)
+  __m128i min;                    // the 8 chunks' mins as int16 (Q4_K, Q5_K)
 };
 
 template <int64_t T>
@@ -1027,53 +1054,61 @@ inline KScales k_scales(const uint8_t* b) {
   KScales k;
   if constexpr (T == GQ6_K) {
     const int8_t* s = reinterpret_cast<const int8_t*>(b + 192);
-    k.d = half_float(b + 208), k.dmin = 0.f;
-    for (int j = 0; j < 8; ++j) k.lo[j] = s[2 * j], k.hi[j] = s[2 * j + 1], k.min[j] = 0;
+    k.d = half_float(b + 208), k.dmin = 0.f, k.min = _mm_setzero_si128();
+    for (int j = 0; j < 8; ++j) k.lo[j] = s[2 * j], k.hi[j] = s[2 * j + 1];
   } else {
+    // scale_min_k's unpacking on 32-bit words, 4 chunks a word: the mins go to a vector without a round trip
+    // through memory (8 int16 stores read back as one vector stall the load, once a block)
     k.d = half_float(b), k.dmin = half_float(b + 2);
-    for (int j = 0; j < 8; ++j) {
-      int scale, min;
-      scale_min_k(j, b + 4, scale, min);
-      k.lo[j] = k.hi[j] = int16_t(scale), k.min[j] = int16_t(min);
-    }
+    uint32_t w[3];
+    std::memcpy(w, b + 4, 12);
+    const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+    const uint32_t scales[2] = {w[0] & six, (w[2] & four) | (((w[0] >> 6) & two) << 4)};
+    const uint32_t mins[2] = {w[1] & six, ((w[2] >> 4) & four) | (((w[1] >> 6) & two) << 4)};
+    for (int j = 0; j < 8; ++j) k.lo[j] = k.hi[j] = int16_t((scales[j / 4] >> (8 * (j % 4))) & 0xff);
+    k.min = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, int(mins[1]), int(mins[0])));
   }
   return k;
 }
 
+inline float hsum128(__m128 v) {
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+
 template <int64_t T, int R>
-void rows_kquant_q8(const uint8_t* row, int64_t K, const RowsQ8& x, int64_t m, float* y, int64_t y_stride, int64_t n) {
+void rows_kquant_q8(const uint8_t* row, int64_t K, const RowsQ8K& x, int64_t m, float* y, int64_t y_stride, int64_t n) {
   using G = Gguf<T>;
   constexpr bool SIGNED = G::is_signed;
-  const int64_t blocks = K / 32;  // the activations' blocks
-  const int8_t* codes = x.codes.data();
+  const int64_t blocks = K / 256;
   __m256 acc[R];
-  float offsets[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.f;
-  for (int64_t block = 0; block < K / 256; ++block) {
+  __m128 mins[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), mins[r] = _mm_setzero_ps();
+  for (int64_t block = 0; block < blocks; ++block) {
     const uint8_t* b = row + block * G::bytes;
     const KScales k = k_scales<T>(b);
-    __m256 part[R];
-    float mins[R];
-    for (int r = 0; r < R; ++r) part[r] = _mm256_setzero_ps(), mins[r] = 0.f;
+    __m256i part[R];
+    for (int r = 0; r < R; ++r) part[r] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const __m256i q = G::codes(b, j);
       const __m256i magnitude = SIGNED ? _mm256_sign_epi8(q, q) : q;
       const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(k.hi[j]), _mm_set1_epi16(k.lo[j]));
       for (int r = 0; r < R; ++r) {
-        const int64_t a = (m + r) * blocks + 8 * block + j;
-        __m256i qa = load32(reinterpret_cast<const uint8_t*>(codes + a * 32));
+        __m256i qa = load32(reinterpret_cast<const uint8_t*>(x.codes.data() + (m + r) * K + 256 * block + 32 * j));
         if constexpr (SIGNED) qa = _mm256_sign_epi8(qa, q);
-        const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, qa), scale);
-        part[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(x.d[a]), part[r]);
-        if constexpr (!SIGNED) mins[r] = std::fma(float(k.min[j]), x.d_sum[a], mins[r]);
+        part[r] = _mm256_add_epi32(part[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, qa), scale));
       }
     }
     for (int r = 0; r < R; ++r) {
-      acc[r] = _mm256_fmadd_ps(part[r], _mm256_set1_ps(k.d), acc[r]);
-      if constexpr (!SIGNED) offsets[r] = std::fma(-k.dmin, mins[r], offsets[r]);
+      const float d = x.d[(m + r) * blocks + block];
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(part[r]), _mm256_set1_ps(k.d * d), acc[r]);
+      if constexpr (!SIGNED) {
+        const __m128i sums = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.sums.data() + (m + r) * (K / 32) + 8 * block));
+        mins[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(sums, k.min)), _mm_set1_ps(-k.dmin * d), mins[r]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]) + offsets[r];
+  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]) + hsum128(mins[r]);
 }
 
 // One row of blocks as its K float weights (a prompt's many-row product runs dense on them)
@@ -1084,6 +1119,21 @@ void dequantize_gguf_row(const uint8_t* row, int64_t K, float* out) {
     chunk_weights<Gguf<T>::is_signed>(Gguf<T>::chunk(b, j), w);
     for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + k + 8 * i, w[i]);
   });
+}
+
+// run(C) for C = count (1..7) as a compile-time constant; nothing for 0
+template <class Run>
+void below_eight(int64_t count, Run run) {
+  switch (count) {
+    case 1: run(std::integral_constant<int, 1>()); break;
+    case 2: run(std::integral_constant<int, 2>()); break;
+    case 3: run(std::integral_constant<int, 3>()); break;
+    case 4: run(std::integral_constant<int, 4>()); break;
+    case 5: run(std::integral_constant<int, 5>()); break;
+    case 6: run(std::integral_constant<int, 6>()); break;
+    case 7: run(std::integral_constant<int, 7>()); break;
+    default: break;
+  }
 }
 
 // run(R, m) over M rows in groups: R = 4 while four are left, then the remaining 3, 2 or 1 (R a compile-time count)
@@ -1099,23 +1149,49 @@ void in_fours(int64_t M, Run run) {
   }
 }
 
+// run(R, m) over M rows in groups: R = 8 while eight are left, then the remaining 1..7 in one (R a compile-time
+// count). The K-quant kernel's integer sums leave the registers for 8 rows (a verification pass reads its weights
+// once).
+template <class Run>
+void in_eights(int64_t M, Run run) {
+  int64_t m = 0;
+  for (; m + 8 <= M; m += 8) run(std::integral_constant<int, 8>(), m);
+  below_eight(M - m, [&](auto R) { run(R, m); });
+}
+
 // y [M, N] = x [M, K] W^T (+ bias) for GGUF blocks: output rows over torch's threads, each in its part's type, x's
-// rows 4 at a time; xq: x's 8-bit codes (nullptr: float activations)
-void gemm_gguf(const Proj& p, const float* x, int64_t M, float* y, const RowsQ8* xq) {
+// rows 4 at a time (K-quants: 8); q8: 8-bit activations, xq: x's codes in blocks of 32 (for the parts that are not
+// K-quants)
+bool is_kquant(int64_t type) { return type == GQ4_K || type == GQ5_K || type == GQ6_K; }
+
+bool all_kquant(const Proj& p) {
+  return std::all_of(p.parts, p.parts + p.n_parts, [](const GgufPart& part) { return is_kquant(part.type); });
+}
+
+void gemm_gguf(const Proj& p, const float* x, int64_t M, float* y, const RowsQ8* xq, bool q8) {
+  RowsQ8K xk;  // K-quant parts' activations (Q8_K)
+  if (q8 && std::any_of(p.parts, p.parts + p.n_parts, [](const GgufPart& part) { return is_kquant(part.type); })) {
+    xk.codes.resize(M * p.K), xk.d.resize(M * (p.K / 256)), xk.sums.resize(M * (p.K / 32));
+    for (int64_t r = 0; r < M; ++r)
+      quantize_q8k(x + r * p.K, p.K, xk.codes.data() + r * p.K, xk.d.data() + r * (p.K / 256),
+                   xk.sums.data() + r * (p.K / 32));
+  }
   at::parallel_for(0, p.N, 32, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const GgufPart& part = p.part_of(n);
       const uint8_t* row = part.base + (n - part.first) * part.row_bytes;
       with_gguf_type(part.type, [&](auto T) {
         constexpr int64_t type = decltype(T)::value;
-        if (xq)
-          in_fours(M, [&](auto R, int64_t m) {
-            if constexpr (type == GQ4_K || type == GQ5_K || type == GQ6_K)
-              rows_kquant_q8<type, decltype(R)::value>(row, p.K, *xq, m, y + m * p.N, p.N, n);
-            else
+        if (q8) {
+          if constexpr (type == GQ4_K || type == GQ5_K || type == GQ6_K)
+            in_eights(M, [&](auto R, int64_t m) {
+              rows_kquant_q8<type, decltype(R)::value>(row, p.K, xk, m, y + m * p.N, p.N, n);
+            });
+          else
+            in_fours(M, [&](auto R, int64_t m) {
               rows_gguf_q8<type, decltype(R)::value>(row, p.K, *xq, m, y + m * p.N, p.N, n);
-          });
-        else
+            });
+        } else
           in_fours(M, [&](auto R, int64_t m) {
             rows_gguf<type, decltype(R)::value>(row, p.K, x + m * p.K, y + m * p.N, p.N, n);
           });
@@ -1133,7 +1209,7 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
   const bool interleaved = p.kind == Q4X || p.kind == Q8X;
   TORCH_CHECK(act_q8 || !interleaved, "interleaved blocks run with 8-bit activations only");
   const bool q8 = act_q8 && (p.kind == Q4 || p.kind == Q8 || p.kind == GGUF || interleaved);  // others: fp32
-  if (q8) {
+  if (q8 && !(p.kind == GGUF && all_kquant(p))) {  // K-quant parts quantize their own (gemm_gguf)
     const int64_t blocks = p.K / 32;
     xq.codes.resize(M * p.K);
     xq.d.resize(M * blocks);
@@ -1175,7 +1251,7 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
     });
     return;
   }
-  if (p.kind == GGUF) return gemm_gguf(p, x, M, y, q8 ? &xq : nullptr);
+  if (p.kind == GGUF) return gemm_gguf(p, x, M, y, &xq, q8);
   if (interleaved) {
     at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; ++g) {
@@ -1225,20 +1301,6 @@ void rope(float* x, int64_t heads, int64_t D, const float* cos, const float* sin
   }
 }
 
-// run(C) for C = count (1..7) as a compile-time constant; nothing for 0
-template <class Run>
-void below_eight(int64_t count, Run run) {
-  switch (count) {
-    case 1: run(std::integral_constant<int, 1>()); break;
-    case 2: run(std::integral_constant<int, 2>()); break;
-    case 3: run(std::integral_constant<int, 3>()); break;
-    case 4: run(std::integral_constant<int, 4>()); break;
-    case 5: run(std::integral_constant<int, 5>()); break;
-    case 6: run(std::integral_constant<int, 6>()); break;
-    case 7: run(std::integral_constant<int, 7>()); break;
-    default: break;
-  }
-}
 
 // The sums of 8 accumulators, lane k holding accumulator k's: the same tree for every lane, so a key's score does
 // not depend on the keys computed beside it.
