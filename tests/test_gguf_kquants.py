@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_drafters_reproduce_plain
+from conftest import PROMPTS, assert_drafters_reproduce_plain, greedy_params
 from foretell.api import load
 from foretell.errors import ForetellError
 from foretell.kernels import block_gemm, lean_module
@@ -189,6 +189,33 @@ def test_a_q4_k_m_file_runs_its_blocks(q4_k_m, files, quant):
     if quant == "gguf":
         assert_logits_match_the_dense_model(kept, load(q4_k_m, "none", warm_up=False, cache_dir=files).target.model)
     assert_drafters_reproduce_plain(plain, q4_k_m)
+
+
+@pytest.mark.parametrize("draft_quant", ["gguf", "gguf-q8"])
+def test_a_draft_model_runs_its_own_gguf_blocks(q4_k_m, files, draft_quant):
+    """--draft-quant gguf / gguf-q8: the draft model keeps its file's blocks and steps in the lean step (as the
+    0.5B Qwen draft runs beside its 1.5B target); draft-model and draft-tree reproduce plain greedy decoding and
+    have drafts accepted. Other drafters, a draft without a GGUF file and a bf16 draft are refused by name."""
+    from foretell.config import SpeculativeConfig
+
+    plain = load(q4_k_m, "none", quant="gguf-q8", warm_up=False, cache_dir=files)
+    expected = [plain.engine.generate(p, greedy_params()).tokens for p in PROMPTS]
+    for method in ("draft-model", "draft-tree"):
+        pipe = plain.with_speculative(SpeculativeConfig(method=method, model=str(q4_k_m), draft_quant=draft_quant))
+        draft = pipe.weights.draft_model(str(q4_k_m), draft_quant).model
+        assert draft.lean is not None and draft.lean.act_q8 == (draft_quant == "gguf-q8")
+        assert isinstance(draft.layers[0].qkv_proj, GGUFLinear)
+        results = [pipe.engine.generate(p, greedy_params()) for p in PROMPTS]
+        assert [r.tokens for r in results] == expected, method
+        assert sum(r.stats.accepted_tokens for r in results) > 0
+    with pytest.raises(ForetellError, match="applies to draft-model and draft-tree, not eagle3"):
+        SpeculativeConfig(method="eagle3", draft_quant=draft_quant)
+    folder = next((files / "gguf").glob(f"{q4_k_m.stem}-*"))  # the file converted to a folder: no blocks
+    with pytest.raises(ForetellError, match="has no GGUF file on disk"):
+        plain.with_speculative(SpeculativeConfig(method="draft-model", model=str(folder), draft_quant=draft_quant))
+    bf16 = load(q4_k_m, "none", dtype="bfloat16", lean=False, warm_up=False, cache_dir=files)  # drafters in bf16
+    with pytest.raises(ForetellError, match="a float32 CPU model, not bfloat16"):
+        bf16.with_speculative(SpeculativeConfig(method="draft-model", model=str(q4_k_m), draft_quant=draft_quant))
 
 
 def test_an_unsupported_block_type_is_named(files):

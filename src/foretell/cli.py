@@ -114,8 +114,9 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--tree-budget", type=int, default=24, help="draft-tree: tokens verified per pass (default: %(default)s)")
     b.add_argument("--hot-vocab", type=int, default=0,
                    help="draft-* and parallel-head* methods: draft among this many frequent tokens (lossless; 0 = all, the default)")
-    b.add_argument("--draft-quant", default="auto", choices=("auto", "int8", "none"),
-                   help="foretell draft-* methods: draft weights as int8 (lossless); auto = int8 on CPU, bf16 kept where foretell's bf16 kernel runs (default: %(default)s)")
+    b.add_argument("--draft-quant", default="auto", choices=("auto", "int8", "none", "gguf", "gguf-q8"),
+                   help="foretell draft-* methods: draft weights as int8 (lossless); auto = int8 on CPU, bf16 kept where foretell's bf16 kernel runs; "
+                        "gguf / gguf-q8: the draft model's GGUF blocks (draft-chain, draft-tree) (default: %(default)s)")
     b.add_argument("--branching", default="3,2,2,1,1",
                    help="draft-tree-static: children per node at each depth (default: %(default)s)")
     b.add_argument("--temperature", type=float, default=0.0,

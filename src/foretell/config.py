@@ -25,7 +25,8 @@ HEAD_METHODS = ("parallel-head", "hidden-state", "eagle3")  # without `model`: t
 # has its own reduced draft vocabulary instead (its d2t map), so hot_vocab does not apply to it.
 HOT_VOCAB_METHODS = ("draft-model", "draft-tree", "parallel-head", "hidden-state")
 LENGTH_POLICIES = ("fixed", "rejection-rate", "additive")
-QUANT_MODES = ("auto", "int8", "none")
+QUANT_MODES = ("auto", "int8", "none", "gguf", "gguf-q8")
+GGUF_DRAFT_QUANTS = ("gguf", "gguf-q8")  # a draft model's own GGUF blocks (float / 8-bit activations)
 BUDGETS = ("fixed", "auto")
 RESULT_CACHES = ("outputs", "prompt")
 RESAMPLE_TRIGGERS = ("unsure", "plausible", "always")
@@ -213,7 +214,8 @@ class SpeculativeConfig:
         (head_tree None: as deep as the head drafts, up to 4).
     hot_vocab: draft among this many frequent tokens only (0 = all; lossless).
     draft_quant: int8 draft weights (auto = int8 on CPU, except bf16 drafts where foretell's bf16 kernel runs
-        (runtime/quant.py resolve_quant); lossless: only acceptance can change).
+        (runtime/quant.py resolve_quant); lossless: only acceptance can change). A draft model may also run its
+        GGUF file's own blocks in the lean step: gguf, or gguf-q8 with 8-bit activations (float32 CPU).
     budget: fixed, or auto: draft length / tree size chosen each pass from this machine's measured cost curve.
     result_cache: outputs | prompt: continuations seen before (in earlier outputs; with prompt, the prompt
         too) join a tree proposal as one more branch (lossless).
@@ -275,6 +277,9 @@ class SpeculativeConfig:
              f"prompt lookup needs 1 <= lookup_min <= lookup_max, got {self.lookup_min} and {self.lookup_max}"),
             (self.hot_vocab >= 0, f"hot_vocab must be >= 0 (0 = full vocabulary), got {self.hot_vocab}"),
             (self.draft_quant in QUANT_MODES, f"draft_quant must be one of {', '.join(QUANT_MODES)}, got {self.draft_quant!r}"),
+            (self.draft_quant not in GGUF_DRAFT_QUANTS or self.method in ("draft-model", "draft-tree"),
+             f"draft_quant {self.draft_quant!r} runs a draft model's GGUF blocks: it applies to draft-model and "
+             f"draft-tree, not {self.method}; use auto, int8 or none"),
             (self.budget in BUDGETS, f"budget must be fixed or auto (hardware-aware), got {self.budget!r}"),
             (self.result_cache in (None, *RESULT_CACHES),
              f"result_cache must be outputs, prompt or null (off), got {self.result_cache!r}"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from foretell.budget import CostCurve, HardwareAwareLength, cost_curve
-from foretell.config import HEAD_METHODS, HeadTreeShape, SpeculativeConfig
+from foretell.config import GGUF_DRAFT_QUANTS, HEAD_METHODS, HeadTreeShape, SpeculativeConfig
 from foretell.draft_gate import DraftGate
 from foretell.drafters.base import Drafter
 from foretell.drafters.length_policy import DraftLengthPolicy, make_length_policy
@@ -21,7 +21,7 @@ from foretell.engine import Engine
 from foretell.errors import ForetellError
 from foretell.hot_vocab import HotVocab, default_hot_vocab
 from foretell.models.eagle3 import Eagle3Head
-from foretell.models.loading import LoadedModel, load_model
+from foretell.models.loading import LoadedModel, kept_gguf, load_model
 from foretell.result_cache import make_result_cache
 from foretell.runtime.config import RuntimeConfig
 from foretell.runtime.prepare import drafter_runtime, prepare
@@ -71,14 +71,33 @@ class DrafterWeights:
             root = self.shipped_root or SHIPPED_DIR
             shipped = not Path(spec).exists() and (root / spec / MANIFEST).is_file()
             where = str(verified_folder(spec, "draft-model", self.target.model, root)) if shipped else spec
+            runtime = self._gguf_draft_runtime(where, quant) if quant in GGUF_DRAFT_QUANTS else None
             draft = load_model(where, self.dtype, self.device, self.cache_dir)
             check_same_tokenizer(self.target.tokenizer, draft.tokenizer, self.target_name, spec)
+            if runtime is not None:  # its file's blocks, its steps in the lean step as a target's
+                prepared = prepare(draft.model, runtime)
+                if prepared.lean is not None:
+                    raise ForetellError(f"--draft-quant {quant} runs the draft in foretell's lean step, and "
+                                        f"{prepared.lean}; use --draft-quant auto")
+                return draft
             # its weights per `quant`; bf16 on a CPU without native bf16 matmul: wide passes in fp32 (measured here)
             prepare(draft.model, RuntimeConfig(device=self.device, dtype=self.dtype, quant=quant, bf16_as_float32=False,
                                                lean=False))
             return draft
 
         return self._once(("draft-model", spec, quant), make)
+
+    def _gguf_draft_runtime(self, where: str, quant: str) -> RuntimeConfig:
+        """How a draft model runs its GGUF file's blocks (gguf, gguf-q8), checked before anything loads."""
+        gguf = kept_gguf(where, self.cache_dir)
+        if gguf is None:
+            raise ForetellError(f"--draft-quant {quant} runs a draft model's GGUF blocks, and {where!r} has no GGUF file "
+                                "on disk; use --draft-quant auto")
+        if str(self.dtype).removeprefix("torch.") != "float32" or str(self.device) != "cpu":
+            raise ForetellError(f"--draft-quant {quant} runs in foretell's lean step: a float32 CPU model, not "
+                                f"{self.dtype} on {self.device}; use --dtype float32, or --draft-quant auto")
+        return RuntimeConfig(device=self.device, dtype="float32", quant="gguf", gguf_file=gguf,
+                             activations="q8" if quant == "gguf-q8" else "float", bf16_as_float32=False)
 
     def stop_ids(self) -> set[int]:
         """The target's end tokens, found once: a server builds an engine per request, and reading the tokenizer's

@@ -110,7 +110,7 @@ def build(name: str, what: str, fallback: str):
             from torch.utils.cpp_extension import load
 
             return load(name=f"foretell_{name}_{key}", sources=[str(source)], build_directory=str(folder),
-                        extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                        extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"], extra_ldflags=["-fopenmp"],
                         verbose=False)  # OpenMP: at::parallel_for spreads the output rows over torch's threads
     except Exception as e:  # no compiler, no ninja, an unwritable cache: PyTorch's products still work
         reason = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]

@@ -775,19 +775,11 @@ void group_q8x(const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y, i
 // A chunk is decoded once for all rows of a pass, and each row's sums run in one fixed order.
 enum GgmlType : int64_t { GQ4_0 = 2, GQ4_1 = 3, GQ5_0 = 6, GQ5_1 = 7, GQ8_0 = 8, GQ4_K = 12, GQ5_K = 13, GQ6_K = 14 };
 
-// an fp16 number (little-endian, as GGUF stores them) as a float: exact, without F16C (not in the build's flags)
+// an fp16 number (little-endian, as GGUF stores them) as a float, exactly
 inline float half_float(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
-  const uint32_t magnitude = h & 0x7FFF;
-  float f;
-  if (magnitude >= 0x400) {  // normal (or inf / NaN): the exponent rebased from 15 to 127
-    const uint32_t bits = magnitude >= 0x7C00 ? 0x7F800000 | ((magnitude & 0x3FF) << 13) : (magnitude << 13) + (112u << 23);
-    std::memcpy(&f, &bits, 4);
-  } else {
-    f = float(magnitude) * 5.9604644775390625e-8f;  // subnormal: magnitude * 2^-24
-  }
-  return (h & 0x8000) ? -f : f;
+  return _cvtsh_ss(h);  // F16C: every CPU with AVX2 that PyTorch runs its AVX2 kernels on has it
 }
 
 struct Chunk {
@@ -1010,30 +1002,42 @@ void rows_gguf(const uint8_t* row, int64_t K, const float* x, float* y, int64_t 
   for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(_mm256_add_ps(even[r], odd[r]));
 }
 
-// The same with 8-bit activations (rows m .. m + R - 1 of x): per chunk the integer products of its codes with the
-// activations' codes, 8 sums of 4 inputs (lanes 0-3 inputs 0..15, lanes 4-7 16..31, so Q6_K's two scales apply per
-// half), times the scales and the activations' d; unsigned types add min * (d * the activations' code sum).
-// Signed codes: their magnitude as unsigned, their sign moved onto the activations (maddubs multiplies unsigned by
-// signed bytes); 2 products of |code| <= 128 by |activation| <= 127 fit its 16-bit sums.
+// The 32-input types with 8-bit activations (rows m .. m + R - 1 of x): per block the integer products of its codes
+// with the activations' codes, 8 sums of 4 inputs, times the block's d and the activations' d. Q4_0 and Q5_0 take
+// their codes unsigned (0..15, 0..31) with their offset (-8 d, -16 d) as Q4_1 and Q5_1 take their m: times the
+// activations' d * code sum, once a block. Q8_0's signed codes: their magnitude as unsigned, their sign moved onto
+// the activations (maddubs multiplies unsigned by signed bytes); 2 products of |code| <= 128 by |activation| <=
+// 127 fit its 16-bit sums.
+template <int64_t T>
+inline Chunk codes_q8(const uint8_t* b) {  // the block's codes as the 8-bit activations' products take them
+  const float d = half_float(b);
+  if constexpr (T == GQ4_0) return {nibbles16(b + 2), d, d, -8.f * d};
+  if constexpr (T == GQ5_0) return {_mm256_or_si256(nibbles16(b + 6), fifth_bits(b + 2)), d, d, -16.f * d};
+  if constexpr (T == GQ8_0) return {load32(b + 2), d, d, 0.f};
+  return Gguf<T>::chunk(b, 0);  // Q4_1, Q5_1: unsigned codes and m already
+}
+
 template <int64_t T, int R>
 void rows_gguf_q8(const uint8_t* row, int64_t K, const RowsQ8& x, int64_t m, float* y, int64_t y_stride, int64_t n) {
-  constexpr bool SIGNED = Gguf<T>::is_signed;
-  const int64_t blocks = K / 32;  // the activations' blocks
+  static_assert(Gguf<T>::values == 32, "K-quants take rows_kquant_q8");
+  constexpr bool SIGNED = T == GQ8_0;
+  const int64_t blocks = K / 32;
+  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R];
   float offsets[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.f;
-  over_chunks<T>(row, K, [&](const uint8_t* b, int j, int64_t k) {
-    const Chunk c = Gguf<T>::chunk(b, j);
-    const __m256 scale = _mm256_set_m128(_mm_set1_ps(c.hi), _mm_set1_ps(c.lo));
+  for (int64_t block = 0; block < blocks; ++block) {
+    const Chunk c = codes_q8<T>(row + block * Gguf<T>::bytes);
     const __m256i magnitude = SIGNED ? _mm256_sign_epi8(c.q, c.q) : c.q;
     for (int r = 0; r < R; ++r) {
-      const int64_t a = (m + r) * blocks + k / 32;
+      const int64_t a = (m + r) * blocks + block;
       __m256i q = load32(reinterpret_cast<const uint8_t*>(x.codes.data()) + a * 32);
       if constexpr (SIGNED) q = _mm256_sign_epi8(q, c.q);
-      acc[r] = _mm256_fmadd_ps(block_products(magnitude, q), _mm256_mul_ps(scale, _mm256_set1_ps(x.d[a])), acc[r]);
+      const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, q), ones));
+      acc[r] = _mm256_fmadd_ps(sums, _mm256_set1_ps(c.lo * x.d[a]), acc[r]);
       if constexpr (!SIGNED) offsets[r] = std::fma(c.min, x.d_sum[a], offsets[r]);
     }
-  });
+  }
   for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]) + offsets[r];
 }
 
