@@ -170,7 +170,7 @@ def q8_activations(x: torch.Tensor, block: int = 32) -> torch.Tensor:
 @pytest.mark.parametrize(("kind", "act_q8", "layout"), [(kind, act_q8, layout) for kind in (0, 1) for act_q8, layout in
                                                         ((False, "rows"), (True, "rows"), (True, "interleaved"))])
 def test_block_products_match_dense_and_the_one_row_sums(kind, act_q8, layout):
-    """Q4 (kind 0) and Q8 (kind 1) blocks times 1..9 rows: the dense product of the blocks' values (of the
+    """Q4 (kind 0) and Q8 (kind 1) blocks times 1..19 rows: the dense product of the blocks' values (of the
     activations rounded to 8 bits with act_q8), and each row exactly what that row alone gives (a verification pass
     computes a one-token step's sums). With 8-bit activations also in the column-interleaved layout."""
     from foretell.kernels import block_gemm
@@ -192,14 +192,46 @@ def test_block_products_match_dense_and_the_one_row_sums(kind, act_q8, layout):
         packed, codes, scales = interleaved(kind, codes, scales)
         assert packed == (Q4X, Q8X)[kind] and codes.shape[:2] == (out // 8, cols // 32)
         kind = packed
-    x = torch.randn(9, cols, generator=g)
+    x = torch.randn(19, cols, generator=g)
     want = (q8_activations(x) if act_q8 else x) @ w.T
-    for rows in range(1, 10):
+    for rows in range(1, 20):  # up to three passes of 8 (VNNI) or five of 4
         y = gemm(x[:rows], kind, codes, scales, act_q8)
         torch.testing.assert_close(y, want[:rows], rtol=1e-5, atol=1e-4)
         assert all(torch.equal(y[r], gemm(x[r:r + 1], kind, codes, scales, act_q8)[0]) for r in range(rows))
     if act_q8:  # the rounding is real: float activations give other sums
         assert (gemm(x, kind, codes, scales, act_q8) - x @ w.T).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", [0, 1], ids=["Q4X", "Q8X"])
+def test_interleaved_blocks_on_vnni_give_avx2s_bits(kind):
+    """Q4X / Q8X with 8-bit activations, 1..19 rows: AVX-512 VNNI's dot products (passes of 8) and AVX2's (passes
+    of 4) give the same bits, so a machine's verification passes and one-token steps agree whichever it takes."""
+    from foretell.kernels import block_gemm, lean_module
+    from foretell.runtime.lean_step import interleaved
+
+    module = lean_module()
+    if not module.lean_vnni(True):
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    g = torch.Generator().manual_seed(11)
+    out, cols = 48, 128
+    if kind == 0:
+        codes = torch.randint(0, 256, (out, cols // 2), generator=g, dtype=torch.uint8)
+        scales = torch.rand(out, cols // 32, 2, generator=g) - 0.5
+    else:
+        codes = torch.randint(-128, 128, (out, cols), generator=g, dtype=torch.int8)  # -128: |w| = 128 unsigned
+        scales = torch.rand(out, cols // 32, generator=g)
+    packed, codes, scales = interleaved(kind, codes, scales)
+    x = torch.randn(19, cols, generator=g) * 4
+    gemm = block_gemm()
+    try:
+        for rows in range(1, 20):
+            fast = gemm(x[:rows], packed, codes, scales, True)
+            module.lean_vnni(False)
+            plain = gemm(x[:rows], packed, codes, scales, True)
+            module.lean_vnni(True)
+            assert torch.equal(fast, plain), rows
+    finally:
+        module.lean_vnni(True)
 
 
 @pytest.mark.parametrize("cols", [96, 44])
