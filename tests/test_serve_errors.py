@@ -289,3 +289,25 @@ def test_serve_help_says_what_the_server_does(capsys):
     assert exited.value.code == 0
     assert "batches them continuously" in text and "one at a time" not in text
     assert "--header-timeout" in text and "--keep-alive-timeout" in text and "error event, then [DONE]" in text
+
+
+def test_the_model_loads_on_a_thread_that_passes():
+    """foretell serve loads its model off the main thread (worker.on_a_passing_thread: the main thread must not
+    keep an OpenMP pool beside the engine thread's): the value comes back, the thread had the asked torch
+    threads, and an error inside is raised here."""
+    import threading
+
+    import torch
+
+    from foretell.errors import ForetellError
+    from foretell.serve.worker import on_a_passing_thread
+
+    seen = on_a_passing_thread(lambda: (threading.current_thread() is threading.main_thread(),
+                                        torch.get_num_threads()), 1)
+    assert seen == (False, 1)
+
+    def fail():
+        raise ForetellError("no such model")
+
+    with pytest.raises(ForetellError, match="no such model"):
+        on_a_passing_thread(fail, 1)

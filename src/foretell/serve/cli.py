@@ -69,6 +69,7 @@ def run_serve(args: argparse.Namespace) -> None:
     try:
         from foretell.serve.app import create_app
         from foretell.serve.server import Server
+        from foretell.serve.worker import on_a_passing_thread
     except ImportError as e:
         raise ForetellError(f"foretell serve needs the serve extra ({e.name} is missing): "
                             "pip install 'foretell[serve]'") from None
@@ -94,9 +95,13 @@ def run_serve(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     from foretell.runtime.quant import describe_target
 
-    pipeline = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant, compile=args.compile)
     name = args.served_model_name or Path(str(args.model).rstrip("/")).name
-    app = create_app(pipeline, name, settings)
+
+    def make():  # every torch computation off the main thread (worker.on_a_passing_thread says why)
+        pipeline = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant, compile=args.compile)
+        return pipeline, create_app(pipeline, name, settings)
+
+    pipeline, app = on_a_passing_thread(make, torch.get_num_threads())
     chose = f": {why}; --drafter picks another" if why else ""
     weights = describe_target(args.quant, args.dtype, pipeline.target.model)
     print(f"[foretell serve: model {name!r}, drafter {spec.describe()}{chose}, {weights}; "
