@@ -25,6 +25,8 @@
 // group_q4x below says how):
 //   Q4X: codes uint8 [N / 8, K / 32, 128], scales float [N / 8, K / 32, 2, 8] (the 8 columns' d, then their m)
 //   Q8X: codes int8 [N / 8, K / 32, 256], scales float [N / 8, K / 32, 8]
+//   KQ4X: a GGUF projection all in Q4_K blocks, 8 output columns interleaved (8-bit activations only; the K-quant
+//         section below: interleave_q4k)
 //   GGUF: a GGUF file's blocks as it ships them, bytes uint8 [total] and a layout int64 [1 + 2 P]: K, then each
 //         part's (ggml type, rows); the parts' rows follow one another (a fused q, k, v may mix Q4_K and Q6_K, as
 //         llama.cpp's Q4_K_M files do). Types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (the GGUF section below)
@@ -44,7 +46,8 @@
 
 namespace {
 
-enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2, Q4X = 3, Q8X = 4, BF16 = 5, BF16X = 6, I8X = 7, BF16A = 8, GGUF = 9 };
+enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2, Q4X = 3, Q8X = 4, BF16 = 5, BF16X = 6, I8X = 7, BF16A = 8, GGUF = 9,
+                      KQ4X = 10 };
 
 // One part of a GGUF projection: its rows first .. first + rows - 1, each row_bytes of the file's blocks from base
 struct GgufPart {
@@ -1184,6 +1187,142 @@ void rows_kquant_q8(const uint8_t* row, int64_t K, const RowsQ8K& x, int64_t m, 
   for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]) + hsum128(mins[r]);
 }
 
+// Q4_K blocks with 8 output columns interleaved (KQ4X), for 8-bit activations: per group of 8 columns and block of
+// 256 inputs one record of KQ4X_BYTES:
+//   codes  [8 chunks][4][32]: as Q4X's, chunk j's vector v, lane c, byte i holds column c's code of input 32j + 4v + i
+//          in its low nibble and of input 32j + 16 + 4v + i in its high nibble
+//   scales [8 chunks][8 columns] uint8, the chunks' 6-bit scales
+//   mins   [4 pairs of chunks][8 columns][2] int16, the chunks' 6-bit mins side by side (2k, 2k + 1)
+//   d, dmin [8 columns] fp16 each
+// One instruction then advances 8 columns' sums of 4 inputs (no horizontal sums), a chunk's scale is one multiply
+// for the 8 columns, and the mins' term is 4 madds a block; the activations are RowsQ8K (Q8_K) as the row kernel's.
+// A block's integer sums are exact and its float steps come in one order, so a row's result does not depend on
+// the rows beside it; AVX-512 VNNI (vpdpbusd) and AVX2 (maddubs, then madd) compute the same integers.
+constexpr int64_t KQ4X_CODES = 1024, KQ4X_SCALES = 1024, KQ4X_MINS = 1088, KQ4X_D = 1216, KQ4X_BYTES = 1248;
+
+// The KQ4X records of N rows of Q4_K blocks (N a multiple of 8): uint8 [N / 8, K / 256, KQ4X_BYTES]
+torch::Tensor interleave_q4k(torch::Tensor bytes, int64_t N, int64_t K) {
+  TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.is_contiguous() && N % 8 == 0 && K % 256 == 0 &&
+                  bytes.numel() == N * (K / 256) * 144, "Q4_K rows: contiguous uint8 [N * K / 256 * 144], N % 8 == 0");
+  const int64_t blocks = K / 256;
+  auto out = torch::zeros({N / 8, blocks, KQ4X_BYTES}, torch::kByte);
+  const uint8_t* in = bytes.data_ptr<uint8_t>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N / 8, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g)
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint8_t* rec = o + (g * blocks + b) * KQ4X_BYTES;
+        for (int c = 0; c < 8; ++c) {
+          const uint8_t* blk = in + ((8 * g + c) * blocks + b) * 144;
+          for (int j = 0; j < 8; ++j) {
+            auto code = [&](int i) { const uint8_t v = blk[16 + 32 * (j / 2) + i]; return (j & 1) ? v >> 4 : v & 0x0F; };
+            for (int v = 0; v < 4; ++v)
+              for (int i = 0; i < 4; ++i)
+                rec[128 * j + 32 * v + 4 * c + i] = uint8_t(code(4 * v + i) | (code(16 + 4 * v + i) << 4));
+            int scale, min;
+            scale_min_k(j, blk + 4, scale, min);
+            rec[KQ4X_SCALES + 8 * j + c] = uint8_t(scale);
+            const int16_t m16 = int16_t(min);
+            std::memcpy(rec + KQ4X_MINS + 32 * (j / 2) + 4 * c + 2 * (j & 1), &m16, 2);
+          }
+          std::memcpy(rec + KQ4X_D + 2 * c, blk, 2);       // d
+          std::memcpy(rec + KQ4X_D + 16 + 2 * c, blk + 2, 2);  // dmin
+        }
+      }
+  });
+  return out;
+}
+
+// chunk j's 8 columns' sums for R rows: sums[r] = the int32 products of the chunk's codes with row r's codes (a:
+// each row's codes of this block). Inlined where the caller has its instruction set (group_kq4x_vnni).
+template <int R>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) inline void kq4x_chunk_vnni(
+    const uint8_t* rec, int j, const int8_t* const* a, __m256i* sums) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256i high[R];  // a second chain per row: vpdpbusd's latency, not its throughput, bounds one chain
+  for (int r = 0; r < R; ++r) sums[r] = high[r] = _mm256_setzero_si256();
+  for (int v = 0; v < 4; ++v) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 128 * j + 32 * v));
+    const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+    for (int r = 0; r < R; ++r) {
+      sums[r] = _mm256_dpbusd_epi32(sums[r], lo, spread4(a[r] + 32 * j + 4 * v));
+      high[r] = _mm256_dpbusd_epi32(high[r], hi, spread4(a[r] + 32 * j + 16 + 4 * v));
+    }
+  }
+  for (int r = 0; r < R; ++r) sums[r] = _mm256_add_epi32(sums[r], high[r]);
+}
+
+template <int R>
+__attribute__((always_inline)) inline void kq4x_chunk_avx2(const uint8_t* rec, int j, const int8_t* const* a,
+                                                           __m256i* sums) {
+  // 16 products of codes <= 15 by |activations| <= 127 per 16-bit lane: 16 * 15 * 127 < 2^15, no overflow
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256i pairs[R];
+  for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
+  for (int v = 0; v < 4; ++v) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 128 * j + 32 * v));
+    const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+    for (int r = 0; r < R; ++r) {
+      pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, spread4(a[r] + 32 * j + 4 * v)));
+      pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(hi, spread4(a[r] + 32 * j + 16 + 4 * v)));
+    }
+  }
+  for (int r = 0; r < R; ++r) sums[r] = _mm256_madd_epi16(pairs[r], ones);
+}
+
+// Columns 8g .. 8g + 7 of R rows (m .. m + R - 1 of x) against KQ4X records (forced inline into the two entry points
+// below, each compiled for its instruction set)
+template <int R, bool VNNI>
+__attribute__((always_inline)) inline void group_kq4x(const uint8_t* records, int64_t K, int64_t g, const RowsQ8K& x,
+                                                      int64_t m, float* y, int64_t y_stride) {
+  const int64_t blocks = K / 256;
+  const int8_t* a[R];
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* rec = records + (g * blocks + b) * KQ4X_BYTES;
+    for (int r = 0; r < R; ++r) a[r] = x.codes.data() + (m + r) * K + 256 * b;
+    __m256i total[R];
+    for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      __m256i sums[R];
+      for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+      if constexpr (VNNI) kq4x_chunk_vnni<R>(rec, j, a, sums);
+      else kq4x_chunk_avx2<R>(rec, j, a, sums);
+      const __m256i scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + KQ4X_SCALES + 8 * j)));
+      for (int r = 0; r < R; ++r) total[r] = _mm256_add_epi32(total[r], _mm256_mullo_epi32(sums[r], scale));
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + KQ4X_D)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + KQ4X_D + 16)));
+    for (int r = 0; r < R; ++r) {
+      const int16_t* bsums = x.sums.data() + (m + r) * (K / 32) + 8 * b;
+      __m256i mins = _mm256_setzero_si256();
+      for (int k = 0; k < 4; ++k) {
+        int32_t pair;
+        std::memcpy(&pair, bsums + 2 * k, 4);
+        mins = _mm256_add_epi32(mins, _mm256_madd_epi16(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + KQ4X_MINS + 32 * k)), _mm256_set1_epi32(pair)));
+      }
+      const __m256 xd = _mm256_set1_ps(x.d[(m + r) * blocks + b]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r]), _mm256_mul_ps(d, xd), acc[r]);
+      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dmin, xd), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * g, acc[r]);
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) void group_kq4x_vnni(
+    const uint8_t* records, int64_t K, int64_t g, const RowsQ8K& x, int64_t m, float* y, int64_t y_stride) {
+  group_kq4x<R, true>(records, K, g, x, m, y, y_stride);
+}
+
+template <int R>
+void group_kq4x_avx2(const uint8_t* records, int64_t K, int64_t g, const RowsQ8K& x, int64_t m, float* y,
+                     int64_t y_stride) {
+  group_kq4x<R, false>(records, K, g, x, m, y, y_stride);
+}
+
 // One row of blocks as its K float weights (a prompt's many-row product runs dense on them)
 template <int64_t T>
 void dequantize_gguf_row(const uint8_t* row, int64_t K, float* out) {
@@ -1275,6 +1414,28 @@ void gemm_gguf(const Proj& p, const float* x, int64_t M, float* y, const RowsQ8*
   });
 }
 
+// y [M, N] = x [M, K] W^T (+ bias) for KQ4X records: x quantized as Q8_K, 8 columns at a time over torch's threads,
+// x's rows 8 at a time
+void gemm_kq4x(const Proj& p, const float* x, int64_t M, float* y) {
+  RowsQ8K xk;
+  xk.codes.resize(M * p.K), xk.d.resize(M * (p.K / 256)), xk.sums.resize(M * (p.K / 32));
+  for (int64_t r = 0; r < M; ++r)
+    quantize_q8k(x + r * p.K, p.K, xk.codes.data() + r * p.K, xk.d.data() + r * (p.K / 256), xk.sums.data() + r * (p.K / 32));
+  at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      in_eights(M, [&](auto R, int64_t m) {
+        if (vnni_on)
+          group_kq4x_vnni<decltype(R)::value>(p.codes, p.K, g, xk, m, y + m * p.N, p.N);
+        else
+          group_kq4x_avx2<decltype(R)::value>(p.codes, p.K, g, xk, m, y + m * p.N, p.N);
+      });
+      if (p.bias)
+        for (int64_t r = 0; r < M; ++r)
+          for (int64_t n = 8 * g; n < 8 * g + 8; ++n) y[r * p.N + n] += p.bias[n];
+    }
+  });
+}
+
 // y [M, N] = x [M, K] W^T (+ bias), output rows spread over torch's threads, x's rows 4 at a time.
 // x_sums: scratch of M * K / 32 floats. act_q8: 8-bit activations for block projections (above).
 void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, bool act_q8 = false) {
@@ -1282,7 +1443,8 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
   const bool interleaved = p.kind == Q4X || p.kind == Q8X;
   TORCH_CHECK(act_q8 || !interleaved, "interleaved blocks run with 8-bit activations only");
   const bool q8 = act_q8 && (p.kind == Q4 || p.kind == Q8 || p.kind == GGUF || interleaved);  // others: fp32
-  if (q8 && !(p.kind == GGUF && all_kquant(p))) {  // K-quant parts quantize their own (gemm_gguf)
+  TORCH_CHECK(act_q8 || p.kind != KQ4X, "KQ4X blocks run with 8-bit activations only");
+  if (q8 && !(p.kind == GGUF && all_kquant(p)) && p.kind != KQ4X) {  // K-quants quantize their own (Q8_K)
     const int64_t blocks = p.K / 32;
     xq.codes.resize(M * p.K);
     xq.d.resize(M * blocks);
@@ -1325,6 +1487,7 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
     return;
   }
   if (p.kind == GGUF) return gemm_gguf(p, x, M, y, &xq, q8);
+  if (p.kind == KQ4X) return gemm_kq4x(p, x, M, y);
   if (interleaved) {
     at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; ++g) {
@@ -1642,6 +1805,11 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
     p.N = main.size(0) * 16;
     p.K = main.size(1);
     p.codes = reinterpret_cast<const uint8_t*>(main.data_ptr<int8_t>());
+  } else if (p.kind == KQ4X) {  // [N / 8, K / 256, KQ4X_BYTES]
+    TORCH_CHECK(main.dim() == 3 && main.size(2) == KQ4X_BYTES && main.scalar_type() == at::kByte, "KQ4X records' shape");
+    p.N = main.size(0) * 8;
+    p.K = main.size(1) * 256;
+    p.codes = main.data_ptr<uint8_t>();
   } else if (p.kind == GGUF) {
     gguf_parts(p, main, t[at + 1]);
   } else if (p.kind == BF16) {
@@ -1651,7 +1819,7 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
     p.K = main.size(1);
     p.dense = main.data_ptr<float>();
   }
-  if (p.kind != F32 && p.kind != BF16 && p.kind != BF16X && p.kind != BF16A && p.kind != GGUF)
+  if (p.kind != F32 && p.kind != BF16 && p.kind != BF16X && p.kind != BF16A && p.kind != GGUF && p.kind != KQ4X)
     p.scales = t[at + 1].data_ptr<float>();
   if (t[at + 2].numel()) p.bias = t[at + 2].data_ptr<float>();
   return p;
@@ -1939,7 +2107,7 @@ std::vector<torch::Tensor> lean_decode_packed(torch::Tensor x, torch::Tensor cos
 torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, torch::Tensor scales, bool act_q8) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x float32 [M, K] expected");
   TORCH_CHECK(kind == Q4 || kind == Q8 || kind == Q4X || kind == Q8X || kind == BF16 || kind == BF16X || kind == I8X ||
-                  kind == BF16A || kind == GGUF,
+                  kind == BF16A || kind == GGUF || kind == KQ4X,
               "Q4 or Q8 blocks, GGUF blocks, a bf16 weight or interleaved int8 columns expected");
   x = x.contiguous();
   const std::vector<torch::Tensor> parts = {codes.contiguous(), scales.contiguous(), torch::empty({0})};
@@ -2007,6 +2175,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("kind"), py::arg("codes"), py::arg("scales"), py::arg("act_q8") = false,
         py::call_guard<py::gil_scoped_release>());
   m.def("dequantize_q4", &dequantize_q4, "Q4_1 blocks -> the float32 weight [N, K]",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("interleave_q4k", &interleave_q4k, "Q4_K rows (bytes, N, K) -> KQ4X records [N / 8, K / 256, 1248]",
         py::call_guard<py::gil_scoped_release>());
   m.def("dequantize_gguf", &dequantize_gguf, "GGUF blocks (bytes, layout) -> the float32 weight [N, K]",
         py::call_guard<py::gil_scoped_release>());

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from foretell.kernels import (  # the projection kinds, as lean_decode.cpp numbers them
-    BF16, BF16A, BF16X, F32, GGUF_KIND, I8X, Q4, Q4X, Q8, Q8X, amx_products, lean_decode, lean_module,
+    BF16, BF16A, BF16X, F32, GGUF_KIND, I8X, KQ4X, Q4, Q4X, Q8, Q8X, amx_products, lean_decode, lean_module,
 )
 from foretell.models.norms import RMSNorm
 from foretell.models.transformer import ForwardOutput, Transformer
@@ -115,7 +115,10 @@ def interleaved(kind: int, main: torch.Tensor, scales: torch.Tensor) -> tuple[in
     """Q4 or Q8 blocks in lean_decode.cpp's column-interleaved layout (Q4X, Q8X), which 8-bit activations multiply
     8 output columns at a time; other kinds, and layers whose output count is not a multiple of 8, as they are.
     Per group of 8 columns and block, vector j holds 4 consecutive codes of each column: for Q8 inputs 4j..4j+3;
-    for Q4 the block's bytes 4j..4j+3 (inputs 4j + i in the low nibbles, 16 + 4j + i in the high ones)."""
+    for Q4 the block's bytes 4j..4j+3 (inputs 4j + i in the low nibbles, 16 + 4j + i in the high ones).
+    A GGUF projection all in Q4_K blocks becomes KQ4X records (the kernel's interleave_q4k says their layout)."""
+    if kind == GGUF:
+        return kq4x(main, scales)
     if kind not in (Q4, Q8) or main.shape[0] % 8:
         return kind, main, scales
     groups, blocks = main.shape[0] // 8, scales.shape[1]
@@ -124,6 +127,19 @@ def interleaved(kind: int, main: torch.Tensor, scales: torch.Tensor) -> tuple[in
     if kind == Q4:  # (d, m) pairs -> the 8 columns' d, then their m
         return Q4X, codes.view(groups, blocks, 128), scales.view(groups, 8, blocks, 2).permute(0, 2, 3, 1).contiguous()
     return Q8X, codes.view(groups, blocks, 256), scales.view(groups, 8, blocks).permute(0, 2, 1).contiguous()
+
+
+GGML_Q4_K = 12
+
+
+def kq4x(raw: torch.Tensor, layout: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """A GGUF projection's blocks as KQ4X records where every part is Q4_K and its rows come in groups of 8, else
+    as they are (GGUF, bytes, layout)."""
+    parts = layout.tolist()
+    K, types, rows = parts[0], parts[1::2], sum(parts[2::2])
+    if any(t != GGML_Q4_K for t in types) or rows % 8:
+        return GGUF, raw, layout
+    return KQ4X, lean_module().interleave_q4k(raw.contiguous(), rows, K), torch.empty(0)
 
 
 def lean_support(model, as_float32: bool = False) -> str | None:
