@@ -14,6 +14,8 @@ quantized *target* is a different model from the bf16 one: speculation stays los
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -288,12 +290,22 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     return quantize_linears(model, Int8Linear.from_weight)
 
 
-def quantize_linears(model: nn.Module, make) -> nn.Module:
-    """Replace every nn.Linear in `model` (in place) by make(weight, bias); embeddings stay as they are."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, make(child.weight, child.bias))
+PROGRESS_PARAMS = 50_000_000  # a model with more weights than this in its linears shows a progress bar quantizing
+
+
+def quantize_linears(model: nn.Module, make, what: str = "quantizing") -> nn.Module:
+    """Replace every nn.Linear in `model` (in place) by make(weight, bias); embeddings stay as they are. A large
+    model's layers go by under a progress bar (a real-size target takes a while, and must not look hung)."""
+    from tqdm import tqdm
+
+    todo = [(parent, name, child) for parent in list(model.modules()) for name, child in list(parent.named_children())
+            if isinstance(child, nn.Linear)]
+    weights = sum(child.weight.numel() for _, _, child in todo)
+    with tqdm(total=weights, desc=what, unit="weight", unit_scale=True, file=sys.stderr,
+              disable=weights < PROGRESS_PARAMS) as bar:
+        for parent, name, child in todo:
+            setattr(parent, name, make(child.weight, child.bias))
+            bar.update(child.weight.numel())
     return model
 
 
@@ -308,7 +320,7 @@ def quantize_target(model: nn.Module, mode: str) -> nn.Module:
         return model
     if mode == "gguf":
         raise ForetellError("gguf quantization comes from the model's GGUF file: load the target with quant='gguf'")
-    return quantize_linears(model, Int8Linear.from_weight if mode == "int8" else int4_or_int8)
+    return quantize_linears(model, Int8Linear.from_weight if mode == "int8" else int4_or_int8, f"quantizing to {mode}")
 
 
 def int4_or_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
