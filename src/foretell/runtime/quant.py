@@ -160,8 +160,11 @@ class Int4Linear(nn.Module):
         out_features, in_features = q.shape
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).cpu().contiguous(), 1)
         scales_offsets = torch.stack([scale.float().T, offset.float().T], dim=-1).contiguous()
-        return cls(packed.to(q.device), scales_offsets.to(q.device), out_features, in_features,
-                   None if bias is None else bias.detach().clone(), group)
+        layer = cls(packed.to(q.device), scales_offsets.to(q.device), out_features, in_features,
+                    None if bias is None else bias.detach().clone(), group)
+        if group == 32 and q.device.type == "cpu":  # the blocks from the codes at hand (int4_blocks has to recover
+            layer.blocks = q4_1_blocks(q, scale.float(), (offset - 8 * scale).float())  # them: K^2 N products)
+        return layer
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, group: int = INT4_GROUP) -> Int4Linear:
@@ -256,7 +259,9 @@ def dequantize_q4_torch(codes: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
 
 def int4_blocks(layer: Int4Linear) -> tuple[torch.Tensor, torch.Tensor]:
     """An Int4Linear as Q4_1 blocks: codes uint8 [out, in / 2] (byte j of a block: input j low, j + 16 high) and
-    (d, m) float32 [out, in / 32, 2], w = d * code + m: the layer's own values (codes recovered exactly)."""
+    (d, m) float32 [out, in / 32, 2], w = d * code + m: the layer's own values (codes recovered exactly). Slow for a
+    large layer (its dequantized weight is an identity matrix through PyTorch's int4 product: in^2 * out products);
+    Int4Linear.from_codes makes its blocks directly, so this serves layers loaded from a saved state only."""
     if layer.group != 32:
         raise ValueError("the lean step reads int4 groups of 32")
     w = layer.dequantized()  # [out, in] float32
