@@ -75,33 +75,36 @@ def test_block_products_match_dense_and_each_row_alone(kind, act_q8):
 
 
 
-def test_q4_k_interleaved_records_match_dense_and_each_row_alone():
-    """A Q4_K projection as KQ4X records (8 columns interleaved, with 8-bit activations): the dense product of the
-    reference weights with the activations rounded per 256 (Q8_K), each of 1..19 rows bit for bit what it gives
-    alone, and AVX-512 VNNI's dot products (where the CPU has them) the same bits as AVX2's."""
-    from foretell.runtime.lean_step import KQ4X, kq4x
+@pytest.mark.parametrize("kind", [T.Q4_K, T.Q6_K], ids=lambda k: k.name)
+def test_k_quant_interleaved_records_match_dense_and_each_row_alone(kind):
+    """A Q4_K or Q6_K projection as KQ4X / KQ6X records (8 columns interleaved, with 8-bit activations): the dense
+    product of the reference weights with the activations rounded per 256 (Q8_K), each of 1..19 rows bit for bit
+    what it gives alone, and AVX-512 VNNI's dot products (where the CPU has them) the same bits as AVX2's."""
+    from foretell.runtime.lean_step import KQ4X, KQ6X, kq4x
 
-    raw, reference = blocks_of(T.Q4_K, rows=40, seed=3)
-    layer = layer_of([(T.Q4_K, raw)])
-    kind, records, scales = kq4x(layer.raw, layer.layout)
-    assert kind == KQ4X and records.shape == (5, 2, 1248)
+    raw, reference = blocks_of(kind, rows=40, seed=3)
+    layer = layer_of([(kind, raw)])
+    packed, records, scales = kq4x(layer.raw, layer.layout)
+    assert packed == (KQ4X if kind == T.Q4_K else KQ6X) and records.shape == (5, 2, 1248 if kind == T.Q4_K else 1680)
     gemm = block_gemm()
     x = torch.randn(19, 512, generator=torch.Generator().manual_seed(4))
     want = q8_activations(x, 256) @ reference.T
     for rows in range(1, 20):
-        y = gemm(x[:rows], KQ4X, records, scales, True)
+        y = gemm(x[:rows], packed, records, scales, True)
         torch.testing.assert_close(y, want[:rows], rtol=1e-5, atol=1e-4)
-        assert all(torch.equal(y[r], gemm(x[r:r + 1], KQ4X, records, scales, True)[0]) for r in range(rows))
+        assert all(torch.equal(y[r], gemm(x[r:r + 1], packed, records, scales, True)[0]) for r in range(rows))
     module = lean_module()
     if module.lean_vnni(True):
         try:
-            fast = gemm(x, KQ4X, records, scales, True)
+            fast = gemm(x, packed, records, scales, True)
             module.lean_vnni(False)
-            assert torch.equal(fast, gemm(x, KQ4X, records, scales, True))
+            assert torch.equal(fast, gemm(x, packed, records, scales, True))
         finally:
             module.lean_vnni(True)
+    if kind == T.Q6_K:
+        return
     mixed = layer_of([(T.Q4_K, raw), (T.Q6_K, blocks_of(T.Q6_K, rows=8)[0])])
-    assert kq4x(mixed.raw, mixed.layout)[0] != KQ4X  # another type beside: the GGUF kind's rows
+    assert kq4x(mixed.raw, mixed.layout)[0] not in (KQ4X, KQ6X)  # two types: the GGUF kind's rows
 
 def test_a_projection_of_mixed_parts():
     """A fused projection whose parts differ in type (a Q4_K_M file's q, k: Q4_K, v: Q6_K): each part's rows are

@@ -27,6 +27,7 @@
 //   Q8X: codes int8 [N / 8, K / 32, 256], scales float [N / 8, K / 32, 8]
 //   KQ4X: a GGUF projection all in Q4_K blocks, 8 output columns interleaved (8-bit activations only; the K-quant
 //         section below: interleave_q4k)
+//   KQ6X: the same for a projection all in Q6_K blocks (interleave_q6k)
 //   GGUF: a GGUF file's blocks as it ships them, bytes uint8 [total] and a layout int64 [1 + 2 P]: K, then each
 //         part's (ggml type, rows); the parts' rows follow one another (a fused q, k, v may mix Q4_K and Q6_K, as
 //         llama.cpp's Q4_K_M files do). Types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (the GGUF section below)
@@ -47,7 +48,7 @@
 namespace {
 
 enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2, Q4X = 3, Q8X = 4, BF16 = 5, BF16X = 6, I8X = 7, BF16A = 8, GGUF = 9,
-                      KQ4X = 10 };
+                      KQ4X = 10, KQ6X = 11 };
 
 // One part of a GGUF projection: its rows first .. first + rows - 1, each row_bytes of the file's blocks from base
 struct GgufPart {
@@ -1188,17 +1189,19 @@ void rows_kquant_q8(const uint8_t* row, int64_t K, const RowsQ8K& x, int64_t m, 
 }
 
 // Q4_K blocks with 8 output columns interleaved (KQ4X), for 8-bit activations: per group of 8 columns and block of
-// 256 inputs one record of KQ4X_BYTES:
-//   codes  [8 chunks][4][32]: as Q4X's, chunk j's vector v, lane c, byte i holds column c's code of input 32j + 4v + i
-//          in its low nibble and of input 32j + 16 + 4v + i in its high nibble
-//   scales [8 chunks][8 columns] uint8, the chunks' 6-bit scales
-//   mins   [4 pairs of chunks][8 columns][2] int16, the chunks' 6-bit mins side by side (2k, 2k + 1)
+// 256 inputs one record of KQ4X_BYTES, in the order the kernel reads it (a record streams front to back; with the
+// codes and the scales apart, a large matrix streamed from memory at about half the speed, as KQ6X's output layer
+// showed): for each chunk j of 32 inputs, KQ4X_CHUNK bytes
+//   codes  [4][32]: as Q4X's, vector v, lane c, byte i holds column c's code of input 32j + 4v + i in its low nibble
+//          and of input 32j + 16 + 4v + i in its high nibble
+//   scales [8 columns] uint8, the chunk's 6-bit scales
+// then mins [4 pairs of chunks][8 columns][2] int16, the chunks' 6-bit mins side by side (2k, 2k + 1)
 //   d, dmin [8 columns] fp16 each
 // One instruction then advances 8 columns' sums of 4 inputs (no horizontal sums), a chunk's scale is one multiply
 // for the 8 columns, and the mins' term is 4 madds a block; the activations are RowsQ8K (Q8_K) as the row kernel's.
 // A block's integer sums are exact and its float steps come in one order, so a row's result does not depend on
 // the rows beside it; AVX-512 VNNI (vpdpbusd) and AVX2 (maddubs, then madd) compute the same integers.
-constexpr int64_t KQ4X_CODES = 1024, KQ4X_SCALES = 1024, KQ4X_MINS = 1088, KQ4X_D = 1216, KQ4X_BYTES = 1248;
+constexpr int64_t KQ4X_CHUNK = 136, KQ4X_SCALES = 128, KQ4X_MINS = 1088, KQ4X_D = 1216, KQ4X_BYTES = 1248;
 
 // The KQ4X records of N rows of Q4_K blocks (N a multiple of 8): uint8 [N / 8, K / 256, KQ4X_BYTES]
 torch::Tensor interleave_q4k(torch::Tensor bytes, int64_t N, int64_t K) {
@@ -1218,10 +1221,10 @@ torch::Tensor interleave_q4k(torch::Tensor bytes, int64_t N, int64_t K) {
             auto code = [&](int i) { const uint8_t v = blk[16 + 32 * (j / 2) + i]; return (j & 1) ? v >> 4 : v & 0x0F; };
             for (int v = 0; v < 4; ++v)
               for (int i = 0; i < 4; ++i)
-                rec[128 * j + 32 * v + 4 * c + i] = uint8_t(code(4 * v + i) | (code(16 + 4 * v + i) << 4));
+                rec[KQ4X_CHUNK * j + 32 * v + 4 * c + i] = uint8_t(code(4 * v + i) | (code(16 + 4 * v + i) << 4));
             int scale, min;
             scale_min_k(j, blk + 4, scale, min);
-            rec[KQ4X_SCALES + 8 * j + c] = uint8_t(scale);
+            rec[KQ4X_CHUNK * j + KQ4X_SCALES + c] = uint8_t(scale);
             const int16_t m16 = int16_t(min);
             std::memcpy(rec + KQ4X_MINS + 32 * (j / 2) + 4 * c + 2 * (j & 1), &m16, 2);
           }
@@ -1242,7 +1245,7 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) inline void kq4x
   __m256i high[R];  // a second chain per row: vpdpbusd's latency, not its throughput, bounds one chain
   for (int r = 0; r < R; ++r) sums[r] = high[r] = _mm256_setzero_si256();
   for (int v = 0; v < 4; ++v) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 128 * j + 32 * v));
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + KQ4X_CHUNK * j + 32 * v));
     const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
     for (int r = 0; r < R; ++r) {
       sums[r] = _mm256_dpbusd_epi32(sums[r], lo, spread4(a[r] + 32 * j + 4 * v));
@@ -1260,7 +1263,7 @@ __attribute__((always_inline)) inline void kq4x_chunk_avx2(const uint8_t* rec, i
   __m256i pairs[R];
   for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
   for (int v = 0; v < 4; ++v) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 128 * j + 32 * v));
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + KQ4X_CHUNK * j + 32 * v));
     const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
     for (int r = 0; r < R; ++r) {
       pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, spread4(a[r] + 32 * j + 4 * v)));
@@ -1289,7 +1292,7 @@ __attribute__((always_inline)) inline void group_kq4x(const uint8_t* records, in
       for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
       if constexpr (VNNI) kq4x_chunk_vnni<R>(rec, j, a, sums);
       else kq4x_chunk_avx2<R>(rec, j, a, sums);
-      const __m256i scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + KQ4X_SCALES + 8 * j)));
+      const __m256i scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + KQ4X_CHUNK * j + KQ4X_SCALES)));
       for (int r = 0; r < R; ++r) total[r] = _mm256_add_epi32(total[r], _mm256_mullo_epi32(sums[r], scale));
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + KQ4X_D)));
@@ -1321,6 +1324,174 @@ template <int R>
 void group_kq4x_avx2(const uint8_t* records, int64_t K, int64_t g, const RowsQ8K& x, int64_t m, float* y,
                      int64_t y_stride) {
   group_kq4x<R, false>(records, K, g, x, m, y, y_stride);
+}
+
+// Q6_K blocks with 8 output columns interleaved (KQ6X), for 8-bit activations: per group of 8 columns and block of
+// 256 inputs one record of KQ6X_BYTES, exactly the 8 blocks' bytes: for each chunk j of 32 inputs, KQ6X_CHUNK bytes
+// in the order the kernel reads them (a record streams front to back: with the parts apart, a 191 MB output layer
+// read at half the speed)
+//   low    [4][32]: the codes' low 4 bits, as KQ4X's codes (inputs 32j + 4v + i low, + 16 high nibble)
+//   high   [2][32]: their top 2 bits; lane c, byte i of the first vector holds inputs 32j + 4v + i of column c in
+//          bits 2v, 2v + 1 (v = 0..3), of the second inputs 32j + 16 + 4v + i
+//   scales [2 groups][8 columns] int8, one per 16 inputs
+// then d [8 columns] fp16.
+// The codes go in unsigned (u = q + 32, 0..63; vpdpbusd multiplies unsigned by signed bytes) and each 16's offset
+// comes back through the activations' code sums: sum s (u - 32) a = sum s u a - 32 sum s (sum of the 16 a).
+constexpr int64_t KQ6X_CHUNK = 208, KQ6X_HIGH = 128, KQ6X_SCALES = 192, KQ6X_D = 1664, KQ6X_BYTES = 1680;
+
+// The KQ6X records of N rows of Q6_K blocks (N a multiple of 8): uint8 [N / 8, K / 256, KQ6X_BYTES]
+torch::Tensor interleave_q6k(torch::Tensor bytes, int64_t N, int64_t K) {
+  TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.is_contiguous() && N % 8 == 0 && K % 256 == 0 &&
+                  bytes.numel() == N * (K / 256) * 210, "Q6_K rows: contiguous uint8 [N * K / 256 * 210], N % 8 == 0");
+  const int64_t blocks = K / 256;
+  auto out = torch::zeros({N / 8, blocks, KQ6X_BYTES}, torch::kByte);
+  const uint8_t* in = bytes.data_ptr<uint8_t>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N / 8, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g)
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint8_t* rec = o + (g * blocks + b) * KQ6X_BYTES;
+        for (int c = 0; c < 8; ++c) {
+          const uint8_t* blk = in + ((8 * g + c) * blocks + b) * 210;
+          for (int j = 0; j < 8; ++j) {
+            const int half = j / 4, k = j % 4;
+            auto code = [&](int l) {  // input l of chunk j, 0..63 (Gguf<GQ6_K>::codes' layout, offset kept)
+              const uint8_t low = blk[64 * half + 32 * (k & 1) + l];
+              return ((k >= 2 ? low >> 4 : low & 0x0F) | (((blk[128 + 32 * half + l] >> (2 * k)) & 3) << 4));
+            };
+            for (int v = 0; v < 4; ++v)
+              for (int i = 0; i < 4; ++i) {
+                const int lo = code(4 * v + i), hi = code(16 + 4 * v + i);
+                uint8_t* chunk = rec + KQ6X_CHUNK * j;
+                chunk[32 * v + 4 * c + i] = uint8_t((lo & 0x0F) | ((hi & 0x0F) << 4));
+                chunk[KQ6X_HIGH + 4 * c + i] |= uint8_t((lo >> 4) << (2 * v));
+                chunk[KQ6X_HIGH + 32 + 4 * c + i] |= uint8_t((hi >> 4) << (2 * v));
+              }
+            rec[KQ6X_CHUNK * j + KQ6X_SCALES + c] = blk[192 + 2 * j];
+            rec[KQ6X_CHUNK * j + KQ6X_SCALES + 8 + c] = blk[192 + 2 * j + 1];
+          }
+          std::memcpy(rec + KQ6X_D + 2 * c, blk + 208, 2);
+        }
+      }
+  });
+  return out;
+}
+
+// chunk j's codes for vector v: the unsigned 6-bit codes of inputs 4v + i (lo) and 16 + 4v + i (hi), 8 columns.
+// A byte's 2 top bits for vector v sit at bits 2v, 2v + 1 of `top`: shifted to bits 4, 5 (a 16-bit shift moves
+// the neighbour byte's bits too, into bits the mask drops).
+template <int V>
+inline void kq6x_codes(__m256i raw, __m256i top_lo, __m256i top_hi, __m256i& lo, __m256i& hi) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), bits45 = _mm256_set1_epi8(0x30);
+  auto at45 = [&](__m256i top) {
+    if constexpr (V < 2) return _mm256_and_si256(_mm256_slli_epi16(top, 4 - 2 * V), bits45);
+    else if constexpr (V == 2) return _mm256_and_si256(top, bits45);
+    else return _mm256_and_si256(_mm256_srli_epi16(top, 2), bits45);
+  };
+  lo = _mm256_or_si256(_mm256_and_si256(raw, low4), at45(top_lo));
+  hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4), at45(top_hi));
+}
+
+// fn(lo, hi, v) for chunk j's 4 vectors of codes
+template <class Fn>
+__attribute__((always_inline)) inline void kq6x_vectors(const uint8_t* rec, int j, Fn fn) {
+  const uint8_t* chunk = rec + KQ6X_CHUNK * j;
+  const __m256i top_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + KQ6X_HIGH));
+  const __m256i top_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + KQ6X_HIGH + 32));
+  const __m256i* raw = reinterpret_cast<const __m256i*>(chunk);
+  __m256i lo, hi;
+  kq6x_codes<0>(_mm256_loadu_si256(raw), top_lo, top_hi, lo, hi), fn(lo, hi, 0);
+  kq6x_codes<1>(_mm256_loadu_si256(raw + 1), top_lo, top_hi, lo, hi), fn(lo, hi, 1);
+  kq6x_codes<2>(_mm256_loadu_si256(raw + 2), top_lo, top_hi, lo, hi), fn(lo, hi, 2);
+  kq6x_codes<3>(_mm256_loadu_si256(raw + 3), top_lo, top_hi, lo, hi), fn(lo, hi, 3);
+}
+
+// chunk j's two 16-input groups' sums for R rows (a: each row's codes of this block), unsigned codes
+template <int R>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) inline void kq6x_chunk_vnni(
+    const uint8_t* rec, int j, const int8_t* const* a, __m256i* first, __m256i* second) {
+  for (int r = 0; r < R; ++r) first[r] = second[r] = _mm256_setzero_si256();
+  kq6x_vectors(rec, j, [&](__m256i lo, __m256i hi, int v) {
+    for (int r = 0; r < R; ++r) {
+      first[r] = _mm256_dpbusd_epi32(first[r], lo, spread4(a[r] + 32 * j + 4 * v));
+      second[r] = _mm256_dpbusd_epi32(second[r], hi, spread4(a[r] + 32 * j + 16 + 4 * v));
+    }
+  });
+}
+
+template <int R>
+__attribute__((always_inline)) inline void kq6x_chunk_avx2(const uint8_t* rec, int j, const int8_t* const* a,
+                                                           __m256i* first, __m256i* second) {
+  // a maddubs of codes <= 63 by |activations| <= 127: 2 * 63 * 127 < 2^15; widened to 32 bits at once
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < R; ++r) first[r] = second[r] = _mm256_setzero_si256();
+  kq6x_vectors(rec, j, [&](__m256i lo, __m256i hi, int v) {
+    for (int r = 0; r < R; ++r) {
+      first[r] = _mm256_add_epi32(first[r], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, spread4(a[r] + 32 * j + 4 * v)), ones));
+      second[r] = _mm256_add_epi32(second[r],
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(hi, spread4(a[r] + 32 * j + 16 + 4 * v)), ones));
+    }
+  });
+}
+
+// Columns 8g .. 8g + 7 of R rows against KQ6X records; sums16: the rows' activation code sums per 16 inputs
+template <int R, bool VNNI>
+__attribute__((always_inline)) inline void group_kq6x(const uint8_t* records, int64_t K, int64_t g, const RowsQ8K& x,
+                                                      const int16_t* sums16, int64_t m, float* y, int64_t y_stride) {
+  const int64_t blocks = K / 256;
+  const int8_t* a[R];
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* rec = records + (g * blocks + b) * KQ6X_BYTES;
+    for (int r = 0; r < R; ++r) a[r] = x.codes.data() + (m + r) * K + 256 * b;
+    __m256i total[R];
+    for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      __m256i first[R], second[R];
+      if constexpr (VNNI) kq6x_chunk_vnni<R>(rec, j, a, first, second);
+      else kq6x_chunk_avx2<R>(rec, j, a, first, second);
+      const uint8_t* scales = rec + KQ6X_CHUNK * j + KQ6X_SCALES;
+      const __m256i s1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales)));
+      const __m256i s2 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 8)));
+      for (int r = 0; r < R; ++r)
+        total[r] = _mm256_add_epi32(total[r], _mm256_add_epi32(_mm256_mullo_epi32(first[r], s1),
+                                                               _mm256_mullo_epi32(second[r], s2)));
+    }
+    // the offsets: 32 * sum over the 16 groups of scale * the group's activation code sum, 2 groups a madd
+    __m256i pairs[8];
+    for (int k = 0; k < 8; ++k) {
+      const __m128i both = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + KQ6X_CHUNK * k + KQ6X_SCALES));
+      pairs[k] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(both, _mm_srli_si128(both, 8)));  // (s_2k, s_2k+1) a column
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + KQ6X_D)));
+    for (int r = 0; r < R; ++r) {
+      const int16_t* s = sums16 + (m + r) * (K / 16) + 16 * b;
+      __m256i offset = _mm256_setzero_si256();
+      for (int k = 0; k < 8; ++k) {
+        int32_t pair;
+        std::memcpy(&pair, s + 2 * k, 4);
+        offset = _mm256_add_epi32(offset, _mm256_madd_epi16(pairs[k], _mm256_set1_epi32(pair)));
+      }
+      total[r] = _mm256_sub_epi32(total[r], _mm256_slli_epi32(offset, 5));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[(m + r) * blocks + b])),
+                               acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * g, acc[r]);
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) void group_kq6x_vnni(
+    const uint8_t* records, int64_t K, int64_t g, const RowsQ8K& x, const int16_t* sums16, int64_t m, float* y,
+    int64_t y_stride) {
+  group_kq6x<R, true>(records, K, g, x, sums16, m, y, y_stride);
+}
+
+template <int R>
+void group_kq6x_avx2(const uint8_t* records, int64_t K, int64_t g, const RowsQ8K& x, const int16_t* sums16, int64_t m,
+                     float* y, int64_t y_stride) {
+  group_kq6x<R, false>(records, K, g, x, sums16, m, y, y_stride);
 }
 
 // One row of blocks as its K float weights (a prompt's many-row product runs dense on them)
@@ -1414,20 +1585,34 @@ void gemm_gguf(const Proj& p, const float* x, int64_t M, float* y, const RowsQ8*
   });
 }
 
-// y [M, N] = x [M, K] W^T (+ bias) for KQ4X records: x quantized as Q8_K, 8 columns at a time over torch's threads,
-// x's rows 8 at a time
-void gemm_kq4x(const Proj& p, const float* x, int64_t M, float* y) {
+// y [M, N] = x [M, K] W^T (+ bias) for KQ4X or KQ6X records: x quantized as Q8_K, 8 columns at a time over torch's
+// threads, x's rows 8 at a time
+void gemm_kqx(const Proj& p, const float* x, int64_t M, float* y) {
   RowsQ8K xk;
   xk.codes.resize(M * p.K), xk.d.resize(M * (p.K / 256)), xk.sums.resize(M * (p.K / 32));
   for (int64_t r = 0; r < M; ++r)
     quantize_q8k(x + r * p.K, p.K, xk.codes.data() + r * p.K, xk.d.data() + r * (p.K / 256), xk.sums.data() + r * (p.K / 32));
+  std::vector<int16_t> sums16;  // KQ6X: the code sums per 16 inputs
+  if (p.kind == KQ6X) {
+    sums16.resize(M * (p.K / 16));
+    for (int64_t i = 0; i < M * (p.K / 16); ++i) {
+      int total = 0;
+      for (int l = 0; l < 16; ++l) total += xk.codes[16 * i + l];
+      sums16[i] = int16_t(total);
+    }
+  }
   at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       in_eights(M, [&](auto R, int64_t m) {
-        if (vnni_on)
-          group_kq4x_vnni<decltype(R)::value>(p.codes, p.K, g, xk, m, y + m * p.N, p.N);
+        constexpr int rows = decltype(R)::value;
+        if (p.kind == KQ6X && vnni_on)
+          group_kq6x_vnni<rows>(p.codes, p.K, g, xk, sums16.data(), m, y + m * p.N, p.N);
+        else if (p.kind == KQ6X)
+          group_kq6x_avx2<rows>(p.codes, p.K, g, xk, sums16.data(), m, y + m * p.N, p.N);
+        else if (vnni_on)
+          group_kq4x_vnni<rows>(p.codes, p.K, g, xk, m, y + m * p.N, p.N);
         else
-          group_kq4x_avx2<decltype(R)::value>(p.codes, p.K, g, xk, m, y + m * p.N, p.N);
+          group_kq4x_avx2<rows>(p.codes, p.K, g, xk, m, y + m * p.N, p.N);
       });
       if (p.bias)
         for (int64_t r = 0; r < M; ++r)
@@ -1443,8 +1628,8 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
   const bool interleaved = p.kind == Q4X || p.kind == Q8X;
   TORCH_CHECK(act_q8 || !interleaved, "interleaved blocks run with 8-bit activations only");
   const bool q8 = act_q8 && (p.kind == Q4 || p.kind == Q8 || p.kind == GGUF || interleaved);  // others: fp32
-  TORCH_CHECK(act_q8 || p.kind != KQ4X, "KQ4X blocks run with 8-bit activations only");
-  if (q8 && !(p.kind == GGUF && all_kquant(p)) && p.kind != KQ4X) {  // K-quants quantize their own (Q8_K)
+  TORCH_CHECK(act_q8 || (p.kind != KQ4X && p.kind != KQ6X), "KQ4X / KQ6X blocks run with 8-bit activations only");
+  if (q8 && !(p.kind == GGUF && all_kquant(p)) && p.kind != KQ4X && p.kind != KQ6X) {  // K-quants quantize their own (Q8_K)
     const int64_t blocks = p.K / 32;
     xq.codes.resize(M * p.K);
     xq.d.resize(M * blocks);
@@ -1487,7 +1672,7 @@ void gemm(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, boo
     return;
   }
   if (p.kind == GGUF) return gemm_gguf(p, x, M, y, &xq, q8);
-  if (p.kind == KQ4X) return gemm_kq4x(p, x, M, y);
+  if (p.kind == KQ4X || p.kind == KQ6X) return gemm_kqx(p, x, M, y);
   if (interleaved) {
     at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; ++g) {
@@ -1805,8 +1990,9 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
     p.N = main.size(0) * 16;
     p.K = main.size(1);
     p.codes = reinterpret_cast<const uint8_t*>(main.data_ptr<int8_t>());
-  } else if (p.kind == KQ4X) {  // [N / 8, K / 256, KQ4X_BYTES]
-    TORCH_CHECK(main.dim() == 3 && main.size(2) == KQ4X_BYTES && main.scalar_type() == at::kByte, "KQ4X records' shape");
+  } else if (p.kind == KQ4X || p.kind == KQ6X) {  // [N / 8, K / 256, KQ4X_BYTES or KQ6X_BYTES]
+    TORCH_CHECK(main.dim() == 3 && main.size(2) == (p.kind == KQ4X ? KQ4X_BYTES : KQ6X_BYTES) &&
+                    main.scalar_type() == at::kByte, "KQ4X / KQ6X records' shape");
     p.N = main.size(0) * 8;
     p.K = main.size(1) * 256;
     p.codes = main.data_ptr<uint8_t>();
@@ -1819,7 +2005,8 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
     p.K = main.size(1);
     p.dense = main.data_ptr<float>();
   }
-  if (p.kind != F32 && p.kind != BF16 && p.kind != BF16X && p.kind != BF16A && p.kind != GGUF && p.kind != KQ4X)
+  if (p.kind != F32 && p.kind != BF16 && p.kind != BF16X && p.kind != BF16A && p.kind != GGUF && p.kind != KQ4X &&
+      p.kind != KQ6X)
     p.scales = t[at + 1].data_ptr<float>();
   if (t[at + 2].numel()) p.bias = t[at + 2].data_ptr<float>();
   return p;
@@ -2107,7 +2294,7 @@ std::vector<torch::Tensor> lean_decode_packed(torch::Tensor x, torch::Tensor cos
 torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, torch::Tensor scales, bool act_q8) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x float32 [M, K] expected");
   TORCH_CHECK(kind == Q4 || kind == Q8 || kind == Q4X || kind == Q8X || kind == BF16 || kind == BF16X || kind == I8X ||
-                  kind == BF16A || kind == GGUF || kind == KQ4X,
+                  kind == BF16A || kind == GGUF || kind == KQ4X || kind == KQ6X,
               "Q4 or Q8 blocks, GGUF blocks, a bf16 weight or interleaved int8 columns expected");
   x = x.contiguous();
   const std::vector<torch::Tensor> parts = {codes.contiguous(), scales.contiguous(), torch::empty({0})};
@@ -2177,6 +2364,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_q4", &dequantize_q4, "Q4_1 blocks -> the float32 weight [N, K]",
         py::call_guard<py::gil_scoped_release>());
   m.def("interleave_q4k", &interleave_q4k, "Q4_K rows (bytes, N, K) -> KQ4X records [N / 8, K / 256, 1248]",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("interleave_q6k", &interleave_q6k, "Q6_K rows (bytes, N, K) -> KQ6X records [N / 8, K / 256, 1680]",
         py::call_guard<py::gil_scoped_release>());
   m.def("dequantize_gguf", &dequantize_gguf, "GGUF blocks (bytes, layout) -> the float32 weight [N, K]",
         py::call_guard<py::gil_scoped_release>());

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from foretell.kernels import (  # the projection kinds, as lean_decode.cpp numbers them
-    BF16, BF16A, BF16X, F32, GGUF_KIND, I8X, KQ4X, Q4, Q4X, Q8, Q8X, amx_products, lean_decode, lean_module,
+    BF16, BF16A, BF16X, F32, GGUF_KIND, I8X, KQ4X, KQ6X, Q4, Q4X, Q8, Q8X, amx_products, lean_decode, lean_module,
 )
 from foretell.models.norms import RMSNorm
 from foretell.models.transformer import ForwardOutput, Transformer
@@ -116,7 +116,8 @@ def interleaved(kind: int, main: torch.Tensor, scales: torch.Tensor) -> tuple[in
     8 output columns at a time; other kinds, and layers whose output count is not a multiple of 8, as they are.
     Per group of 8 columns and block, vector j holds 4 consecutive codes of each column: for Q8 inputs 4j..4j+3;
     for Q4 the block's bytes 4j..4j+3 (inputs 4j + i in the low nibbles, 16 + 4j + i in the high ones).
-    A GGUF projection all in Q4_K blocks becomes KQ4X records (the kernel's interleave_q4k says their layout)."""
+    A GGUF projection all in Q4_K or all in Q6_K blocks becomes KQ4X / KQ6X records (the kernel's interleave_q4k,
+    interleave_q6k say their layouts)."""
     if kind == GGUF:
         return kq4x(main, scales)
     if kind not in (Q4, Q8) or main.shape[0] % 8:
@@ -129,17 +130,19 @@ def interleaved(kind: int, main: torch.Tensor, scales: torch.Tensor) -> tuple[in
     return Q8X, codes.view(groups, blocks, 256), scales.view(groups, 8, blocks).permute(0, 2, 1).contiguous()
 
 
-GGML_Q4_K = 12
+GGML_Q4_K, GGML_Q6_K = 12, 14
 
 
 def kq4x(raw: torch.Tensor, layout: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """A GGUF projection's blocks as KQ4X records where every part is Q4_K and its rows come in groups of 8, else
-    as they are (GGUF, bytes, layout)."""
+    """A GGUF projection's blocks as KQ4X (every part Q4_K) or KQ6X (every part Q6_K) records where its rows come in
+    groups of 8, else as they are (GGUF, bytes, layout)."""
     parts = layout.tolist()
-    K, types, rows = parts[0], parts[1::2], sum(parts[2::2])
-    if any(t != GGML_Q4_K for t in types) or rows % 8:
+    K, types, rows = parts[0], set(parts[1::2]), sum(parts[2::2])
+    if rows % 8 or len(types) != 1 or types.isdisjoint((GGML_Q4_K, GGML_Q6_K)):
         return GGUF, raw, layout
-    return KQ4X, lean_module().interleave_q4k(raw.contiguous(), rows, K), torch.empty(0)
+    if types == {GGML_Q4_K}:
+        return KQ4X, lean_module().interleave_q4k(raw.contiguous(), rows, K), torch.empty(0)
+    return KQ6X, lean_module().interleave_q6k(raw.contiguous(), rows, K), torch.empty(0)
 
 
 def lean_support(model, as_float32: bool = False) -> str | None:
