@@ -1203,37 +1203,43 @@ void rows_kquant_q8(const uint8_t* row, int64_t K, const RowsQ8K& x, int64_t m, 
 // the rows beside it; AVX-512 VNNI (vpdpbusd) and AVX2 (maddubs, then madd) compute the same integers.
 constexpr int64_t KQ4X_CHUNK = 136, KQ4X_SCALES = 128, KQ4X_MINS = 1088, KQ4X_D = 1216, KQ4X_BYTES = 1248;
 
-// The KQ4X records of N rows of Q4_K blocks (N a multiple of 8): uint8 [N / 8, K / 256, KQ4X_BYTES]
-torch::Tensor interleave_q4k(torch::Tensor bytes, int64_t N, int64_t K) {
+// Records of 8 output columns per block of 256 inputs from N rows of K-quant blocks of `block_bytes` (N a multiple
+// of 8): uint8 [N / 8, K / 256, record_bytes], fill(record, c, block) writing column c's block into its record
+template <class Fill>
+torch::Tensor interleaved_records(const torch::Tensor& bytes, int64_t N, int64_t K, int64_t block_bytes,
+                                  int64_t record_bytes, const char* what, Fill fill) {
   TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.is_contiguous() && N % 8 == 0 && K % 256 == 0 &&
-                  bytes.numel() == N * (K / 256) * 144, "Q4_K rows: contiguous uint8 [N * K / 256 * 144], N % 8 == 0");
+                  bytes.numel() == N * (K / 256) * block_bytes,
+              what, " rows: contiguous uint8 [N * K / 256 * ", block_bytes, "], N % 8 == 0");
   const int64_t blocks = K / 256;
-  auto out = torch::zeros({N / 8, blocks, KQ4X_BYTES}, torch::kByte);
+  auto out = torch::zeros({N / 8, blocks, record_bytes}, torch::kByte);
   const uint8_t* in = bytes.data_ptr<uint8_t>();
   uint8_t* o = out.data_ptr<uint8_t>();
   at::parallel_for(0, N / 8, 16, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g)
-      for (int64_t b = 0; b < blocks; ++b) {
-        uint8_t* rec = o + (g * blocks + b) * KQ4X_BYTES;
-        for (int c = 0; c < 8; ++c) {
-          const uint8_t* blk = in + ((8 * g + c) * blocks + b) * 144;
-          for (int j = 0; j < 8; ++j) {
-            auto code = [&](int i) { const uint8_t v = blk[16 + 32 * (j / 2) + i]; return (j & 1) ? v >> 4 : v & 0x0F; };
-            for (int v = 0; v < 4; ++v)
-              for (int i = 0; i < 4; ++i)
-                rec[KQ4X_CHUNK * j + 32 * v + 4 * c + i] = uint8_t(code(4 * v + i) | (code(16 + 4 * v + i) << 4));
-            int scale, min;
-            scale_min_k(j, blk + 4, scale, min);
-            rec[KQ4X_CHUNK * j + KQ4X_SCALES + c] = uint8_t(scale);
-            const int16_t m16 = int16_t(min);
-            std::memcpy(rec + KQ4X_MINS + 32 * (j / 2) + 4 * c + 2 * (j & 1), &m16, 2);
-          }
-          std::memcpy(rec + KQ4X_D + 2 * c, blk, 2);       // d
-          std::memcpy(rec + KQ4X_D + 16 + 2 * c, blk + 2, 2);  // dmin
-        }
-      }
+      for (int64_t b = 0; b < blocks; ++b)
+        for (int c = 0; c < 8; ++c) fill(o + (g * blocks + b) * record_bytes, c, in + ((8 * g + c) * blocks + b) * block_bytes);
   });
   return out;
+}
+
+// The KQ4X records of N rows of Q4_K blocks (N a multiple of 8): uint8 [N / 8, K / 256, KQ4X_BYTES]
+torch::Tensor interleave_q4k(torch::Tensor bytes, int64_t N, int64_t K) {
+  return interleaved_records(bytes, N, K, 144, KQ4X_BYTES, "Q4_K", [](uint8_t* rec, int c, const uint8_t* blk) {
+    for (int j = 0; j < 8; ++j) {
+      auto code = [&](int i) { const uint8_t v = blk[16 + 32 * (j / 2) + i]; return (j & 1) ? v >> 4 : v & 0x0F; };
+      for (int v = 0; v < 4; ++v)
+        for (int i = 0; i < 4; ++i)
+          rec[KQ4X_CHUNK * j + 32 * v + 4 * c + i] = uint8_t(code(4 * v + i) | (code(16 + 4 * v + i) << 4));
+      int scale, min;
+      scale_min_k(j, blk + 4, scale, min);
+      rec[KQ4X_CHUNK * j + KQ4X_SCALES + c] = uint8_t(scale);
+      const int16_t m16 = int16_t(min);
+      std::memcpy(rec + KQ4X_MINS + 32 * (j / 2) + 4 * c + 2 * (j & 1), &m16, 2);
+    }
+    std::memcpy(rec + KQ4X_D + 2 * c, blk, 2);       // d
+    std::memcpy(rec + KQ4X_D + 16 + 2 * c, blk + 2, 2);  // dmin
+  });
 }
 
 // chunk j's 8 columns' sums for R rows: sums[r] = the int32 products of the chunk's codes with row r's codes (a:
@@ -1341,40 +1347,26 @@ constexpr int64_t KQ6X_CHUNK = 208, KQ6X_HIGH = 128, KQ6X_SCALES = 192, KQ6X_D =
 
 // The KQ6X records of N rows of Q6_K blocks (N a multiple of 8): uint8 [N / 8, K / 256, KQ6X_BYTES]
 torch::Tensor interleave_q6k(torch::Tensor bytes, int64_t N, int64_t K) {
-  TORCH_CHECK(bytes.scalar_type() == at::kByte && bytes.is_contiguous() && N % 8 == 0 && K % 256 == 0 &&
-                  bytes.numel() == N * (K / 256) * 210, "Q6_K rows: contiguous uint8 [N * K / 256 * 210], N % 8 == 0");
-  const int64_t blocks = K / 256;
-  auto out = torch::zeros({N / 8, blocks, KQ6X_BYTES}, torch::kByte);
-  const uint8_t* in = bytes.data_ptr<uint8_t>();
-  uint8_t* o = out.data_ptr<uint8_t>();
-  at::parallel_for(0, N / 8, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g)
-      for (int64_t b = 0; b < blocks; ++b) {
-        uint8_t* rec = o + (g * blocks + b) * KQ6X_BYTES;
-        for (int c = 0; c < 8; ++c) {
-          const uint8_t* blk = in + ((8 * g + c) * blocks + b) * 210;
-          for (int j = 0; j < 8; ++j) {
-            const int half = j / 4, k = j % 4;
-            auto code = [&](int l) {  // input l of chunk j, 0..63 (Gguf<GQ6_K>::codes' layout, offset kept)
-              const uint8_t low = blk[64 * half + 32 * (k & 1) + l];
-              return ((k >= 2 ? low >> 4 : low & 0x0F) | (((blk[128 + 32 * half + l] >> (2 * k)) & 3) << 4));
-            };
-            for (int v = 0; v < 4; ++v)
-              for (int i = 0; i < 4; ++i) {
-                const int lo = code(4 * v + i), hi = code(16 + 4 * v + i);
-                uint8_t* chunk = rec + KQ6X_CHUNK * j;
-                chunk[32 * v + 4 * c + i] = uint8_t((lo & 0x0F) | ((hi & 0x0F) << 4));
-                chunk[KQ6X_HIGH + 4 * c + i] |= uint8_t((lo >> 4) << (2 * v));
-                chunk[KQ6X_HIGH + 32 + 4 * c + i] |= uint8_t((hi >> 4) << (2 * v));
-              }
-            rec[KQ6X_CHUNK * j + KQ6X_SCALES + c] = blk[192 + 2 * j];
-            rec[KQ6X_CHUNK * j + KQ6X_SCALES + 8 + c] = blk[192 + 2 * j + 1];
-          }
-          std::memcpy(rec + KQ6X_D + 2 * c, blk + 208, 2);
+  return interleaved_records(bytes, N, K, 210, KQ6X_BYTES, "Q6_K", [](uint8_t* rec, int c, const uint8_t* blk) {
+    for (int j = 0; j < 8; ++j) {
+      const int half = j / 4, k = j % 4;
+      auto code = [&](int l) {  // input l of chunk j, 0..63 (Gguf<GQ6_K>::codes' layout, offset kept)
+        const uint8_t low = blk[64 * half + 32 * (k & 1) + l];
+        return ((k >= 2 ? low >> 4 : low & 0x0F) | (((blk[128 + 32 * half + l] >> (2 * k)) & 3) << 4));
+      };
+      for (int v = 0; v < 4; ++v)
+        for (int i = 0; i < 4; ++i) {
+          const int lo = code(4 * v + i), hi = code(16 + 4 * v + i);
+          uint8_t* chunk = rec + KQ6X_CHUNK * j;
+          chunk[32 * v + 4 * c + i] = uint8_t((lo & 0x0F) | ((hi & 0x0F) << 4));
+          chunk[KQ6X_HIGH + 4 * c + i] |= uint8_t((lo >> 4) << (2 * v));
+          chunk[KQ6X_HIGH + 32 + 4 * c + i] |= uint8_t((hi >> 4) << (2 * v));
         }
-      }
+      rec[KQ6X_CHUNK * j + KQ6X_SCALES + c] = blk[192 + 2 * j];
+      rec[KQ6X_CHUNK * j + KQ6X_SCALES + 8 + c] = blk[192 + 2 * j + 1];
+    }
+    std::memcpy(rec + KQ6X_D + 2 * c, blk + 208, 2);
   });
-  return out;
 }
 
 // chunk j's codes for vector v: the unsigned 6-bit codes of inputs 4v + i (lo) and 16 + 4v + i (hi), 8 columns.
