@@ -705,65 +705,6 @@ inline __m256i spread4(const int8_t* q) {  // 4 activation codes, in every 32-bi
   return _mm256_set1_epi32(v);
 }
 
-template <int R>
-void group_q4x(const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
-  const int64_t blocks = p.K / 32;
-  const uint8_t* codes = p.codes + g * blocks * 128;
-  const float* dm = p.scales + g * blocks * 16;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    // 8 codes of at most 15 times |activation| <= 127, two per 16-bit lane: 8 * 2 * 15 * 127 < 2^15, no overflow
-    __m256i sums[R];
-    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * 128 + 32 * j));
-      const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-      for (int r = 0; r < R; ++r) {
-        const int8_t* q = x.codes.data() + ((m + r) * blocks + b) * 32;
-        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(lo, spread4(q + 4 * j)));
-        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(hi, spread4(q + 16 + 4 * j)));
-      }
-    }
-    const __m256 d = _mm256_loadu_ps(dm + b * 16), mins = _mm256_loadu_ps(dm + b * 16 + 8);
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = (m + r) * blocks + b;
-      const __m256 total = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], ones));
-      acc[r] = _mm256_fmadd_ps(total, _mm256_mul_ps(d, _mm256_set1_ps(x.d[row])), acc[r]);
-      acc[r] = _mm256_fmadd_ps(mins, _mm256_set1_ps(x.d_sum[row]), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * g, acc[r]);
-}
-
-template <int R>
-void group_q8x(const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
-  const int64_t blocks = p.K / 32;
-  const int8_t* codes = reinterpret_cast<const int8_t*>(p.codes) + g * blocks * 256;
-  const float* scales = p.scales + g * blocks * 8;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m256i sums[R];
-    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * 256 + 32 * j));
-      const __m256i magnitude = _mm256_sign_epi8(w, w);  // |w| as unsigned, its sign moved onto the activations
-      for (int r = 0; r < R; ++r) {
-        const __m256i q = _mm256_sign_epi8(spread4(x.codes.data() + ((m + r) * blocks + b) * 32 + 4 * j), w);
-        sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, q), ones));
-      }
-    }
-    const __m256 d = _mm256_loadu_ps(scales + b * 8);
-    for (int r = 0; r < R; ++r)
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[(m + r) * blocks + b])),
-                               acc[r]);
-  }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * g, acc[r]);
-}
-
 // The same two layouts with AVX-512 VNNI (where the CPU has it): vpdpbusd multiplies 4 unsigned codes by 4 signed
 // ones and adds the 4 products to a 32-bit lane in one instruction, where AVX2 needs maddubs, an add and (per block)
 // a madd. The integer sums are exact either way, so both paths give a block the same total and a row the same bits
@@ -775,62 +716,112 @@ bool lean_vnni(bool on) {
   return vnni_on;
 }
 
+// A block's integer sums for R rows (q: each row's 32 codes of the block): sums[r] = 8 columns' int32 sums. The
+// VNNI versions are inlined where the caller has that instruction set (the *_vnni entry points below).
 template <int R>
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) void group_q4x_vnni(
-    const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
-  const int64_t blocks = p.K / 32;
-  const uint8_t* codes = p.codes + g * blocks * 128;
-  const float* dm = p.scales + g * blocks * 16;
+__attribute__((always_inline)) inline void q4x_sums_avx2(const uint8_t* block, const int8_t* const* q, __m256i* sums) {
+  // 8 codes of at most 15 times |activation| <= 127, two per 16-bit lane: 8 * 2 * 15 * 127 < 2^15, no overflow
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256i pairs[R];
+  for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
+  for (int j = 0; j < 4; ++j) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * j));
+    const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+    for (int r = 0; r < R; ++r) {
+      pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, spread4(q[r] + 4 * j)));
+      pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(hi, spread4(q[r] + 16 + 4 * j)));
+    }
+  }
+  for (int r = 0; r < R; ++r) sums[r] = _mm256_madd_epi16(pairs[r], ones);
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) inline void q4x_sums_vnni(
+    const uint8_t* block, const int8_t* const* q, __m256i* sums) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+  for (int j = 0; j < 4; ++j) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * j));
+    const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+    for (int r = 0; r < R; ++r) {
+      sums[r] = _mm256_dpbusd_epi32(sums[r], lo, spread4(q[r] + 4 * j));
+      sums[r] = _mm256_dpbusd_epi32(sums[r], hi, spread4(q[r] + 16 + 4 * j));
+    }
+  }
+}
+
+template <int R>
+__attribute__((always_inline)) inline void q8x_sums_avx2(const uint8_t* block, const int8_t* const* q, __m256i* sums) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * j));
+    const __m256i magnitude = _mm256_sign_epi8(w, w);  // |w| as unsigned, its sign moved onto the activations
+    for (int r = 0; r < R; ++r)
+      sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(
+          _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(spread4(q[r] + 4 * j), w)), ones));
+  }
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) inline void q8x_sums_vnni(
+    const uint8_t* block, const int8_t* const* q, __m256i* sums) {
+  for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * j));
+    const __m256i magnitude = _mm256_sign_epi8(w, w);
+    for (int r = 0; r < R; ++r)
+      sums[r] = _mm256_dpbusd_epi32(sums[r], magnitude, _mm256_sign_epi8(spread4(q[r] + 4 * j), w));
+  }
+}
+
+// Columns 8g .. 8g + 7 of R rows of Q4X (Q4) or Q8X blocks: per block the integer sums, then the block's scales
+template <int R, bool Q4, bool VNNI>
+__attribute__((always_inline)) inline void group_qx(const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y,
+                                                    int64_t y_stride) {
+  const int64_t blocks = p.K / 32, block_bytes = Q4 ? 128 : 256, scales_a_block = Q4 ? 16 : 8;
+  const uint8_t* codes = p.codes + g * blocks * block_bytes;
+  const float* scales = p.scales + g * blocks * scales_a_block;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
+    const int8_t* q[R];
+    for (int r = 0; r < R; ++r) q[r] = x.codes.data() + ((m + r) * blocks + b) * 32;
     __m256i sums[R];
-    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * 128 + 32 * j));
-      const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-      for (int r = 0; r < R; ++r) {
-        const int8_t* q = x.codes.data() + ((m + r) * blocks + b) * 32;
-        sums[r] = _mm256_dpbusd_epi32(sums[r], lo, spread4(q + 4 * j));
-        sums[r] = _mm256_dpbusd_epi32(sums[r], hi, spread4(q + 16 + 4 * j));
-      }
-    }
-    const __m256 d = _mm256_loadu_ps(dm + b * 16), mins = _mm256_loadu_ps(dm + b * 16 + 8);
+    if constexpr (Q4 && VNNI) q4x_sums_vnni<R>(codes + b * block_bytes, q, sums);
+    else if constexpr (Q4) q4x_sums_avx2<R>(codes + b * block_bytes, q, sums);
+    else if constexpr (VNNI) q8x_sums_vnni<R>(codes + b * block_bytes, q, sums);
+    else q8x_sums_avx2<R>(codes + b * block_bytes, q, sums);
+    const __m256 d = _mm256_loadu_ps(scales + b * scales_a_block);
     for (int r = 0; r < R; ++r) {
       const int64_t row = (m + r) * blocks + b;
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[row])), acc[r]);
-      acc[r] = _mm256_fmadd_ps(mins, _mm256_set1_ps(x.d_sum[row]), acc[r]);
+      if constexpr (Q4) acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scales + b * 16 + 8), _mm256_set1_ps(x.d_sum[row]), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * g, acc[r]);
 }
 
 template <int R>
+void group_q4x(const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
+  group_qx<R, true, false>(p, g, x, m, y, y_stride);
+}
+
+template <int R>
+void group_q8x(const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
+  group_qx<R, false, false>(p, g, x, m, y, y_stride);
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) void group_q4x_vnni(
+    const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
+  group_qx<R, true, true>(p, g, x, m, y, y_stride);
+}
+
+template <int R>
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) void group_q8x_vnni(
     const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
-  const int64_t blocks = p.K / 32;
-  const int8_t* codes = reinterpret_cast<const int8_t*>(p.codes) + g * blocks * 256;
-  const float* scales = p.scales + g * blocks * 8;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m256i sums[R];
-    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + b * 256 + 32 * j));
-      const __m256i magnitude = _mm256_sign_epi8(w, w);
-      for (int r = 0; r < R; ++r) {
-        const __m256i q = _mm256_sign_epi8(spread4(x.codes.data() + ((m + r) * blocks + b) * 32 + 4 * j), w);
-        sums[r] = _mm256_dpbusd_epi32(sums[r], magnitude, q);
-      }
-    }
-    const __m256 d = _mm256_loadu_ps(scales + b * 8);
-    for (int r = 0; r < R; ++r)
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(x.d[(m + r) * blocks + b])),
-                               acc[r]);
-  }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * g, acc[r]);
+  group_qx<R, false, true>(p, g, x, m, y, y_stride);
 }
 
 // GGUF blocks as the file ships them (kind GGUF), each row in its part's type. The codes stay in the file's bytes,
