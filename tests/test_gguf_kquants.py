@@ -80,11 +80,11 @@ def test_k_quant_interleaved_records_match_dense_and_each_row_alone(kind):
     """A Q4_K or Q6_K projection as KQ4X / KQ6X records (8 columns interleaved, with 8-bit activations): the dense
     product of the reference weights with the activations rounded per 256 (Q8_K), each of 1..19 rows bit for bit
     what it gives alone, and AVX-512 VNNI's dot products (where the CPU has them) the same bits as AVX2's."""
-    from foretell.runtime.lean_step import KQ4X, KQ6X, kq4x
+    from foretell.runtime.lean_step import KQ4X, KQ6X, kquant_records
 
     raw, reference = blocks_of(kind, rows=40, seed=3)
     layer = layer_of([(kind, raw)])
-    packed, records, scales = kq4x(layer.raw, layer.layout)
+    packed, records, scales = kquant_records(layer.raw, layer.layout)
     assert packed == (KQ4X if kind == T.Q4_K else KQ6X) and records.shape == (5, 2, 1248 if kind == T.Q4_K else 1680)
     gemm = block_gemm()
     x = torch.randn(19, 512, generator=torch.Generator().manual_seed(4))
@@ -104,7 +104,7 @@ def test_k_quant_interleaved_records_match_dense_and_each_row_alone(kind):
     if kind == T.Q6_K:
         return
     mixed = layer_of([(T.Q4_K, raw), (T.Q6_K, blocks_of(T.Q6_K, rows=8)[0])])
-    assert kq4x(mixed.raw, mixed.layout)[0] not in (KQ4X, KQ6X)  # two types: the GGUF kind's rows
+    assert kquant_records(mixed.raw, mixed.layout)[0] not in (KQ4X, KQ6X)  # two types: the GGUF kind's rows
 
 def test_a_projection_of_mixed_parts():
     """A fused projection whose parts differ in type (a Q4_K_M file's q, k: Q4_K, v: Q6_K): each part's rows are

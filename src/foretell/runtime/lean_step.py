@@ -119,7 +119,7 @@ def interleaved(kind: int, main: torch.Tensor, scales: torch.Tensor) -> tuple[in
     A GGUF projection all in Q4_K or all in Q6_K blocks becomes KQ4X / KQ6X records (the kernel's interleave_q4k,
     interleave_q6k say their layouts)."""
     if kind == GGUF:
-        return kq4x(main, scales)
+        return kquant_records(main, scales)
     if kind not in (Q4, Q8) or main.shape[0] % 8:
         return kind, main, scales
     groups, blocks = main.shape[0] // 8, scales.shape[1]
@@ -133,7 +133,7 @@ def interleaved(kind: int, main: torch.Tensor, scales: torch.Tensor) -> tuple[in
 GGML_Q4_K, GGML_Q6_K = 12, 14
 
 
-def kq4x(raw: torch.Tensor, layout: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+def kquant_records(raw: torch.Tensor, layout: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
     """A GGUF projection's blocks as KQ4X (every part Q4_K) or KQ6X (every part Q6_K) records where its rows come in
     groups of 8, else as they are (GGUF, bytes, layout)."""
     parts = layout.tolist()
