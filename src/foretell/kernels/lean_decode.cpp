@@ -1186,13 +1186,15 @@ void rows_kquant_q8(const uint8_t* row, int64_t K, const RowsQ8K& x, int64_t m, 
 //   codes  [4][32]: as Q4X's, vector v, lane c, byte i holds column c's code of input 32j + 4v + i in its low nibble
 //          and of input 32j + 16 + 4v + i in its high nibble
 //   scales [8 columns] uint8, the chunk's 6-bit scales
-// then mins [4 pairs of chunks][8 columns][2] int16, the chunks' 6-bit mins side by side (2k, 2k + 1)
+// then mins [4 pairs of chunks][8 columns][2] uint8, the chunks' 6-bit mins side by side (2k, 2k + 1), widened to
+// 16 bits in registers (stored as int16 they made the records 8% larger than the file's blocks, and a one-token
+// step streams them from memory)
 //   d, dmin [8 columns] fp16 each
 // One instruction then advances 8 columns' sums of 4 inputs (no horizontal sums), a chunk's scale is one multiply
 // for the 8 columns, and the mins' term is 4 madds a block; the activations are RowsQ8K (Q8_K) as the row kernel's.
 // A block's integer sums are exact and its float steps come in one order, so a row's result does not depend on
 // the rows beside it; AVX-512 VNNI (vpdpbusd) and AVX2 (maddubs, then madd) compute the same integers.
-constexpr int64_t KQ4X_CHUNK = 136, KQ4X_SCALES = 128, KQ4X_MINS = 1088, KQ4X_D = 1216, KQ4X_BYTES = 1248;
+constexpr int64_t KQ4X_CHUNK = 136, KQ4X_SCALES = 128, KQ4X_MINS = 1088, KQ4X_D = 1152, KQ4X_BYTES = 1184;
 
 // Records of 8 output columns per block of 256 inputs from N rows of K-quant blocks of `block_bytes` (N a multiple
 // of 8): uint8 [N / 8, K / 256, record_bytes], fill(record, c, block) writing column c's block into its record
@@ -1225,8 +1227,7 @@ torch::Tensor interleave_q4k(torch::Tensor bytes, int64_t N, int64_t K) {
       int scale, min;
       scale_min_k(j, blk + 4, scale, min);
       rec[KQ4X_CHUNK * j + KQ4X_SCALES + c] = uint8_t(scale);
-      const int16_t m16 = int16_t(min);
-      std::memcpy(rec + KQ4X_MINS + 32 * (j / 2) + 4 * c + 2 * (j & 1), &m16, 2);
+      rec[KQ4X_MINS + 16 * (j / 2) + 2 * c + (j & 1)] = uint8_t(min);
     }
     std::memcpy(rec + KQ4X_D + 2 * c, blk, 2);       // d
     std::memcpy(rec + KQ4X_D + 16 + 2 * c, blk + 2, 2);  // dmin
@@ -1301,7 +1302,8 @@ __attribute__((always_inline)) inline void group_kq4x(const uint8_t* records, in
         int32_t pair;
         std::memcpy(&pair, bsums + 2 * k, 4);
         mins = _mm256_add_epi32(mins, _mm256_madd_epi16(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + KQ4X_MINS + 32 * k)), _mm256_set1_epi32(pair)));
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + KQ4X_MINS + 16 * k))),
+            _mm256_set1_epi32(pair)));
       }
       const __m256 xd = _mm256_set1_ps(x.d[(m + r) * blocks + b]);
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r]), _mm256_mul_ps(d, xd), acc[r]);
@@ -2346,7 +2348,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("dequantize_q4", &dequantize_q4, "Q4_1 blocks -> the float32 weight [N, K]",
         py::call_guard<py::gil_scoped_release>());
-  m.def("interleave_q4k", &interleave_q4k, "Q4_K rows (bytes, N, K) -> KQ4X records [N / 8, K / 256, 1248]",
+  m.def("interleave_q4k", &interleave_q4k, "Q4_K rows (bytes, N, K) -> KQ4X records [N / 8, K / 256, 1184]",
         py::call_guard<py::gil_scoped_release>());
   m.def("interleave_q6k", &interleave_q6k, "Q6_K rows (bytes, N, K) -> KQ6X records [N / 8, K / 256, 1680]",
         py::call_guard<py::gil_scoped_release>());
