@@ -80,11 +80,11 @@ def test_k_quant_interleaved_records_match_dense_and_each_row_alone(kind):
     """A Q4_K or Q6_K projection as KQ4X / KQ6X records (8 columns interleaved, with 8-bit activations): the dense
     product of the reference weights with the activations rounded per 256 (Q8_K), each of 1..19 rows bit for bit
     what it gives alone, and AVX-512 VNNI's dot products (where the CPU has them) the same bits as AVX2's."""
-    from foretell.runtime.lean_step import KQ4X, KQ6X, kquant_records
+    from foretell.runtime.lean_step import KQ4X, KQ6X, gguf_records
 
     raw, reference = blocks_of(kind, rows=40, seed=3)
     layer = layer_of([(kind, raw)])
-    packed, records, scales = kquant_records(layer.raw, layer.layout)
+    packed, records, scales = gguf_records(layer.raw, layer.layout)
     assert packed == (KQ4X if kind == T.Q4_K else KQ6X) and records.shape == (5, 2, 1184 if kind == T.Q4_K else 1680)
     gemm = block_gemm()
     x = torch.randn(19, 512, generator=torch.Generator().manual_seed(4))
@@ -104,7 +104,29 @@ def test_k_quant_interleaved_records_match_dense_and_each_row_alone(kind):
     if kind == T.Q6_K:
         return
     mixed = layer_of([(T.Q4_K, raw), (T.Q6_K, blocks_of(T.Q6_K, rows=8)[0])])
-    assert kquant_records(mixed.raw, mixed.layout)[0] not in (KQ4X, KQ6X)  # two types: the GGUF kind's rows
+    assert gguf_records(mixed.raw, mixed.layout)[0] not in (KQ4X, KQ6X)  # two types: the GGUF kind's rows
+
+
+@pytest.mark.parametrize("kinds", [(T.Q4_0,), (T.Q5_0,), (T.Q8_0,), (T.Q5_0, T.Q8_0), (T.Q4_0, T.Q5_0)],
+                         ids=lambda ks: "+".join(k.name for k in ks))
+def test_small_blocks_as_interleaved_records(kinds):
+    """Q4_0, Q5_0 and Q8_0 projections (a Qwen2.5-0.5B file's: q, k in Q5_0, v in Q8_0) in the column-interleaved
+    kinds: Q4X for Q4_0 alone (its codes are Q4_1's, m = -8 d), else Q8X (every part w = d * code); the same
+    weights (the records' product is the dense product of the reference weights, with the activations rounded per
+    32 inputs), and each row bit for bit what it gives alone."""
+    from foretell.runtime.lean_step import Q4X, Q8X, gguf_records
+
+    parts = [blocks_of(kind, rows=16, seed=5 + i) for i, kind in enumerate(kinds)]
+    layer = layer_of([(kind, raw) for kind, (raw, _) in zip(kinds, parts)])
+    reference = torch.cat([ref for _, ref in parts])
+    packed, codes, scales = gguf_records(layer.raw, layer.layout)
+    assert packed == (Q4X if kinds == (T.Q4_0,) else Q8X)
+    gemm = block_gemm()
+    x = torch.randn(11, 512, generator=torch.Generator().manual_seed(6))
+    want = q8_activations(x, 32) @ reference.T
+    y = gemm(x, packed, codes, scales, True)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-4)
+    assert all(torch.equal(y[r], gemm(x[r:r + 1], packed, codes, scales, True)[0]) for r in range(11))
 
 def test_a_projection_of_mixed_parts():
     """A fused projection whose parts differ in type (a Q4_K_M file's q, k: Q4_K, v: Q6_K): each part's rows are
@@ -248,6 +270,29 @@ def test_a_draft_model_runs_its_own_gguf_blocks(q4_k_m, files, draft_quant):
     bf16 = load(q4_k_m, "none", dtype="bfloat16", lean=False, warm_up=False, cache_dir=files)  # drafters in bf16
     with pytest.raises(ForetellError, match="a float32 CPU model, not bfloat16"):
         bf16.with_speculative(SpeculativeConfig(method="draft-model", model=str(q4_k_m), draft_quant=draft_quant))
+
+
+def test_a_gguf_draft_models_hot_vocabulary_runs_in_the_lean_step(files):
+    """A draft model on its Q8_0 blocks with a hot vocabulary: the lean step runs its layers and only the hot rows of
+    its output layer (the rows' own blocks, column-interleaved), whose logits are the full output layer's at those
+    rows (-inf elsewhere); speculation still reproduces plain greedy decoding."""
+    from foretell.config import SpeculativeConfig
+    from foretell.runtime.lean_step import Q8X
+
+    path = tiny_gguf(files / "tiny-draft-Q8_0.gguf", projection_kind(T.Q8_0))
+    plain = load(path, "none", quant="gguf-q8", warm_up=False, cache_dir=files)
+    expected = [plain.engine.generate(p, greedy_params()).tokens for p in PROMPTS]
+    pipe = plain.with_speculative(SpeculativeConfig(method="draft-model", model=str(path), draft_quant="gguf-q8",
+                                                    hot_vocab=16))
+    drafter = pipe.engine.drafter
+    assert isinstance(drafter._hot_head, BlockQ8Linear) and drafter._hot_lean.kinds[-1] == Q8X
+    results = [pipe.engine.generate(p, greedy_params()) for p in PROMPTS]
+    assert [r.tokens for r in results] == expected
+    draft = drafter.model
+    ids = torch.tensor([3, 9, 27, 5])
+    hot, full = (step(ids, torch.arange(4), draft.new_cache(8))[0] for step in (drafter._hot_lean, draft.lean))
+    torch.testing.assert_close(drafter.hot.expand(hot)[:, drafter.hot.ids], full[:, drafter.hot.ids])
+    assert torch.isinf(drafter.hot.expand(hot)).sum() == 4 * (48 - 16)
 
 
 def test_an_unsupported_block_type_is_named(files):

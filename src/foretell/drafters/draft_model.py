@@ -24,6 +24,9 @@ class DraftModelDrafter(DrafterBase):
         self.target_vocab_size = target_vocab_size
         self.hot = hot
         self._hot_head = hot.head(model.lm_head) if hot is not None else None
+        # a draft model in the lean step (its GGUF blocks): the hot rows there too, packed as its output layer
+        lean = getattr(model, "lean", None)
+        self._hot_lean = lean.with_head(self._hot_head) if hot is not None and lean is not None else None
         self.cache = None
         self.cached_tokens: list[int] = []  # tokens whose k/v sit in self.cache
         self.params = SamplingParams()
@@ -79,6 +82,12 @@ class DraftModelDrafter(DrafterBase):
             out = self.model(ids, positions, self.cache, tree_mask=tree_mask, logits_rows=rows)
             return self._to_target_vocab(out.logits)
         # Hot vocabulary: project the final hidden states onto the hot rows only.
+        lean = self._hot_lean
+        if lean is not None and lean.takes(ids.shape[0], self.cache.length, tree_mask is not None) \
+                and self.cache.k.shape[1] == 1:
+            self.cache.check_room(ids.shape[0])
+            logits, _ = lean(ids, positions, self.cache, tree_mask)
+            return self.hot.expand((logits if rows is None else logits[rows]).float())
         top = self.model.config.num_hidden_layers
         out = self.model(ids, positions, self.cache, tree_mask=tree_mask, hidden_layers=(top,), logits_rows=slice(0, 0))
         hidden = out.hidden[top] if rows is None else out.hidden[top][rows]

@@ -30,7 +30,7 @@ BF16, BF16X = 5, 6  # a dense weight of bf16 numbers as bf16; BF16X: 16 output c
 I8X = 7  # int8 with a scale per output row, 16 output columns interleaved
 BF16A = 8  # bf16 in AMX's tile layout (bf16 products on the tiles)
 GGUF_KIND = 9  # a GGUF file's blocks as it ships them, parts of rows in their own types
-KQ4X, KQ6X = 10, 11  # Q4_K / Q6_K blocks with 8 output columns interleaved, for 8-bit activations (lean_step.kquant_records)
+KQ4X, KQ6X = 10, 11  # Q4_K / Q6_K blocks with 8 output columns interleaved, for 8-bit activations (lean_step.gguf_records)
 
 
 def kernels_allowed() -> bool:

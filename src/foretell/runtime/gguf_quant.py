@@ -52,6 +52,26 @@ def q8_0_codes(raw: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, tor
     return torch.from_numpy(codes), torch.from_numpy(d)
 
 
+def signed_codes(kind: int, raw: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes int8 [rows, cols] and scales d float32 [rows, cols / 32] of Q4_0, Q5_0 or Q8_0 blocks (ggml types 2, 6,
+    8), all of the form w = d * code: the same weights as Q8_0 blocks, which the lean step's Q8X kernel multiplies
+    at memory speed where the file's 5-bit rows ran compute-bound (~10 GB/s on 2 cores)."""
+    if kind == BLOCK_TYPES["Q8_0"]:
+        return q8_0_codes(raw, rows, cols)
+    width = {BLOCK_TYPES["Q4_0"]: 18, BLOCK_TYPES["Q5_0"]: 22}[kind]
+    blocks = np.ascontiguousarray(raw).reshape(rows, cols // 32, width)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    packed = blocks[..., width - 16:].astype(np.int16)
+    codes = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)  # inputs 0..15 low nibbles, 16..31 high
+    if kind == BLOCK_TYPES["Q4_0"]:
+        codes -= 8
+    else:  # Q5_0: input j's fifth bit is bit j of the little-endian 32-bit qh
+        qh = blocks[..., 2:6].copy().view("<u4")[..., 0].astype(np.int64)
+        fifth = (qh[..., None] >> np.arange(32)) & 1
+        codes = codes + 16 * fifth - 16
+    return torch.from_numpy(codes.astype(np.int8).reshape(rows, cols)), torch.from_numpy(d)
+
+
 class BlockQ8Linear(nn.Module):
     """A dense linear layer that also carries its GGUF Q8_0 blocks (w = d * code, 32 inputs a block), whose values
     it holds exactly: PyTorch passes use the dense weight, the lean step streams the 4x smaller blocks."""
@@ -77,6 +97,15 @@ class BlockQ8Linear(nn.Module):
     @property
     def in_features(self) -> int:
         return self.dense.in_features
+
+    def select_rows(self, rows: torch.Tensor) -> BlockQ8Linear:
+        """The layer restricted to some output rows (a hot vocabulary), the rows' own blocks kept: a draft model's
+        hot output layer then streams a quarter of the dense bytes in the lean step too."""
+        from foretell.runtime.wide_linear import dense_rows
+
+        rows = rows.to(self.codes.device)
+        return BlockQ8Linear(dense_rows(self.dense, rows), self.codes.index_select(0, rows).contiguous(),
+                             self.scales.index_select(0, rows).contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])

@@ -18,6 +18,8 @@ is then simply not used.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -27,7 +29,7 @@ from foretell.kernels import (  # the projection kinds, as lean_decode.cpp numbe
 from foretell.models.norms import RMSNorm
 from foretell.models.transformer import ForwardOutput, Transformer
 from foretell.runtime import wide_linear
-from foretell.runtime.gguf_quant import BlockQ8Linear, GGUFLinear
+from foretell.runtime.gguf_quant import BlockQ8Linear, GGUFLinear, signed_codes
 from foretell.runtime.quant import Int4Linear, Int8Linear, q4_blocks
 from foretell.runtime.wide_linear import Bf16ProductLinear
 
@@ -116,10 +118,9 @@ def interleaved(kind: int, main: torch.Tensor, scales: torch.Tensor) -> tuple[in
     8 output columns at a time; other kinds, and layers whose output count is not a multiple of 8, as they are.
     Per group of 8 columns and block, vector j holds 4 consecutive codes of each column: for Q8 inputs 4j..4j+3;
     for Q4 the block's bytes 4j..4j+3 (inputs 4j + i in the low nibbles, 16 + 4j + i in the high ones).
-    A GGUF projection all in Q4_K or all in Q6_K blocks becomes KQ4X / KQ6X records (the kernel's interleave_q4k,
-    interleave_q6k say their layouts)."""
+    A GGUF projection becomes the interleaved kind its block types allow (gguf_records)."""
     if kind == GGUF:
-        return kquant_records(main, scales)
+        return gguf_records(main, scales)
     if kind not in (Q4, Q8) or main.shape[0] % 8:
         return kind, main, scales
     groups, blocks = main.shape[0] // 8, scales.shape[1]
@@ -130,19 +131,37 @@ def interleaved(kind: int, main: torch.Tensor, scales: torch.Tensor) -> tuple[in
     return Q8X, codes.view(groups, blocks, 256), scales.view(groups, 8, blocks).permute(0, 2, 1).contiguous()
 
 
-GGML_Q4_K, GGML_Q6_K = 12, 14
+GGML_Q4_0, GGML_Q5_0, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K = 2, 6, 8, 12, 14
 
 
-def kquant_records(raw: torch.Tensor, layout: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """A GGUF projection's blocks as KQ4X (every part Q4_K) or KQ6X (every part Q6_K) records where its rows come in
-    groups of 8, else as they are (GGUF, bytes, layout)."""
+def gguf_records(raw: torch.Tensor, layout: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """A GGUF projection's blocks in a column-interleaved kind where its rows come in groups of 8, else as they are
+    (GGUF, bytes, layout): KQ4X (every part Q4_K), KQ6X (every part Q6_K), Q4X (every part Q4_0: Q4_1's layout with
+    m = -8 d), Q8X (parts in Q4_0, Q5_0 and Q8_0, all w = d * code: as Q8_0 blocks, 36 bytes a block where Q5_0
+    has 22, streamed at memory speed where Q5_0's rows are compute-bound; a Qwen2.5-0.5B draft's step 28 -> ~19 ms)."""
     parts = layout.tolist()
-    K, types, rows = parts[0], set(parts[1::2]), sum(parts[2::2])
-    if rows % 8 or len(types) != 1 or types.isdisjoint((GGML_Q4_K, GGML_Q6_K)):
+    K, types, counts = parts[0], parts[1::2], parts[2::2]
+    rows = sum(counts)
+    if rows % 8:
         return GGUF, raw, layout
-    if types == {GGML_Q4_K}:
+    if set(types) == {GGML_Q4_K}:
         return KQ4X, lean_module().interleave_q4k(raw.contiguous(), rows, K), torch.empty(0)
-    return KQ6X, lean_module().interleave_q6k(raw.contiguous(), rows, K), torch.empty(0)
+    if set(types) == {GGML_Q6_K}:
+        return KQ6X, lean_module().interleave_q6k(raw.contiguous(), rows, K), torch.empty(0)
+    if set(types) == {GGML_Q4_0}:  # the codes are Q4_1's bytes; (d, m = -8 d) per block
+        blocks = raw.view(rows, K // 32, 18)
+        d = blocks[..., :2].contiguous().view(torch.float16).float()
+        codes = blocks[..., 2:].reshape(rows, K // 2).contiguous()
+        return interleaved(Q4, codes, torch.cat([d, -8 * d], dim=-1).contiguous())
+    if set(types) <= {GGML_Q4_0, GGML_Q5_0, GGML_Q8_0}:
+        pieces, at = [], 0
+        for kind, count in zip(types, counts):
+            size = count * (K // 32) * {GGML_Q4_0: 18, GGML_Q5_0: 22, GGML_Q8_0: 34}[kind]
+            pieces.append(signed_codes(kind, raw[at:at + size].numpy(), count, K))
+            at += size
+        codes, d = (torch.cat(p) for p in zip(*pieces))
+        return interleaved(Q8, codes, d)
+    return GGUF, raw, layout
 
 
 def lean_support(model, as_float32: bool = False) -> str | None:
@@ -296,6 +315,15 @@ class LeanStep:
         # some dense weights are read as bf16 (they hold bf16 numbers); read per batched pass, so kept
         self.streams_bf16 = any(kind in (BF16, BF16X, BF16A) for kind in self.kinds)
         self.amx = BF16A in self.kinds  # bf16 products on AMX tiles
+
+    def with_head(self, layer: nn.Module) -> LeanStep:
+        """The same model's step with another output layer (a draft model's hot vocabulary: its rows only), the
+        decoder layers' packing shared."""
+        other = copy.copy(self)
+        kind, *parts = packed_projection(layer, self.act_q8 and self.interleave, self.bf16)
+        other.kinds = self.kinds[:-1] + [kind]
+        other.head = [self.head[0], *parts]
+        return other
 
     @property
     def weights(self) -> tuple:
