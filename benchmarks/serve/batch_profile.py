@@ -2,7 +2,10 @@
 have finished, for each budget policy; prints tokens/s, tokens per step and the seconds spent in the target's
 packed forward, in drafting (Decoding.draft) and in verification (Decoding.settle). A diagnostic, not a test.
 
-    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/serve/batch_profile.py [DRAFTER|default] [--budgets auto,fixed,none]
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/serve/batch_profile.py [DRAFTER|default|none] [--budgets auto,fixed,none]
+        [--quant gguf-q8 --dtype float32]
+
+DRAFTER none: plain batched decoding (the reference a speculative figure divides by).
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=24)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quant", default="none")
+    p.add_argument("--dtype", default="bfloat16")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    pipe = load(args.model, None if args.drafter == "default" else args.drafter, dtype="bfloat16")
+    pipe = load(args.model, None if args.drafter == "default" else args.drafter, dtype=args.dtype, quant=args.quant)
     prompts = [pipe.encode(x["prompt"]) for x in load_prompts(["spec-bench"], 3)]
     seconds = {"forward": 0.0, "draft": 0.0, "settle": 0.0}
     timed(decoding.Decoding, "draft", seconds, "draft")
