@@ -52,7 +52,8 @@ def test_the_default_shipped_drafter_of_a_target(shipped, tiny_pair, tmp_path):
     spec, why = default_speculative(str(tiny_pair[0]), tmp_path / "cache", root)
     assert spec == SpeculativeConfig(method="parallel-head", model="tiny-head", result_cache="prompt")
     assert "shipped drafter tiny-head" in why
-    assert default_speculative("another-model", tmp_path / "cache", root)[0].method == "prompt-lookup"
+    fallback = default_speculative("another-model", tmp_path / "cache", root)[0]
+    assert (fallback.method, fallback.lookup_min) == ("prompt-lookup", 2)
 
 
 def test_one_default_a_target_and_make_default_moves_it(shipped, tiny_pair, tmp_path):
