@@ -21,3 +21,18 @@ def test_gpu_check_dry_run(tmp_path):
     assert all(report["exactness"].values())
     assert all(ms > 0 for ms in report["cost"]["tiny"]["eager_ms"].values())
     assert "greedy = plain" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_a_forward_off_the_cpu_bounds_its_last_position_without_reading_it():
+    """Off the CPU a forward sizes its rotary table from the cache (no device-to-host copy, which a CUDA graph's
+    capture forbids); on the CPU it reads the positions. A tensor on the meta device has no values to read at all."""
+    import torch
+
+    from foretell.kv_cache import KVCache
+    from foretell.models.transformer import last_position
+
+    cache = KVCache(1, 1, 8, 32, torch.float32, "cpu")
+    cache.commit_prefix(5)
+    tree = torch.tensor([5, 6, 6, 7])  # a tree of 4 nodes after 5 committed slots: its deepest at depth 2
+    assert last_position(tree, cache, 4) == 7
+    assert last_position(tree.to("meta"), cache, 4) == 8

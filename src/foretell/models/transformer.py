@@ -216,6 +216,16 @@ def packed_rows(rows: int) -> int:
     return -(-rows // step) * step
 
 
+def last_position(positions: torch.Tensor, cache: KVCache, rows: int) -> int:
+    """The longest position of a pass of `rows` new tokens: on CPU read from the positions; elsewhere bounded by the
+    cache (committed slot i holds position i, and a pass's new tokens sit at most rows - 1 past the committed ones:
+    a chain's last, or a tree's deepest node), so an accelerator's forward copies nothing back to the host (a CUDA
+    graph's capture forbids that). A bound only sizes the rotary table and skips a sliding window's shortcut."""
+    if positions.device.type == "cpu":
+        return int(positions.max())
+    return cache.length + rows - 1
+
+
 class RotaryTables:
     """cos / sin rows by position for one RoPE, rebuilt (doubling) when a longer position comes."""
 
@@ -331,7 +341,7 @@ class Transformer(nn.Module):
         """
         T = input_ids.shape[0]
         cache.check_room(T)
-        last = int(positions.max())
+        last = last_position(positions, cache, T)
         mask = self._attention_mask(T, cache.length, tree_mask)
         cos, sin = self.rope(positions, last, self.dtype)
         full = (cos[None, None], sin[None, None], mask, 0)  # [1, 1, T, R]
@@ -358,7 +368,7 @@ class Transformer(nn.Module):
         padding = packed_rows(sum(sizes)) - sum(sizes)
         input_ids = torch.cat([p.input_ids for p in passes] + [passes[-1].input_ids.new_zeros(padding)])
         positions = torch.cat([p.positions for p in passes] + [passes[-1].positions.new_zeros(padding)])
-        lasts = [int(p.positions.max()) for p in passes]
+        lasts = [last_position(p.positions, p.cache, p.input_ids.shape[0]) for p in passes]
         cos, sin = self.rope(positions, max(lasts), self.dtype)
         full_segments, local_segments = [], []
         for p, (a, b), last in zip(passes, bounds, lasts):
