@@ -323,3 +323,34 @@ def test_every_gguf_architecture_keeps_its_blocks(case, files):
     want = dense(ids, torch.arange(10), dense.new_cache(16)).logits
     got = kept(ids, torch.arange(10), kept.new_cache(16)).logits
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max())
+
+
+def test_the_header_reader_and_the_weights_left_unread(q4_k_m, files, tmp_path):
+    """read_tensor_table finds what gguf.GGUFReader finds (types, dims, bytes) from the header alone, and names a
+    truncated file; loading a --quant gguf model leaves exactly the projections the blocks replace unread, and a
+    layer left dense over unread weights is an error, not silent garbage."""
+    from torch import nn
+
+    from foretell.models.gguf_meta import read_tensor_table
+    from foretell.runtime.gguf_quant import check_replaced, replaced_weights
+
+    arch, table = read_tensor_table(q4_k_m)
+    reader = gguf.GGUFReader(str(q4_k_m))
+    assert arch == "llama" and set(table) == {t.name for t in reader.tensors}
+    for t in reader.tensors:
+        mine = table[t.name]
+        assert mine.tensor_type == t.tensor_type and mine.shape == tuple(int(d) for d in t.shape)
+        assert np.array_equal(mine.data, np.asarray(t.data).view(np.uint8).reshape(-1))
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(q4_k_m.read_bytes()[:-100])
+    with pytest.raises(ForetellError, match="ends inside tensor"):
+        read_tensor_table(cut)
+    skipped = replaced_weights(q4_k_m)
+    layers = len({n.split(".")[1] for n in table if n.startswith("blk.")})
+    assert skipped == {f"layers.{i}.{p}.weight" for i in range(layers)
+                       for p in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")}
+    kept = load(q4_k_m, "none", quant="gguf", warm_up=False, cache_dir=files).target.model
+    check_replaced(kept, skipped)  # every unread weight's layer holds blocks now
+    kept.layers[0].o_proj = nn.Linear(kept.config.hidden_size, kept.config.hidden_size, bias=False)
+    with pytest.raises(ForetellError, match="layers.0.o_proj.weight was left unread"):
+        check_replaced(kept, skipped)

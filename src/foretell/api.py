@@ -21,6 +21,7 @@ from foretell.engine import Engine
 from foretell.errors import ForetellError
 from foretell.models.loading import LoadedModel, kept_gguf, load_model
 from foretell.runtime.config import RuntimeConfig
+from foretell.runtime.gguf_quant import check_replaced, replaced_weights
 from foretell.runtime.prepare import prepare
 from foretell.runtime.quant import TARGET_QUANT_CHOICES, split_target_quant
 from foretell.text import encode_prompt
@@ -143,8 +144,11 @@ def load(
             raise ForetellError(f"quant='gguf' keeps a GGUF file's own quantization, and {str(target)!r} has no GGUF "
                                 "file on disk; use int4 or int8")
         runtime = replace(runtime, gguf_file=gguf)
-    loaded = load_model(target, dtype, device, cache_dir)
+    # the projections the file's blocks replace are not read from the converted float32 folder at all
+    skipped = replaced_weights(runtime.gguf_file) if runtime.gguf_file is not None else frozenset()
+    loaded = load_model(target, dtype, device, cache_dir, skipped)
     prepared = prepare(loaded.model, runtime)
+    check_replaced(loaded.model, skipped)
     if act_q8 and prepared.lean is not None:
         raise ForetellError(f"quant='{quant}-q8' needs foretell's lean step, and {prepared.lean}; use quant={quant!r}")
     # drafters follow the target's activations: a bf16 target run as float32 activations over its bf16 weights gets

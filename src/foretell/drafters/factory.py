@@ -24,6 +24,7 @@ from foretell.models.eagle3 import Eagle3Head
 from foretell.models.loading import LoadedModel, kept_gguf, load_model
 from foretell.result_cache import make_result_cache
 from foretell.runtime.config import RuntimeConfig
+from foretell.runtime.gguf_quant import check_replaced, replaced_weights
 from foretell.runtime.prepare import drafter_runtime, prepare
 from foretell.text import stop_token_ids
 
@@ -72,10 +73,12 @@ class DrafterWeights:
             shipped = not Path(spec).exists() and (root / spec / MANIFEST).is_file()
             where = str(verified_folder(spec, "draft-model", self.target.model, root)) if shipped else spec
             runtime = self._gguf_draft_runtime(where, quant) if quant in GGUF_DRAFT_QUANTS else None
-            draft = load_model(where, self.dtype, self.device, self.cache_dir)
+            skipped = replaced_weights(runtime.gguf_file) if runtime is not None else frozenset()
+            draft = load_model(where, self.dtype, self.device, self.cache_dir, skipped)
             check_same_tokenizer(self.target.tokenizer, draft.tokenizer, self.target_name, spec)
             if runtime is not None:  # its file's blocks, its steps in the lean step as a target's
                 prepared = prepare(draft.model, runtime)
+                check_replaced(draft.model, skipped)
                 if prepared.lean is not None:
                     raise ForetellError(f"--draft-quant {quant} runs the draft in foretell's lean step, and "
                                         f"{prepared.lean}; use --draft-quant auto")

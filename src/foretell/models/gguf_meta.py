@@ -17,6 +17,7 @@ hard-codes 144 for the 27B model, so a Gemma 2 27B GGUF is refused).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -140,3 +141,94 @@ def rope_scaling(reader, arch: str, raw: dict) -> dict:
         if field(reader, key("attn_factor"), 1.0) != 1.0:
             raise ForetellError("GGUF YaRN scaling with an extra attn_factor is not supported")
     return out
+
+
+@dataclass(frozen=True)
+class GgufTensor:
+    """One tensor of a GGUF file as read_tensor_table finds it: its ggml type, its dims as the file lists them
+    (ne0 first: a projection's inputs, then its rows) and its bytes (a read-only view of the file)."""
+
+    name: str
+    tensor_type: object  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]
+    data: np.ndarray  # uint8 [nbytes]
+
+
+# GGUF metadata value types with a fixed size (bytes); 8 is a string, 9 an array
+_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def read_tensor_table(path: Path) -> tuple[str, dict[str, GgufTensor]]:
+    """The file's architecture and its tensors, read from the header alone. gguf.GGUFReader builds an object for
+    every metadata element first, ~16 s for a Qwen2.5 file's 150K-token vocabulary; this steps over the metadata
+    and maps the tensors' bytes."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
+    except (OSError, ValueError) as e:
+        raise ForetellError(f"could not read GGUF file {path}: {e}") from None
+    buf = memoryview(raw)
+    at = 0
+
+    def u(size: int) -> int:
+        nonlocal at
+        if at + size > len(buf):
+            raise ForetellError(f"GGUF file {path} ends inside its header: is it complete?")
+        value = int.from_bytes(buf[at:at + size], "little")
+        at += size
+        return value
+
+    def text() -> str:
+        nonlocal at
+        size = u(8)
+        value = bytes(buf[at:at + size]).decode("utf-8", errors="replace")
+        at += size
+        return value
+
+    def skip_value(kind: int) -> None:
+        nonlocal at
+        if kind in _FIXED:
+            at += _FIXED[kind]
+        elif kind == 8:
+            size = u(8)  # read first: `at += u(8)` would add to the position from before the length
+            at += size
+        elif kind == 9:
+            item, count = u(4), u(8)
+            if item in _FIXED:
+                at += _FIXED[item] * count
+            else:
+                for _ in range(count):
+                    skip_value(item)
+        else:
+            raise ForetellError(f"GGUF file {path} has a metadata value of unknown type {kind}: is it complete?")
+
+    if u(4) != 0x46554747:  # "GGUF"
+        raise ForetellError(f"{path} is not a GGUF file (no GGUF magic at its start)")
+    version, n_tensors, n_fields = u(4), u(8), u(8)
+    if version < 2:
+        raise ForetellError(f"GGUF file {path} is version {version}; foretell reads versions 2 and 3")
+    arch, alignment = "", 32
+    for _ in range(n_fields):
+        key, kind = text(), u(4)
+        if key == "general.architecture" and kind == 8:
+            arch = text()
+        elif key == "general.alignment" and kind == 4:
+            alignment = u(4)
+        else:
+            skip_value(kind)
+    infos = []
+    for _ in range(n_tensors):
+        name, dims = text(), u(4)
+        shape = tuple(u(8) for _ in range(dims))
+        infos.append((name, shape, u(4), u(8)))
+    start = -(-at // alignment) * alignment
+    tensors = {}
+    for name, shape, kind, offset in infos:
+        ggml = GGMLQuantizationType(kind)
+        values, size = GGML_QUANT_SIZES[ggml]
+        nbytes = int(np.prod(shape, dtype=np.int64)) // values * size
+        if start + offset + nbytes > len(raw):
+            raise ForetellError(f"GGUF file {path} ends inside tensor {name}: is it complete?")
+        tensors[name] = GgufTensor(name, ggml, shape, raw[start + offset:start + offset + nbytes])
+    return arch, tensors

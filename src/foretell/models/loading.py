@@ -121,20 +121,55 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+class LazyState:
+    """A checkpoint's tensors by name, each read from its safetensors file when taken (pop), so that tensors the
+    model will not use (projections a GGUF file's blocks replace) are never read: `forget` drops one unread."""
 
+    def __init__(self, files: list[Path]):
+        from safetensors import safe_open
+
+        self._where: dict[str, Path] = {}
+        self._open = {}
+        for f in files:
+            try:
+                handle = safe_open(str(f), framework="pt")
+            except Exception as e:  # safetensors raises its own error types, and OSError
+                raise corrupt(f, e) from None
+            self._open[f] = handle
+            self._where.update(dict.fromkeys(handle.keys(), f))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def __iter__(self):
+        return iter(list(self._where))
+
+    _MISSING = object()
+
+    def pop(self, name: str, default=_MISSING) -> torch.Tensor:
+        f = self._where.pop(name, None)
+        if f is None:
+            if default is LazyState._MISSING:
+                raise KeyError(name)
+            return default
+        try:
+            return self._open[f].get_tensor(name)
+        except Exception as e:
+            raise corrupt(f, e) from None
+
+    def forget(self, name: str) -> None:
+        self._where.pop(name, None)
+
+
+def corrupt(f: Path, e: Exception) -> ForetellError:
+    return ForetellError(f"weights file {f} is corrupt or truncated ({e}); re-create or re-convert it")
+
+
+def read_state_dict(folder: Path) -> LazyState:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ForetellError(f"no *.safetensors weights in {folder}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            state.update(load_file(str(f)))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise ForetellError(f"weights file {f} is corrupt or truncated ({e}); re-create or re-convert it") from None
-    return state
+    return LazyState(files)
 
 
 def load_tokenizer(folder: Path):
@@ -146,16 +181,18 @@ def load_tokenizer(folder: Path):
         raise ForetellError(f"could not load the tokenizer in {folder}: {e}") from None
 
 
-def build_model(folder: Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> LeanTransformer:
+def build_model(folder: Path, dtype: torch.dtype, device: str | torch.device = "cpu",
+                skip: frozenset[str] = frozenset()) -> LeanTransformer:
     """The model in `folder` as the fast-path target (runtime/lean_step.LeanTransformer: the PyTorch model until
-    runtime.prepare gives it the lean step)."""
+    runtime.prepare gives it the lean step). skip: weights (the model's own names) left unread and uninitialised,
+    for layers about to be replaced (a GGUF file's blocks: gguf_quant.replaced_weights)."""
     config = ModelConfig.from_file(folder / "config.json")
     with torch.device("meta"):
         model = LeanTransformer(config)
     model = model.to_empty(device=device)
     state = read_state_dict(folder)
     try:
-        model.load_hf_state_dict(state)
+        model.load_hf_state_dict(state, skip)
     except KeyError as e:
         raise ForetellError(f"weights in {folder} do not fit its config.json: {e.args[0]}") from None
     if config.tie_word_embeddings:
@@ -168,7 +205,9 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
     cache_dir: Path | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> LoadedModel:
+    """skip: weights left unread (build_model)."""
     folder = resolve_model_dir(spec, cache_dir)
-    model = build_model(folder, parse_dtype(dtype), device)
+    model = build_model(folder, parse_dtype(dtype), device, skip)
     return LoadedModel(model, load_tokenizer(folder), model.config, folder, str(spec))

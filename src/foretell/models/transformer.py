@@ -445,13 +445,14 @@ class Transformer(nn.Module):
         visible = torch.ones(T, prefix + T - tree_mask.shape[1], dtype=torch.bool, device=self.device)
         return torch.cat([visible, tree_mask.to(self.device)], dim=1)[None, None]
 
-    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def load_hf_state_dict(self, state, skip: frozenset[str] = frozenset()) -> None:
         """Load weights named as in transformers' checkpoints of the supported families, fusing projections.
 
         q/k/v and gate/up are fused here (Phi-3 checkpoints store them fused already). Gemma 2 / 3 name their
         norms by position: post_attention_layernorm (on the attention output) is our attn_output_norm,
         pre_feedforward_layernorm our post_attention_layernorm (the MLP's input norm), post_feedforward_layernorm
-        our mlp_output_norm.
+        our mlp_output_norm. state: a dict, or loading.LazyState (read as taken). skip: projection weights (our
+        names) not to read, left uninitialised for layers about to be replaced.
         """
         c = self.config
         own: dict[str, torch.Tensor] = {}
@@ -465,26 +466,38 @@ class Transformer(nn.Module):
         def fused(name: str, parts: list[str]) -> torch.Tensor:
             return take(name) if name in state else torch.cat([take(p) for p in parts], dim=0)
 
+        forget = getattr(state, "forget", lambda name: state.pop(name, None))  # drop a tensor unread
+
+        def projection(ours: str, name: str, parts: list[str] | None = None) -> None:
+            if ours not in skip:
+                own[ours] = take(name) if parts is None else fused(name, parts)
+                return
+            for n in [name] if parts is None or name in state else parts:
+                if n not in state:
+                    raise KeyError(f"checkpoint lacks tensor {n!r}")
+                forget(n)
+
         own["embed_tokens.weight"] = take("model.embed_tokens.weight")
         own["norm.weight"] = take("model.norm.weight")
         if c.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
+            forget("lm_head.weight")
         else:
             own["lm_head.weight"] = state.pop("lm_head.weight", own["embed_tokens.weight"])
         for i in range(c.num_hidden_layers):
             p, ours = f"model.layers.{i}.", f"layers.{i}."
             attn, mlp = p + "self_attn.", p + "mlp."
-            own[ours + "qkv_proj.weight"] = fused(attn + "qkv_proj.weight", [attn + f"{n}_proj.weight" for n in "qkv"])
+            projection(ours + "qkv_proj.weight", attn + "qkv_proj.weight", [attn + f"{n}_proj.weight" for n in "qkv"])
             if c.attention_bias:
                 own[ours + "qkv_proj.bias"] = fused(attn + "qkv_proj.bias", [attn + f"{n}_proj.bias" for n in "qkv"])
-            own[ours + "o_proj.weight"] = take(attn + "o_proj.weight")
+            projection(ours + "o_proj.weight", attn + "o_proj.weight")
             if c.o_proj_bias:
                 own[ours + "o_proj.bias"] = take(attn + "o_proj.bias")
             if c.qk_norm:
                 own[ours + "q_norm.weight"] = take(attn + "q_norm.weight")
                 own[ours + "k_norm.weight"] = take(attn + "k_norm.weight")
-            own[ours + "gate_up_proj.weight"] = fused(mlp + "gate_up_proj.weight", [mlp + "gate_proj.weight", mlp + "up_proj.weight"])
-            own[ours + "down_proj.weight"] = take(mlp + "down_proj.weight")
+            projection(ours + "gate_up_proj.weight", mlp + "gate_up_proj.weight",
+                       [mlp + "gate_proj.weight", mlp + "up_proj.weight"])
+            projection(ours + "down_proj.weight", mlp + "down_proj.weight")
             if c.mlp_bias:
                 own[ours + "gate_up_proj.bias"] = fused(mlp + "gate_up_proj.bias", [mlp + "gate_proj.bias", mlp + "up_proj.bias"])
                 own[ours + "down_proj.bias"] = take(mlp + "down_proj.bias")
@@ -499,7 +512,7 @@ class Transformer(nn.Module):
         if leftovers:
             raise KeyError(f"unexpected tensors in checkpoint: {leftovers[:5]}")
         missing, unexpected = self.load_state_dict(own, strict=False)
-        missing = [m for m in missing if not (m == "lm_head.weight" and c.tie_word_embeddings)]
+        missing = [m for m in missing if not (m == "lm_head.weight" and c.tie_word_embeddings) and m not in skip]
         if missing or unexpected:
             raise KeyError(f"weights do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}")
 

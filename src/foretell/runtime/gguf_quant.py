@@ -23,7 +23,7 @@ from torch import nn
 
 from foretell.errors import ForetellError
 from foretell.kernels import GGUF_KIND, Q8, lean_module
-from foretell.models.gguf_meta import GGUF_ARCHITECTURES, field
+from foretell.models.gguf_meta import GGUF_ARCHITECTURES
 from foretell.runtime.quant import INT4_GROUP, Int4Linear, fp32_block_gemm, q4_1_blocks
 
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of codes (two per byte)
@@ -243,20 +243,50 @@ def check_block_types(path: Path, tensors: dict, names) -> None:
                             "--quant none (the file dequantized), int8 or int4")
 
 
+def replaced_weights(gguf_path: str | Path) -> frozenset[str]:
+    """The projection weights (the model's names, e.g. layers.0.qkv_proj.weight) that keep_gguf_quantization will
+    replace by the file's blocks, so that loading need not read them from the converted float32 folder (for
+    Qwen2.5-Coder-1.5B that read was ~5.5 GB and most of a minute). Empty where the native kernels are missing
+    (then blocks may not replace every layer) or the file is not one foretell keeps."""
+    from foretell.models.gguf_meta import read_tensor_table
+
+    if lean_module() is None:
+        return frozenset()
+    try:
+        arch, tensors = read_tensor_table(Path(gguf_path))
+    except ForetellError:
+        return frozenset()  # keep_gguf_quantization reports the problem, after a plain load
+    if arch not in GGUF_ARCHITECTURES:
+        return frozenset()
+    skipped = set()
+    for i in range(max((int(n.split(".")[1]) + 1 for n in tensors if n.startswith("blk.")), default=0)):
+        for name, names in projection_tensors(arch, i).items():
+            if all(n in tensors and tensors[n].tensor_type.name in BLOCK_TYPES for n in names):
+                skipped.add(f"layers.{i}.{name}.weight")
+    return frozenset(skipped)
+
+
+def check_replaced(model, skipped: frozenset[str]) -> None:
+    """Every weight left unread at load now belongs to a layer of blocks (an unread dense weight is uninitialised
+    memory: its layer must be gone)."""
+    stale = [name for name in sorted(skipped) if type(model.get_submodule(name.rsplit(".", 1)[0])) is nn.Linear]
+    if stale:
+        raise ForetellError(f"internal error: {stale[0]} was left unread at load but its layer was not replaced by "
+                            "the GGUF file's blocks; please report it (--quant int4 or none meanwhile)")
+
+
 def keep_gguf_quantization(model, gguf_path: str | Path) -> list[str]:
     """Replace the model's projections and output layer whose GGUF tensors are blocks by layers holding the file's
     own blocks (the module docstring says which); returns the names of the layers replaced."""
-    from gguf import GGUFReader
+    from foretell.models.gguf_meta import read_tensor_table
 
     path = Path(gguf_path)
-    reader = GGUFReader(str(path))
-    arch = field(reader, "general.architecture")
+    arch, tensors = read_tensor_table(path)
     if arch not in GGUF_ARCHITECTURES:
         raise ForetellError(f"keeping a GGUF file's quantization is supported for {', '.join(GGUF_ARCHITECTURES)} "
                             f"files, not {arch!r}; use --quant int4 (foretell's own int4) or none")
     if model.device.type != "cpu":
         raise ForetellError(f"--quant gguf runs the file's blocks on CPU, not {model.device.type}; use int8 or none")
-    tensors = {t.name: t for t in reader.tensors}
     c = model.config
     plan = {f"layers.{i}.{name}": names for i in range(len(model.layers))
             for name, names in projection_tensors(arch, i).items()}
