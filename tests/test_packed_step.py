@@ -140,3 +140,54 @@ def test_a_batch_of_four_decodes_as_alone_on_gguf_q4_1_blocks(tiny_pair, tmp_pat
     plain = load(path, "none", quant=quant, warm_up=False, cache_dir=tmp_path)
     assert plain.target.model.lean is not None and plain.target.model.lean.kinds[0] in (0, 3)  # Q4, Q4X
     assert_batch_of_four_decodes_as_alone(plain, draft)
+
+
+@pytest.mark.parametrize("draft_quant", ["gguf-q8", "none"])
+def test_a_batch_packs_its_draft_models_forwards(tmp_path, draft_quant):
+    """Four requests drafting with one draft model: their draft forwards run together, depth by depth (one native
+    call over the four on the draft's GGUF blocks; one PyTorch forward on float32 weights). Each request's tokens
+    equal its tokens alone; on the blocks its drafts too (the same accepted drafts by position), since every row
+    gets the arithmetic it gets alone."""
+    pytest.importorskip("gguf")
+    from test_families_gguf import write_gguf
+
+    from foretell.drafters.base import DraftPass
+    from foretell.runtime import packed
+
+    hf = make_hf_model("llama", 48, seed=0)
+    target = write_gguf(hf, "llama", tmp_path / "target.gguf")  # tiny_pair's target, as a GGUF file's tokenizer
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    draft = write_gguf(perturbed_copy(hf, noise=0.5, seed=1), "llama", tmp_path / "draft.gguf",
+                       q4_1=lambda name: name.endswith(tuple(f"{p}.weight" for p in projections)))
+    plain = load(target, "none", warm_up=False, cache_dir=tmp_path)
+    pipe = plain.with_speculative(SpeculativeConfig(method="draft-model", model=str(draft), gamma=3,
+                                                    draft_quant=draft_quant))
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], [(5 * i + 1) % 48 for i in range(30)]]
+    alone = [pipe.engine.generate(p, GREEDY) for p in prompts]
+    groups = []
+    inner = packed.run_draft_passes
+
+    def counting(passes):
+        assert all(isinstance(p, DraftPass) for p in passes)
+        groups.append(len(passes))
+        return inner(passes)
+
+    batch = plain.batch_engine(None, max_batch=4)
+    collected, stats = [], []
+    for p in prompts:
+        tokens: list[int] = []
+        batch.submit(p, GREEDY, lambda c, t=tokens: (t.extend(c.tokens), c.result and stats.append(c.result)),
+                     pytest.fail, pipe.with_speculative(pipe.speculative).engine)
+        collected.append(tokens)
+    import foretell.batching as batching
+    original = batching.run_draft_passes
+    batching.run_draft_passes = counting
+    try:
+        batch.run()
+    finally:
+        batching.run_draft_passes = original
+    assert collected == [r.tokens for r in alone]
+    assert max(groups) == 4  # the four requests' draft forwards in one call
+    if draft_quant == "gguf-q8":
+        by_tokens = {tuple(r.tokens): r.stats.accepted_per_position for r in alone}
+        assert all(by_tokens[tuple(r.tokens)] == r.stats.accepted_per_position for r in stats)

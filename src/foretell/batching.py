@@ -26,7 +26,7 @@ from foretell.batch_budget import (BatchAwareBudget, BudgetStats, Calibration, D
 from foretell.decoding import Decoding
 from foretell.engine import Engine
 from foretell.errors import ForetellError
-from foretell.runtime.packed import forward_packed
+from foretell.runtime.packed import forward_packed, run_draft_passes
 from foretell.types import Chunk, SamplingParams
 
 
@@ -188,7 +188,7 @@ class BatchEngine:
         batched = self.budget is not None and len(self.active) > 1
         acceptance = self._acceptance(ready) if batched else []
         limits = self._draft_limits(ready, acceptance) if batched else [None] * len(ready)
-        proposals = [self._draft(r, limit) for r, limit in zip(ready, limits)]
+        proposals = self._draft_all(ready, limits)
         if batched and any(p.size for p in proposals):
             values = [node_values(p, rates, r.calibration.factor) for p, r, rates in zip(proposals, ready, acceptance)]
             caps = self.budget.caps(values)
@@ -208,12 +208,17 @@ class BatchEngine:
         values = [chain_values(rates, depth) for rates, depth in zip(acceptance, depths)]
         return self.budget.caps(values, [self.draft_seconds.get(drafter_name(r)) for r in ready])
 
-    def _draft(self, request: Request, limit: int | None):
+    def _draft_all(self, ready: list[Request], limits: list[int | None]) -> list:
+        """Every ready request's proposal, their drafters' forwards of a shared model packed depth by depth
+        (run_together). A request's draft seconds (the pre-draft rule's cost of a level) are its share of the
+        drafting: the whole drafting time split over the requests that drafted."""
         started = time.perf_counter()
-        proposal = request.state.draft(limit)
-        if proposal.size:
-            self.draft_seconds.record(drafter_name(request), proposal.depth, time.perf_counter() - started)
-        return proposal
+        proposals = run_together([r.state.draft_steps(limit) for r, limit in zip(ready, limits)])
+        drafted = [(r, p) for r, p in zip(ready, proposals) if p.size]
+        for request, proposal in drafted:
+            self.draft_seconds.record(drafter_name(request), proposal.depth,
+                                      (time.perf_counter() - started) / len(drafted))
+        return proposals
 
     def _settle(self, request: Request, out) -> None:
         before = request.state.stats.accepted_tokens
@@ -227,3 +232,32 @@ class BatchEngine:
             request.calibration.update(request.kept_value, request.state.stats.accepted_tokens - before)
             request.kept_value = 0.0
         request.on_chunk(chunk)
+
+
+def run_together(generators: list) -> list:
+    """Drive the requests' draft_steps generators together: whenever every unfinished one waits on a forward
+    (drafters.base.DraftPass), the passes that share a model and step run as one packed forward
+    (runtime/packed.run_draft_passes), and each gets its own output back. Returns what each generator returns, in
+    order. A request's proposal is the one it would make alone: its forwards' rows get the arithmetic they get
+    alone, and its sampling reads only its own state."""
+    results: list = [None] * len(generators)
+    waiting: dict[int, object] = {}
+
+    def advance(i: int, output) -> None:
+        try:
+            waiting[i] = generators[i].send(output)
+        except StopIteration as done:
+            results[i] = done.value
+
+    for i in range(len(generators)):
+        advance(i, None)
+    while waiting:
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, p in waiting.items():
+            groups.setdefault((id(p.model), id(p.step)), []).append(i)
+        batch, waiting = waiting, {}
+        for members in groups.values():
+            outputs = run_draft_passes([batch[i] for i in members])
+            for i, out in zip(members, outputs):
+                advance(i, out)
+    return results

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from foretell.coupled import Coupling, GumbelNoise
-from foretell.drafters.base import empty_proposal
+from foretell.drafters.base import empty_proposal, run_alone
 from foretell.errors import ForetellError
 from foretell.kv_cache import KVCache
 from foretell.logits_process import keep_nodes, token_logprobs
@@ -145,12 +145,21 @@ class Decoding:
 
     def draft(self, budget: int | None = None) -> Proposal:
         """Run the drafter (and the engine's extras) for the next pass; the proposal waits for target_pass()."""
+        return run_alone(self.draft_steps(budget))
+
+    def draft_steps(self, budget: int | None = None):
+        """draft() as a generator yielding the drafter's own forwards (DraftPass; propose_steps), so that a batch
+        can pack the requests' draft forwards; returns the proposal."""
         engine, t1 = self.engine, time.perf_counter()
         room = self.limit - (len(self.ids) - self.prompt_len)  # tokens we may still add
         n = self.sizer.draft_tokens(room, budget)
         branch, matched = self._cache_branch(n)
         drafted = n > 0 and self.sizer.should_draft(matched)
-        proposal = engine.drafter.propose(self.ids, n) if drafted else empty_proposal()
+        steps = getattr(engine.drafter, "propose_steps", None) if drafted else None
+        if steps is not None:
+            proposal = yield from steps(self.ids, n)
+        else:
+            proposal = engine.drafter.propose(self.ids, n) if drafted else empty_proposal()
         if drafted and branch:
             branch = branch[:self.sizer.branch_tokens(len(branch), proposal.size, time.perf_counter() - t1)]
         proposal, cache_nodes = self._extend_proposal(proposal, branch)

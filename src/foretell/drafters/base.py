@@ -6,7 +6,8 @@ them directly instead of probing for optional attributes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generator, Protocol
 
 import torch
 
@@ -51,6 +52,12 @@ class Drafter(Protocol):
         (coupled.py), or None under greedy decoding or the rejection rule. A drafter that drafts with it
         (coupled.draft_ranking) proposes the target's token more often; any proposal stays lossless."""
 
+    def propose_steps(self, tokens: list[int], max_tokens: int) -> Generator[DraftPass, Any, Proposal]:
+        """propose() as a generator that yields each forward of its own model (a DraftPass) and is sent its
+        output: a batch runs the passes of requests sharing a model in one packed forward (run_together); alone,
+        run_alone runs each as it comes. Drafters without a model of their own yield nothing (DrafterBase)."""
+        ...
+
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
         """Propose up to max_tokens continuing `tokens` (every committed token so far)."""
 
@@ -71,6 +78,44 @@ class Drafter(Protocol):
         """The weights it holds (a draft model, head or draft; some shared with the target), for memory accounting."""
 
 
+@dataclass
+class DraftPass:
+    """A forward a drafter asks for while proposing: `model` over Transformer.forward's arguments, through `step`
+    instead where given (a lean step with another output layer: a draft model's hot vocabulary). Passes that share
+    a model and step can run as one packed forward (their fields are a target pass's: runtime/packed.py)."""
+
+    model: torch.nn.Module
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    cache: Any
+    tree_mask: torch.Tensor | None = None
+    hidden_layers: tuple[int, ...] = ()
+    logits_rows: torch.Tensor | slice | None = None
+    step: Any = None  # runtime.lean_step.LeanStep, or None: the model's own forward
+
+    def run(self):
+        """This pass alone (a models.transformer.ForwardOutput)."""
+        from foretell.models.transformer import ForwardOutput
+
+        if self.step is None:
+            return self.model(self.input_ids, self.positions, self.cache, self.tree_mask, self.hidden_layers,
+                              self.logits_rows)
+        self.cache.check_room(self.input_ids.shape[0])
+        logits, states = self.step(self.input_ids, self.positions, self.cache, self.tree_mask)
+        return ForwardOutput(logits=logits if self.logits_rows is None else logits[self.logits_rows],
+                             hidden={i: states[i] for i in self.hidden_layers})
+
+
+def run_alone(steps: Generator[DraftPass, Any, Any]):
+    """Drive a propose_steps generator, running each pass it yields alone; returns what it returns."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(request.run())
+    except StopIteration as done:
+        return done.value
+
+
 class DrafterBase:
     """Defaults for the optional capabilities: a chain drafter that reads no hidden states and holds no weights."""
 
@@ -83,6 +128,10 @@ class DrafterBase:
 
     def couple(self, noise: GumbelNoise | None) -> None:
         self.noise = noise
+
+    def propose_steps(self, tokens: list[int], max_tokens: int) -> Generator[DraftPass, Any, Proposal]:
+        return self.propose(tokens, max_tokens)
+        yield  # a generator that asks for no pass: the drafter runs no model, or runs it alone
 
     def observe(self, hidden: dict[int, torch.Tensor]) -> None:
         raise RuntimeError(f"the {self.name} drafter reads no target hidden states (target_layers is empty)")

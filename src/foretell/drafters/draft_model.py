@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from foretell.coupled import draft_ranking
-from foretell.drafters.base import DrafterBase, empty_proposal
+from foretell.drafters.base import DraftPass, DrafterBase, empty_proposal, run_alone
 from foretell.hot_vocab import HotVocab
 from foretell.models.transformer import Transformer, warm_up
 from foretell.sampling import processed_probs, sample
@@ -76,33 +76,44 @@ class DraftModelDrafter(DrafterBase):
         self.cached_tokens = self.cached_tokens[:common]
         return tokens[common:]
 
-    def _draft_logits(self, ids, positions, rows: slice | None = None, tree_mask=None) -> torch.Tensor:
-        """One draft forward; logits of the chosen rows over the target's vocabulary."""
+    def _logits_steps(self, ids, positions, rows: slice | None = None, tree_mask=None):
+        """One draft forward, yielded as a DraftPass (run alone or packed with other requests'); returns the
+        logits of the chosen rows over the target's vocabulary."""
         if self._hot_head is None:
-            out = self.model(ids, positions, self.cache, tree_mask=tree_mask, logits_rows=rows)
+            out = yield DraftPass(self.model, ids, positions, self.cache, tree_mask, (), rows)
             return self._to_target_vocab(out.logits)
         # Hot vocabulary: project the final hidden states onto the hot rows only.
         lean = self._hot_lean
         if lean is not None and lean.takes(ids.shape[0], self.cache.length, tree_mask is not None) \
                 and self.cache.k.shape[1] == 1:
-            self.cache.check_room(ids.shape[0])
-            logits, _ = lean(ids, positions, self.cache, tree_mask)
-            return self.hot.expand((logits if rows is None else logits[rows]).float())
+            out = yield DraftPass(self.model, ids, positions, self.cache, tree_mask, (), rows, step=lean)
+            return self.hot.expand(out.logits.float())
         top = self.model.config.num_hidden_layers
-        out = self.model(ids, positions, self.cache, tree_mask=tree_mask, hidden_layers=(top,), logits_rows=slice(0, 0))
+        out = yield DraftPass(self.model, ids, positions, self.cache, tree_mask, (top,), slice(0, 0))
         hidden = out.hidden[top] if rows is None else out.hidden[top][rows]
         return self.hot.expand(self._hot_head(hidden).float())
 
-    def _step(self, feed: list[int]) -> torch.Tensor:
+    def _draft_logits(self, ids, positions, rows: slice | None = None, tree_mask=None) -> torch.Tensor:
+        """One draft forward alone; logits of the chosen rows over the target's vocabulary."""
+        return run_alone(self._logits_steps(ids, positions, rows, tree_mask))
+
+    def _step_steps(self, feed: list[int]):
         start = self.cache.length
         ids = torch.tensor(feed, dtype=torch.long, device=self.model.device)
         positions = torch.arange(start, start + len(feed), device=self.model.device)
-        logits = self._draft_logits(ids, positions, rows=slice(-1, None))
+        logits = yield from self._logits_steps(ids, positions, rows=slice(-1, None))
         self.cache.commit_prefix(len(feed))
         self.cached_tokens.extend(feed)
         return logits[-1]
 
+    def _step(self, feed: list[int]) -> torch.Tensor:
+        return run_alone(self._step_steps(feed))
+
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
+        return run_alone(self.propose_steps(tokens, max_tokens))
+
+    def propose_steps(self, tokens: list[int], max_tokens: int):
+        """The chain, one draft forward a token, each yielded (a batch packs the requests' forwards)."""
         if max_tokens <= 0:
             return empty_proposal()
         feed = self._sync(tokens)
@@ -110,7 +121,7 @@ class DraftModelDrafter(DrafterBase):
         q_rows: list[torch.Tensor] = []
         probs: list[float] = []  # the draft's probability of each token (read by lossy verification only)
         for i in range(max_tokens):
-            logits = self._step(feed)
+            logits = yield from self._step_steps(feed)
             if self.params.greedy:
                 token = int(logits.argmax())
                 probs.append(float(torch.softmax(logits.float(), -1)[token]))

@@ -23,6 +23,7 @@ import torch
 from foretell.budget import CostCurve, best_tree_size
 from foretell.config import TreeShape
 from foretell.coupled import draft_ranking
+from foretell.drafters.base import DrafterBase
 from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.tree import path_to
 from foretell.types import Proposal, SamplingParams
@@ -69,6 +70,10 @@ class DraftTreeDrafter(DraftModelDrafter):
     def start(self, prompt_ids, capacity: int, params: SamplingParams, generator) -> None:
         # The tree's expanded nodes sit in the draft cache while it grows.
         super().start(prompt_ids, capacity + self.shape.max_nodes * max(self.shape.top_k, max(self.shape.branching)), params, generator)
+
+    def propose_steps(self, tokens: list[int], max_tokens: int):
+        """Its tree's forwards run alone (not packed across a batch yet)."""
+        return DrafterBase.propose_steps(self, tokens, max_tokens)
 
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
         """max_tokens caps the tree's depth (tokens left to generate)."""

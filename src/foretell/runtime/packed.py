@@ -42,9 +42,10 @@ def lean_takes(step, p) -> bool:
             and cache.k.dtype == torch.float32)
 
 
-def lean_packed(target: Transformer, passes: list) -> list[ForwardOutput]:
-    """The passes' rows in one lean_decode_packed call (the caches get their new slots written)."""
-    step = target.lean
+def lean_packed(target: Transformer, passes: list, step=None) -> list[ForwardOutput]:
+    """The passes' rows in one lean_decode_packed call (the caches get their new slots written); step: the lean
+    step to run (another output layer: LeanStep.with_head), else the target's."""
+    step = step or target.lean
     sizes = [p.input_ids.shape[0] for p in passes]
     for p, size in zip(passes, sizes):
         p.cache.check_room(size)
@@ -66,3 +67,19 @@ def lean_packed(target: Transformer, passes: list) -> list[ForwardOutput]:
         outputs.append(ForwardOutput(logits=logits[first:first + n], hidden=hidden))
         first += n
     return outputs
+
+
+def run_draft_passes(passes: list) -> list[ForwardOutput]:
+    """Drafters' forwards (drafters.base.DraftPass) of one model and step, from several requests: in one native
+    call where the model's lean step takes them all (a draft model's chain: the requests' rows read every weight
+    once between them; each row the arithmetic it gets alone), else in one PyTorch forward (Transformer.forward_packed:
+    the same up to float rounding, so a draft may differ, never the output), else each alone.""" 
+    first = passes[0]
+    if len(passes) == 1:
+        return [first.run()]
+    step = first.step or getattr(first.model, "lean", None)
+    if step is not None and all(lean_takes(step, p) for p in passes):
+        return lean_packed(first.model, passes, step)
+    if first.step is None and step is None and isinstance(first.model, Transformer):
+        return first.model.forward_packed(passes)  # PyTorch's products over all rows (a GPU's draft model)
+    return [p.run() for p in passes]
