@@ -3,7 +3,7 @@ have finished, for each budget policy; prints tokens/s, tokens per step and the 
 packed forward, in drafting (Decoding.draft) and in verification (Decoding.settle). A diagnostic, not a test.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/serve/batch_profile.py [DRAFTER|default|none] [--budgets auto,fixed,none]
-        [--quant gguf-q8 --dtype float32]
+        [--quant gguf-q8 --dtype float32] [--draft qwen2.5-coder-0.5b --draft-quant gguf-q8 --hot-vocab 32768]
 
 DRAFTER none: plain batched decoding (the reference a speculative figure divides by).
 """
@@ -19,6 +19,7 @@ import foretell.decoding as decoding
 from foretell.api import load
 from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize
 from foretell.bench.datasets import load_prompts
+from foretell.config import SpeculativeConfig
 from foretell.types import SamplingParams
 
 
@@ -47,9 +48,16 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quant", default="none")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--draft", help="a draft model for DRAFTER draft-model (e.g. qwen2.5-coder-0.5b)")
+    p.add_argument("--draft-quant", default="auto")
+    p.add_argument("--hot-vocab", type=int, default=0)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    pipe = load(args.model, None if args.drafter == "default" else args.drafter, dtype=args.dtype, quant=args.quant)
+    spec = None if args.drafter == "default" else args.drafter
+    if args.draft:
+        spec = SpeculativeConfig(method=args.drafter, model=args.draft, draft_quant=args.draft_quant,
+                                 hot_vocab=args.hot_vocab)
+    pipe = load(args.model, spec, dtype=args.dtype, quant=args.quant)
     prompts = [pipe.encode(x["prompt"]) for x in load_prompts(["spec-bench"], 3)]
     seconds = {"forward": 0.0, "draft": 0.0, "settle": 0.0}
     timed(decoding.Decoding, "draft", seconds, "draft")
