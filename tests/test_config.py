@@ -161,7 +161,8 @@ def test_flags_map_onto_the_configuration(tmp_path):
     from foretell.spec_args import speculative_from_args
 
     spec, why = speculative_from_args(flags(), "nowhere", tmp_path)
-    assert spec == SpeculativeConfig() and "no trained drafter" in why  # no flag: the target's default
+    # no flag: the target's default (without a trained drafter, prompt lookup on n-grams of 2 or more)
+    assert spec == SpeculativeConfig(lookup_min=2) and "no trained drafter" in why
     assert speculative_from_args(flags(gamma=6), "t")[0] == SpeculativeConfig(gamma=6)
     spec = speculative_from_args(flags(draft="d", budget="auto", hot_vocab=64), "t")[0]
     assert spec == SpeculativeConfig(method="draft-model", model="d", budget="auto", hot_vocab=64)

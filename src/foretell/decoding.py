@@ -155,11 +155,7 @@ class Decoding:
         n = self.sizer.draft_tokens(room, budget)
         branch, matched = self._cache_branch(n)
         drafted = n > 0 and self.sizer.should_draft(matched)
-        steps = getattr(engine.drafter, "propose_steps", None) if drafted else None
-        if steps is not None:
-            proposal = yield from steps(self.ids, n)
-        else:
-            proposal = engine.drafter.propose(self.ids, n) if drafted else empty_proposal()
+        proposal = (yield from engine.drafter.propose_steps(self.ids, n)) if drafted else empty_proposal()
         if drafted and branch:
             branch = branch[:self.sizer.branch_tokens(len(branch), proposal.size, time.perf_counter() - t1)]
         proposal, cache_nodes = self._extend_proposal(proposal, branch)
