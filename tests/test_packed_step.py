@@ -142,12 +142,13 @@ def test_a_batch_of_four_decodes_as_alone_on_gguf_q4_1_blocks(tiny_pair, tmp_pat
     assert_batch_of_four_decodes_as_alone(plain, draft)
 
 
-@pytest.mark.parametrize("draft_quant", ["gguf-q8", "none"])
-def test_a_batch_packs_its_draft_models_forwards(tmp_path, draft_quant):
+@pytest.mark.parametrize("method,draft_quant", [("draft-model", "gguf-q8"), ("draft-model", "none"),
+                                                ("draft-tree", "gguf-q8")])
+def test_a_batch_packs_its_draft_models_forwards(tmp_path, method, draft_quant):
     """Four requests drafting with one draft model: their draft forwards run together, depth by depth (one native
-    call over the four on the draft's GGUF blocks; one PyTorch forward on float32 weights). Each request's tokens
-    equal its tokens alone; on the blocks its drafts too (the same accepted drafts by position), since every row
-    gets the arithmetic it gets alone."""
+    call over the four on the draft's GGUF blocks; one PyTorch forward on float32 weights), a tree's level by level.
+    Each request's tokens equal its tokens alone; on the blocks a chain's drafts too (the same accepted drafts by
+    position), since every row gets the arithmetic it gets alone (a tree's size also follows measured times)."""
     pytest.importorskip("gguf")
     from test_families_gguf import write_gguf
 
@@ -160,8 +161,9 @@ def test_a_batch_packs_its_draft_models_forwards(tmp_path, draft_quant):
     draft = write_gguf(perturbed_copy(hf, noise=0.5, seed=1), "llama", tmp_path / "draft.gguf",
                        q4_1=lambda name: name.endswith(tuple(f"{p}.weight" for p in projections)))
     plain = load(target, "none", warm_up=False, cache_dir=tmp_path)
-    pipe = plain.with_speculative(SpeculativeConfig(method="draft-model", model=str(draft), gamma=3,
-                                                    draft_quant=draft_quant))
+    options = {"gamma": 3} if method == "draft-model" else {}
+    pipe = plain.with_speculative(SpeculativeConfig(method=method, model=str(draft), draft_quant=draft_quant,
+                                                    **options))
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], [(5 * i + 1) % 48 for i in range(30)]]
     alone = [pipe.engine.generate(p, GREEDY) for p in prompts]
     groups = []
@@ -188,6 +190,6 @@ def test_a_batch_packs_its_draft_models_forwards(tmp_path, draft_quant):
         batching.run_draft_passes = original
     assert collected == [r.tokens for r in alone]
     assert max(groups) == 4  # the four requests' draft forwards in one call
-    if draft_quant == "gguf-q8":
+    if (method, draft_quant) == ("draft-model", "gguf-q8"):
         by_tokens = {tuple(r.tokens): r.stats.accepted_per_position for r in alone}
         assert all(by_tokens[tuple(r.tokens)] == r.stats.accepted_per_position for r in stats)

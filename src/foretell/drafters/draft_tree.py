@@ -23,7 +23,7 @@ import torch
 from foretell.budget import CostCurve, best_tree_size
 from foretell.config import TreeShape
 from foretell.coupled import draft_ranking
-from foretell.drafters.base import DrafterBase
+from foretell.drafters.base import run_alone
 from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.tree import path_to
 from foretell.types import Proposal, SamplingParams
@@ -71,17 +71,17 @@ class DraftTreeDrafter(DraftModelDrafter):
         # The tree's expanded nodes sit in the draft cache while it grows.
         super().start(prompt_ids, capacity + self.shape.max_nodes * max(self.shape.top_k, max(self.shape.branching)), params, generator)
 
-    def propose_steps(self, tokens: list[int], max_tokens: int):
-        """Its tree's forwards run alone (not packed across a batch yet)."""
-        return DrafterBase.propose_steps(self, tokens, max_tokens)
-
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
-        """max_tokens caps the tree's depth (tokens left to generate)."""
+        return run_alone(self.propose_steps(tokens, max_tokens))
+
+    def propose_steps(self, tokens: list[int], max_tokens: int):
+        """The tree, one draft forward a level, each yielded (a batch packs the requests' forwards level by level).
+        max_tokens caps the tree's depth (tokens left to generate)."""
         depth = min(self.shape.max_depth, max_tokens)
         if depth <= 0:
             return Proposal(tokens=torch.empty(0, dtype=torch.long))
         t0 = time.perf_counter()
-        root_q = self._q(self._step(self._sync(tokens)), len(tokens))
+        root_q = self._q((yield from self._step_steps(self._sync(tokens))), len(tokens))
         tree_start = self.cache.length
         grown = _Growth()
         frontier = [(-1, root_q)]
@@ -93,7 +93,8 @@ class DraftTreeDrafter(DraftModelDrafter):
             if self.target_cost is not None and not self._worth_another_level(grown, chosen, t0):
                 break
             t_level = time.perf_counter()
-            q = self._q(self._feed_nodes(grown, chosen, len(tokens) - 1, tree_start), len(tokens) + d + 1)
+            logits = yield from self._feed_nodes(grown, chosen, len(tokens) - 1, tree_start)
+            q = self._q(logits, len(tokens) + d + 1)
             frontier = list(zip(chosen, q))
             self._level_seconds = time.perf_counter() - t_level
         self.cache.truncate(tree_start)  # drop the tree; the next sync re-feeds what was accepted
@@ -144,8 +145,8 @@ class DraftTreeDrafter(DraftModelDrafter):
             return new_nodes
         return sorted(new_nodes, key=lambda n: -grown.scores[n])[: self.shape.top_k]
 
-    def _feed_nodes(self, grown: _Growth, nodes: list[int], root_position: int, tree_start: int) -> torch.Tensor:
-        """One draft forward over `nodes`; each sees the committed prefix and its own ancestors."""
+    def _feed_nodes(self, grown: _Growth, nodes: list[int], root_position: int, tree_start: int):
+        """One draft forward over `nodes` (yielded); each sees the committed prefix and its own ancestors."""
         before = len(grown.slot)
         for n in nodes:
             grown.slot[n] = len(grown.slot)
@@ -159,7 +160,7 @@ class DraftTreeDrafter(DraftModelDrafter):
         ids = torch.tensor([grown.tokens[n] for n in nodes], device=device)
         positions = torch.tensor(depths, device=device) + root_position
         assert self.cache.length == tree_start + before
-        logits = self._draft_logits(ids, positions, tree_mask=mask)
+        logits = yield from self._logits_steps(ids, positions, tree_mask=mask)
         self.cache.commit_prefix(len(nodes))
         return logits
 
