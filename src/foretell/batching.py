@@ -215,9 +215,9 @@ class BatchEngine:
         started = time.perf_counter()
         proposals = run_together([r.state.draft_steps(limit) for r, limit in zip(ready, limits)])
         drafted = [(r, p) for r, p in zip(ready, proposals) if p.size]
+        share = (time.perf_counter() - started) / max(1, len(drafted))
         for request, proposal in drafted:
-            self.draft_seconds.record(drafter_name(request), proposal.depth,
-                                      (time.perf_counter() - started) / len(drafted))
+            self.draft_seconds.record(drafter_name(request), proposal.depth, share)
         return proposals
 
     def _settle(self, request: Request, out) -> None:

@@ -95,15 +95,10 @@ class DraftPass:
 
     def run(self):
         """This pass alone (a models.transformer.ForwardOutput)."""
-        from foretell.models.transformer import ForwardOutput
+        from foretell.runtime.lean_step import lean_forward
 
-        if self.step is None:
-            return self.model(self.input_ids, self.positions, self.cache, self.tree_mask, self.hidden_layers,
-                              self.logits_rows)
-        self.cache.check_room(self.input_ids.shape[0])
-        logits, states = self.step(self.input_ids, self.positions, self.cache, self.tree_mask)
-        return ForwardOutput(logits=logits if self.logits_rows is None else logits[self.logits_rows],
-                             hidden={i: states[i] for i in self.hidden_layers})
+        args = (self.input_ids, self.positions, self.cache, self.tree_mask, self.hidden_layers, self.logits_rows)
+        return self.model(*args) if self.step is None else lean_forward(self.step, *args)
 
 
 def run_alone(steps: Generator[DraftPass, Any, Any]):

@@ -12,6 +12,7 @@ from foretell.coupled import draft_ranking
 from foretell.drafters.base import DraftPass, DrafterBase, empty_proposal, run_alone
 from foretell.hot_vocab import HotVocab
 from foretell.models.transformer import Transformer, warm_up
+from foretell.runtime.packed import lean_takes
 from foretell.sampling import processed_probs, sample
 from foretell.types import Proposal, SamplingParams
 
@@ -83,11 +84,11 @@ class DraftModelDrafter(DrafterBase):
             out = yield DraftPass(self.model, ids, positions, self.cache, tree_mask, (), rows)
             return self._to_target_vocab(out.logits)
         # Hot vocabulary: project the final hidden states onto the hot rows only.
-        lean = self._hot_lean
-        if lean is not None and lean.takes(ids.shape[0], self.cache.length, tree_mask is not None) \
-                and self.cache.k.shape[1] == 1:
-            out = yield DraftPass(self.model, ids, positions, self.cache, tree_mask, (), rows, step=lean)
-            return self.hot.expand(out.logits.float())
+        if self._hot_lean is not None:  # the lean step with the hot rows as its output layer, where it takes the pass
+            hot = DraftPass(self.model, ids, positions, self.cache, tree_mask, (), rows, step=self._hot_lean)
+            if lean_takes(self._hot_lean, hot):
+                out = yield hot
+                return self.hot.expand(out.logits.float())
         top = self.model.config.num_hidden_layers
         out = yield DraftPass(self.model, ids, positions, self.cache, tree_mask, (top,), slice(0, 0))
         hidden = out.hidden[top] if rows is None else out.hidden[top][rows]

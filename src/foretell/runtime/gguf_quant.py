@@ -58,7 +58,7 @@ def signed_codes(kind: int, raw: np.ndarray, rows: int, cols: int) -> tuple[torc
     at memory speed where the file's 5-bit rows ran compute-bound (~10 GB/s on 2 cores)."""
     if kind == BLOCK_TYPES["Q8_0"]:
         return q8_0_codes(raw, rows, cols)
-    width = {BLOCK_TYPES["Q4_0"]: 18, BLOCK_TYPES["Q5_0"]: 22}[kind]
+    width = block_shape(kind)[1]  # bytes a block: fp16 d, (Q5_0: 4 bytes of fifth bits), 16 bytes of nibbles
     blocks = np.ascontiguousarray(raw).reshape(rows, cols // 32, width)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     packed = blocks[..., width - 16:].astype(np.int16)

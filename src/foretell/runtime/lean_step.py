@@ -29,7 +29,7 @@ from foretell.kernels import (  # the projection kinds, as lean_decode.cpp numbe
 from foretell.models.norms import RMSNorm
 from foretell.models.transformer import ForwardOutput, Transformer
 from foretell.runtime import wide_linear
-from foretell.runtime.gguf_quant import BlockQ8Linear, GGUFLinear, signed_codes
+from foretell.runtime.gguf_quant import BLOCK_TYPES, BlockQ8Linear, GGUFLinear, block_shape, row_bytes, signed_codes
 from foretell.runtime.quant import Int4Linear, Int8Linear, q4_blocks
 from foretell.runtime.wide_linear import Bf16ProductLinear
 
@@ -131,7 +131,8 @@ def interleaved(kind: int, main: torch.Tensor, scales: torch.Tensor) -> tuple[in
     return Q8X, codes.view(groups, blocks, 256), scales.view(groups, 8, blocks).permute(0, 2, 1).contiguous()
 
 
-GGML_Q4_0, GGML_Q5_0, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K = 2, 6, 8, 12, 14
+GGML_Q4_0, GGML_Q5_0, GGML_Q8_0, GGML_Q4_K, GGML_Q6_K = (
+    BLOCK_TYPES[name] for name in ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K"))
 
 
 def gguf_records(raw: torch.Tensor, layout: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
@@ -149,14 +150,14 @@ def gguf_records(raw: torch.Tensor, layout: torch.Tensor) -> tuple[int, torch.Te
     if set(types) == {GGML_Q6_K}:
         return KQ6X, lean_module().interleave_q6k(raw.contiguous(), rows, K), torch.empty(0)
     if set(types) == {GGML_Q4_0}:  # the codes are Q4_1's bytes; (d, m = -8 d) per block
-        blocks = raw.view(rows, K // 32, 18)
+        blocks = raw.view(rows, K // 32, block_shape(GGML_Q4_0)[1])
         d = blocks[..., :2].contiguous().view(torch.float16).float()
         codes = blocks[..., 2:].reshape(rows, K // 2).contiguous()
         return interleaved(Q4, codes, torch.cat([d, -8 * d], dim=-1).contiguous())
     if set(types) <= {GGML_Q4_0, GGML_Q5_0, GGML_Q8_0}:
         pieces, at = [], 0
         for kind, count in zip(types, counts):
-            size = count * (K // 32) * {GGML_Q4_0: 18, GGML_Q5_0: 22, GGML_Q8_0: 34}[kind]
+            size = count * row_bytes(kind, K)
             pieces.append(signed_codes(kind, raw[at:at + size].numpy(), count, K))
             at += size
         codes, d = (torch.cat(p) for p in zip(*pieces))
@@ -375,11 +376,19 @@ class LeanTransformer(Transformer):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache, tree_mask: torch.Tensor | None = None,
                 hidden_layers: tuple[int, ...] = (), logits_rows: torch.Tensor | slice | None = None) -> ForwardOutput:
         """Transformer.forward, through the lean step where it takes the pass (a single sequence's cache)."""
-        T = input_ids.shape[0]
         lean = self.lean
-        if lean is not None and lean.takes(T, cache.length, tree_mask is not None) and cache.k.shape[1] == 1:
-            cache.check_room(T)
-            logits, states = lean(input_ids, positions, cache, tree_mask)
-            hidden = {i: states[i] for i in hidden_layers}
-            return ForwardOutput(logits=logits if logits_rows is None else logits[logits_rows], hidden=hidden)
+        if lean is not None and lean.takes(input_ids.shape[0], cache.length, tree_mask is not None) \
+                and cache.k.shape[1] == 1:
+            return lean_forward(lean, input_ids, positions, cache, tree_mask, hidden_layers, logits_rows)
         return super().forward(input_ids, positions, cache, tree_mask, hidden_layers, logits_rows)
+
+
+def lean_forward(step: LeanStep, input_ids: torch.Tensor, positions: torch.Tensor, cache,
+                 tree_mask: torch.Tensor | None = None, hidden_layers: tuple[int, ...] = (),
+                 logits_rows: torch.Tensor | slice | None = None) -> ForwardOutput:
+    """A pass through `step` (one it takes: LeanStep.takes, a single sequence's cache) with Transformer.forward's
+    arguments and output."""
+    cache.check_room(input_ids.shape[0])
+    logits, states = step(input_ids, positions, cache, tree_mask)
+    return ForwardOutput(logits=logits if logits_rows is None else logits[logits_rows],
+                         hidden={i: states[i] for i in hidden_layers})

@@ -71,9 +71,9 @@ def lean_packed(target: Transformer, passes: list, step=None) -> list[ForwardOut
 
 def run_draft_passes(passes: list) -> list[ForwardOutput]:
     """Drafters' forwards (drafters.base.DraftPass) of one model and step, from several requests: in one native
-    call where the model's lean step takes them all (a draft model's chain: the requests' rows read every weight
-    once between them; each row the arithmetic it gets alone), else in one PyTorch forward (Transformer.forward_packed:
-    the same up to float rounding, so a draft may differ, never the output), else each alone.""" 
+    call where the model's lean step takes them all (the requests' rows read every weight once between them; each
+    row the arithmetic it gets alone), else in one PyTorch forward (Transformer.forward_packed: the same up to
+    float rounding, so a draft may differ, never the output), else each alone."""
     first = passes[0]
     if len(passes) == 1:
         return [first.run()]
