@@ -19,11 +19,13 @@ from foretell.drafters.factory import DrafterWeights, build_engine, default_spec
 from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength, make_length_policy
 from foretell.engine import Engine
 from foretell.errors import ForetellError
-from foretell.models.loading import LoadedModel, kept_gguf, load_model
-from foretell.runtime.config import RuntimeConfig
+from foretell.models.loading import LoadedModel, kept_gguf, load_model, resolve_model_dir
+from foretell.paths import default_cache_dir
+from foretell.runtime.config import RuntimeConfig, parse_dtype
 from foretell.runtime.gguf_quant import check_replaced, replaced_weights
 from foretell.runtime.prepare import prepare
 from foretell.runtime.quant import TARGET_QUANT_CHOICES, split_target_quant
+from foretell.runtime.quant_cache import kept_quant_file, kept_weights, layer_names, load_kept, save_kept
 from foretell.text import encode_prompt
 from foretell.types import Chunk, GenerationResult, SamplingParams
 
@@ -144,10 +146,18 @@ def load(
             raise ForetellError(f"quant='gguf' keeps a GGUF file's own quantization, and {str(target)!r} has no GGUF "
                                 "file on disk; use int4 or int8")
         runtime = replace(runtime, gguf_file=gguf)
-    # the projections the file's blocks replace are not read from the converted float32 folder at all
-    skipped = replaced_weights(runtime.gguf_file) if runtime.gguf_file is not None else frozenset()
+    # int8 / int4 layers made by an earlier load are read from the cache, not quantized again
+    kept_file = kept_quant_file(resolve_model_dir(target, cache_dir), quant, str(parse_dtype(dtype)).removeprefix(
+        "torch."), Path(cache_dir or default_cache_dir()))
+    kept = layer_names(kept_file)
+    # the projections the file's blocks (or the kept layers) replace are not read from the float32 folder at all
+    skipped = replaced_weights(runtime.gguf_file) if runtime.gguf_file is not None else kept_weights(kept)
     loaded = load_model(target, dtype, device, cache_dir, skipped)
-    prepared = prepare(loaded.model, runtime)
+    if kept:
+        load_kept(loaded.model, kept_file, kept)
+    prepared = prepare(loaded.model, runtime)  # quantizes what is still float (everything, without a kept file)
+    if kept_file is not None and not kept:
+        save_kept(loaded.model, kept_file)
     check_replaced(loaded.model, skipped)
     if act_q8 and prepared.lean is not None:
         raise ForetellError(f"quant='{quant}-q8' needs foretell's lean step, and {prepared.lean}; use quant={quant!r}")

@@ -479,7 +479,7 @@ class Transformer(nn.Module):
 
         own["embed_tokens.weight"] = take("model.embed_tokens.weight")
         own["norm.weight"] = take("model.norm.weight")
-        if c.tie_word_embeddings:
+        if c.tie_word_embeddings or "lm_head.weight" in skip:
             forget("lm_head.weight")
         else:
             own["lm_head.weight"] = state.pop("lm_head.weight", own["embed_tokens.weight"])

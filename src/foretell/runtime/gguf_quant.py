@@ -272,7 +272,7 @@ def check_replaced(model, skipped: frozenset[str]) -> None:
     stale = [name for name in sorted(skipped) if type(model.get_submodule(name.rsplit(".", 1)[0])) is nn.Linear]
     if stale:
         raise ForetellError(f"internal error: {stale[0]} was left unread at load but its layer was not replaced by "
-                            "the GGUF file's blocks; please report it (--quant int4 or none meanwhile)")
+                            "quantized layers; please report it (--quant none meanwhile)")
 
 
 def keep_gguf_quantization(model, gguf_path: str | Path) -> list[str]:

@@ -167,6 +167,20 @@ class Int4Linear(nn.Module):
         return layer
 
     @classmethod
+    def from_blocks(cls, codes: torch.Tensor, dm: torch.Tensor, bias: torch.Tensor | None) -> Int4Linear:
+        """The layer whose Q4_1 blocks (q4_1_blocks' layout: codes uint8 [out, in / 2], (d, m) float32
+        [out, in / 32, 2]) are these, with groups of 32."""
+        out_features, blocks = dm.shape[:2]
+        per_block = codes.view(out_features, blocks, 16)
+        q = torch.stack([per_block & 15, per_block >> 4], dim=2).view(out_features, blocks * 32)
+        d, m = dm[..., 0], dm[..., 1]
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+        layer = cls(packed, torch.stack([d.T, (m + 8 * d).T], dim=-1).contiguous(), out_features, blocks * 32,
+                    bias, 32)
+        layer.blocks = (codes.contiguous(), dm.contiguous())
+        return layer
+
+    @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, group: int = INT4_GROUP) -> Int4Linear:
         """Asymmetric min / max quantization per group (the layout of GGUF's Q4_1)."""
         w = weight.detach().float()
