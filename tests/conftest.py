@@ -142,8 +142,14 @@ def recorded_proposals(spec, prompt: list[int], params) -> list:
     """The proposals the drafter of `spec` makes while it generates from `prompt`."""
     drafter = spec.engine.drafter
     seen = []
-    propose = drafter.propose
-    drafter.propose = lambda tokens, n: seen.append(propose(tokens, n)) or seen[-1]
+    steps = drafter.propose_steps  # what the engine calls (propose runs it alone)
+
+    def recording(tokens, n):
+        proposal = yield from steps(tokens, n)
+        seen.append(proposal)
+        return proposal
+
+    drafter.propose_steps = recording
     spec.engine.generate(prompt, params)
     return seen
 

@@ -135,15 +135,16 @@ def proposals(pipe, head, prompts=PROMPTS):
     """Every proposal the drafter makes while generating greedily (tokens and parents), and the outputs."""
     spec = pipe.with_drafter(Eagle3Drafter(head, EagleTreeShape(depth=4, width=3, max_nodes=12)))
     drafter, seen = spec.engine.drafter, []
-    propose = drafter.propose
+    steps = drafter.propose_steps  # what the engine calls
 
     def recording(tokens, n):
-        p = propose(tokens, n)
+        p = yield from steps(tokens, n)
         seen.append((p.tokens.tolist(), None if p.parents is None else p.parents.tolist()))
         return p
 
-    drafter.propose = recording
+    drafter.propose_steps = recording
     outputs = [spec.engine.generate(prompt, greedy_params(24)).tokens for prompt in prompts]
+    assert any(tokens for tokens, _ in seen), "the drafter proposed nothing"
     return seen, outputs
 
 

@@ -193,3 +193,51 @@ def test_a_batch_packs_its_draft_models_forwards(tmp_path, method, draft_quant):
     if (method, draft_quant) == ("draft-model", "gguf-q8"):
         by_tokens = {tuple(r.tokens): r.stats.accepted_per_position for r in alone}
         assert all(by_tokens[tuple(r.tokens)] == r.stats.accepted_per_position for r in stats)
+
+
+def head_drafters(target, kind: str):
+    """A drafter module of `kind` for the tiny target in the lean step, and a factory of drafters over it (one a
+    request: each keeps its own cache)."""
+    from test_eagle3 import make_head
+    from test_hidden_state import make_draft
+
+    from foretell.config import EagleTreeShape, HeadTreeShape, HiddenStateOptions
+    from foretell.drafters.eagle_tree import Eagle3Drafter
+    from foretell.drafters.hidden_tree import HiddenStateDrafter
+    from foretell.drafters.parallel_tree import ParallelHeadDrafter
+    from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head
+
+    if kind == "eagle3":
+        module = make_head(target, seed=2)
+        return module, lambda: Eagle3Drafter(module, EagleTreeShape(depth=4, width=3, max_nodes=10))
+    if kind == "parallel-head":
+        module = new_parallel_head(target, ParallelHeadConfig.for_target(target.config, depth=4), seed=2)
+        return module, lambda: ParallelHeadDrafter(module, HeadTreeShape(max_nodes=10, depth=4, width=3))
+    module = make_draft(target, seed=2)
+    return module, lambda: HiddenStateDrafter(module, HiddenStateOptions(depth=4, width=3, max_nodes=10))
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "parallel-head", "hidden-state"])
+def test_a_batch_packs_its_head_steps(tiny_pair, kind):
+    """Four requests drafting with one EAGLE-3 head, parallel head or hidden-state draft in the lean step: their
+    module's passes run as one native call (the context each feeds, then an EAGLE-3 tree level by level, a
+    hidden-state chain step by step), each row with the arithmetic it gets alone, so each request's tokens, and
+    its drafts' acceptance by position, equal its own alone."""
+    plain = load(tiny_pair[0], "none", warm_up=False)
+    module, drafter = head_drafters(plain.target.model, kind)
+    assert module.use_lean_step() is None
+    engine = lambda: plain.with_drafter(drafter()).engine  # noqa: E731
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], [(5 * i + 1) % 48 for i in range(30)]]
+    alone = [engine().generate(p, GREEDY) for p in prompts]
+    batch = plain.batch_engine(None, max_batch=4)
+    collected, stats = [], {}
+    for i, p in enumerate(prompts):
+        tokens: list[int] = []
+        batch.submit(p, GREEDY, lambda c, t=tokens, i=i: (t.extend(c.tokens), c.result and stats.update({i: c.result})),
+                     pytest.fail, engine())
+        collected.append(tokens)
+    with CountingKernel(module.lean) as kernel:
+        batch.run()
+    assert collected == [r.tokens for r in alone]
+    assert max(kernel.segments) == 4  # the four requests' passes in one call
+    assert [stats[i].stats.accepted_per_position for i in range(4)] == [r.stats.accepted_per_position for r in alone]

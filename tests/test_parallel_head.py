@@ -356,9 +356,8 @@ def test_with_a_scheduler_it_drafts_only_what_the_scheduler_may_keep(plain):
     scheduler.growth_limits = lambda recent=8: (3, 2)
     spec = plain.with_drafter(ParallelHeadDrafter(head, HeadTreeShape(), scheduler))
     placeholders = []
-    forward = head.forward
-    head.forward = lambda *a, num_placeholders=0, **k: placeholders.append(num_placeholders) or forward(
-        *a, num_placeholders=num_placeholders, **k)
+    pass_rows = head.pass_rows  # the rows of the head's pass: the context, then the placeholders
+    head.pass_rows = lambda features, tokens, count: placeholders.append(count) or pass_rows(features, tokens, count)
     seen = recorded_proposals(spec, PROMPTS[0], GREEDY)
     assert seen and all(p.size <= 3 and p.depth <= 2 for p in seen) and any(p.size for p in seen)
     assert placeholders and max(placeholders) <= 1
@@ -413,13 +412,13 @@ def test_hot_vocabulary_head_drafts_only_hot_tokens_and_stays_exact(plain):
     drafter = ParallelHeadDrafter(head, HeadTreeShape(max_nodes=10, depth=4, width=3))
     spec = plain.with_drafter(drafter)
     proposals = []
-    propose = drafter.propose
+    steps = drafter.propose_steps  # what the engine calls
 
     def recorded(tokens, max_tokens):
-        proposals.append(propose(tokens, max_tokens))
+        proposals.append((yield from steps(tokens, max_tokens)))
         return proposals[-1]
 
-    drafter.propose = recorded
+    drafter.propose_steps = recorded
     for prompt in PROMPTS:
         assert spec.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
     hot_ids = set(hot.ids.tolist())

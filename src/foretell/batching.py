@@ -252,9 +252,9 @@ def run_together(generators: list) -> list:
     for i in range(len(generators)):
         advance(i, None)
     while waiting:
-        groups: dict[tuple[int, int], list[int]] = {}
+        groups: dict[tuple, list[int]] = {}
         for i, p in waiting.items():
-            groups.setdefault((id(p.model), id(p.step)), []).append(i)
+            groups.setdefault(p.group, []).append(i)
         batch, waiting = waiting, {}
         for members in groups.values():
             outputs = run_draft_passes([batch[i] for i in members])

@@ -93,12 +93,40 @@ class DraftPass:
     logits_rows: torch.Tensor | slice | None = None
     step: Any = None  # runtime.lean_step.LeanStep, or None: the model's own forward
 
+    @property
+    def group(self) -> tuple:
+        """Passes with the same group can run as one packed forward (runtime/packed.run_draft_passes)."""
+        return ("forward", id(self.model), id(self.step))
+
     def run(self):
         """This pass alone (a models.transformer.ForwardOutput)."""
         from foretell.runtime.lean_step import lean_forward
 
         args = (self.input_ids, self.positions, self.cache, self.tree_mask, self.hidden_layers, self.logits_rows)
         return self.model(*args) if self.step is None else lean_forward(self.step, *args)
+
+
+@dataclass
+class HeadStepPass:
+    """A step an EAGLE-3 head asks for while proposing: Eagle3Head.step_and_logits over these arguments. Steps of
+    one head from several requests can run as one packed native call (runtime/lean_drafters.LeanEagle3Step.packed)."""
+
+    head: Any  # models.eagle3.Eagle3Head
+    tokens: torch.Tensor
+    hidden: torch.Tensor
+    positions: torch.Tensor
+    cache: Any
+    tree_mask: torch.Tensor | None = None
+    last_only: bool = False
+
+    @property
+    def group(self) -> tuple:
+        return ("eagle3 step", id(self.head))
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This step alone: (outputs [T, H], draft logits)."""
+        return self.head.step_and_logits(self.tokens, self.hidden, self.positions, self.cache, self.tree_mask,
+                                         self.last_only)
 
 
 def run_alone(steps: Generator[DraftPass, Any, Any]):

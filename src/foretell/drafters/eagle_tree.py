@@ -22,12 +22,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any, Generator
 
 import torch
 
 from foretell.config import EagleTreeShape
 from foretell.coupled import draft_ranking
-from foretell.drafters.base import empty_proposal
+from foretell.drafters.base import HeadStepPass, empty_proposal, run_alone
 from foretell.drafters.hooked_tree import HookedTreeDrafter
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
@@ -94,6 +95,10 @@ class Eagle3Drafter(HookedTreeDrafter):
 
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
         """max_tokens caps the tree's depth (tokens left to generate)."""
+        return run_alone(self.propose_steps(tokens, max_tokens))
+
+    def propose_steps(self, tokens: list[int], max_tokens: int) -> Generator[HeadStepPass, Any, Proposal]:
+        """propose(), yielding each of the head's steps (a batch packs the requests' steps: run_together)."""
         self._check_observed(tokens)
         self._sent = ([], [])
         depth, grow = min(self.shape.depth, max_tokens), self.max_nodes
@@ -103,9 +108,9 @@ class Eagle3Drafter(HookedTreeDrafter):
         if depth <= 0 or not self._pending:  # a one-token prompt has no target rows yet
             return empty_proposal()
         t0 = time.perf_counter()
-        root_state, root_logits = self._feed_context(tokens)
+        root_state, root_logits = yield from self._feed_context(tokens)
         level_times = [time.perf_counter()]  # depth 1 is ready; _grow adds the time of each next level
-        nodes = self._grow(root_state, root_logits, depth, len(tokens) - 2, level_times)
+        nodes = yield from self._grow(root_state, root_logits, depth, len(tokens) - 2, level_times)
         keep = nodes.best(grow)
         if self.schedule is not None:
             keep = keep[: self._schedule([nodes.scores[i] for i in keep], self._parents(nodes, keep), t0,
@@ -114,7 +119,7 @@ class Eagle3Drafter(HookedTreeDrafter):
 
     # --- pieces --------------------------------------------------------------------------
 
-    def _feed_context(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _feed_context(self, tokens: list[int]):
         """Feed and commit the pending rows; the last row's output and draft logits [1, V_draft] (depth 1)."""
         features = self._take_pending()
         start, n = self.cache.length, features.shape[0]
@@ -122,12 +127,12 @@ class Eagle3Drafter(HookedTreeDrafter):
         hidden = head.fuse(features)
         next_tokens = torch.tensor(tokens[start + 1 :], dtype=torch.long, device=head.device)
         positions = torch.arange(start, start + n, device=head.device)
-        out, logits = head.step_and_logits(next_tokens, hidden, positions, self.cache, last_only=True)
+        out, logits = yield HeadStepPass(head, next_tokens, hidden, positions, self.cache, last_only=True)
         self.cache.commit_prefix(n)
         return out[-1], logits[-1:]
 
     def _grow(self, root_state: torch.Tensor, root_logits: torch.Tensor, depth: int, last_row: int,
-              level_times: list[float]) -> _Nodes:
+              level_times: list[float]) -> Generator[HeadStepPass, Any, _Nodes]:
         """EAGLE-2: expand the best `width` nodes of each new level, one head step per level. last_row: the
         position of the last committed row (the one that drafted depth 1); a depth-d node's row sits d after it.
         Appends to level_times when each new level is ready (the scheduler charges a tree its levels' time)."""
@@ -141,7 +146,7 @@ class Eagle3Drafter(HookedTreeDrafter):
             expand = sorted(level, key=lambda i: (-nodes.scores[i], i))[:width]
             if not expand:
                 break
-            outputs, logits = self._step_nodes(nodes, expand, states, last_row)
+            outputs, logits = yield from self._step_nodes(nodes, expand, states, last_row)
             # every expanded node's children at once (one level: their sequence index is the same)
             probs, columns = self._top(logits, width, last_row + 2 + nodes.depths[expand[0]])
             level = []
@@ -153,7 +158,7 @@ class Eagle3Drafter(HookedTreeDrafter):
         return nodes
 
     def _step_nodes(self, nodes: _Nodes, expand: list[int], states: dict, last_row: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    ) -> Generator[HeadStepPass, Any, tuple[torch.Tensor, torch.Tensor]]:
         """One head step over the nodes `expand`: each sees the committed rows, its ancestors' rows and itself.
         Returns their outputs and draft logits."""
         paths = [nodes.expand(node) for node in expand]
@@ -166,7 +171,7 @@ class Eagle3Drafter(HookedTreeDrafter):
         tokens = torch.tensor([self._vocab_ids[nodes.columns[i]] for i in expand], dtype=torch.long, device=head.device)
         hidden = torch.stack([states[nodes.parents[i]] for i in expand])
         positions = torch.tensor([last_row + nodes.depths[i] for i in expand], device=head.device)
-        out = head.step_and_logits(tokens, hidden, positions, self.cache, tree_mask=mask)
+        out = yield HeadStepPass(head, tokens, hidden, positions, self.cache, tree_mask=mask)
         self.cache.commit_prefix(len(expand))  # kept until the tree is done (truncated in _grow)
         return out
 

@@ -37,18 +37,19 @@ import heapq
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Generator
 
 import torch
 
 from foretell.config import HiddenStateOptions
 from foretell.coupled import draft_ranking
-from foretell.drafters.base import empty_proposal
+from foretell.drafters.base import empty_proposal, run_alone
 from foretell.drafters.hooked_tree import HookedTreeDrafter
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.hidden_draft import HiddenDraft
 from foretell.models.token_info import TokenInfoTable
+from foretell.runtime.lean_drafters import LayersPass
 from foretell.sampling import ranking_probs
 from foretell.types import Proposal, SamplingParams
 
@@ -215,6 +216,11 @@ class HiddenStateDrafter(HookedTreeDrafter):
 
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
         """max_tokens caps the tree's depth (tokens left to generate)."""
+        return run_alone(self.propose_steps(tokens, max_tokens))
+
+    def propose_steps(self, tokens: list[int], max_tokens: int) -> Generator[LayersPass, Any, Proposal]:
+        """propose(), yielding the draft's steps where they run in the lean step (a batch packs the requests'
+        steps: run_together)."""
         self._check_observed(tokens)
         t0 = time.perf_counter()
         self._sent = ([], [])
@@ -232,7 +238,7 @@ class HiddenStateDrafter(HookedTreeDrafter):
             return self._proposal(len(tokens), [resampled], t0, only_resampled=True)
         if not self._pending:  # a one-token prompt: no target rows yet
             return empty_proposal()
-        logits = self._run_chain(depth)
+        logits = yield from self._run_chain(depth)
         root = tokens[-1]
         regular = grow_info_tree(
             lambda level, token: self._child_probs(logits[level], token, len(tokens) + level), depth, root,
@@ -246,17 +252,22 @@ class HiddenStateDrafter(HookedTreeDrafter):
 
     # --- pieces --------------------------------------------------------------------------
 
-    def _run_chain(self, depth: int) -> torch.Tensor:
+    def _run_chain(self, depth: int) -> Generator[LayersPass, Any, torch.Tensor]:
         """Feed the pending target rows, then `depth - 1` own predictions: [depth, V_out] logits."""
         rows = self._take_pending()
         context = self.cache.length + rows.shape[0]
-        predicted = [self.draft.step(rows, self.cache)[-1:]]  # the root's state, from the context
+        predicted = [(yield from self._step(rows))[-1:]]  # the root's state, from the context
         self.cache.commit_prefix(rows.shape[0])
         for _ in range(depth - 1):
-            predicted.append(self.draft.step(predicted[-1], self.cache))
+            predicted.append((yield from self._step(predicted[-1])))
             self.cache.commit_prefix(1)
         self.cache.truncate(context)  # keep target rows only; predictions are overwritten next time
         return self.draft.logits(torch.cat(predicted))
+
+    def _step(self, rows: torch.Tensor) -> Generator[LayersPass, Any, torch.Tensor]:
+        """The draft's step over `rows` (HiddenDraft.step), yielded where it runs in the lean step."""
+        native = self.draft.native_step(rows, self.cache)
+        return (yield native) if native is not None else self.draft.step(rows, self.cache)
 
     def _info(self, token: int) -> torch.Tensor | None:
         if not self.options.token_info or self.draft.token_info is None:

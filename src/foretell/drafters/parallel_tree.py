@@ -17,15 +17,18 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from typing import Any, Generator
+
 import torch
 
 from foretell.config import HeadTreeShape
 from foretell.coupled import draft_ranking
-from foretell.drafters.base import empty_proposal
+from foretell.drafters.base import empty_proposal, run_alone
 from foretell.drafters.hooked_tree import HookedTreeDrafter
 from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.parallel_head import ParallelHead
+from foretell.runtime.lean_drafters import LayersPass
 from foretell.types import Proposal, SamplingParams
 
 
@@ -97,6 +100,11 @@ class ParallelHeadDrafter(HookedTreeDrafter):
 
     def propose(self, tokens: list[int], max_tokens: int) -> Proposal:
         """max_tokens caps the tree's depth (tokens left to generate)."""
+        return run_alone(self.propose_steps(tokens, max_tokens))
+
+    def propose_steps(self, tokens: list[int], max_tokens: int) -> Generator[LayersPass, Any, Proposal]:
+        """propose(), yielding the head's pass where it runs in the lean step (a batch packs the requests' passes:
+        run_together)."""
         self._check_observed(tokens)
         depth, grow = min(self.shape.depth, max_tokens), self.shape.max_nodes
         if self.schedule is not None:  # draft only what the scheduler may keep: fewer placeholder rows and nodes
@@ -110,8 +118,14 @@ class ParallelHeadDrafter(HookedTreeDrafter):
         next_tokens = torch.tensor(tokens[start + 1 :], dtype=torch.long, device=self.head.device)
         # Over the head's own (hot) vocabulary: the same tree as over the full one, whose extra
         # columns have zero probability, without expanding and ranking them every step.
-        logits = self.head(features, next_tokens, self.cache, num_placeholders=depth - 1, full_vocab=False)
-        self.cache.commit_prefix(features.shape[0])
+        head, n = self.head, features.shape[0]
+        rows = head.pass_rows(features, next_tokens, depth - 1)
+        native = head.native_pass(rows, self.cache)
+        if native is not None:
+            logits = head.logits((yield native)[n - 1:], full_vocab=False)
+        else:
+            logits = head.forward_rows(rows, n, self.cache, full_vocab=False)
+        self.cache.commit_prefix(n)
         q = self._q(logits, len(tokens))
         drafted, parents, scores = grow_tree(q, grow, self.shape.width)
         if self.schedule is not None:

@@ -2244,7 +2244,8 @@ std::vector<torch::Tensor> lean_decode(torch::Tensor x, torch::Tensor cos, torch
 // One pass over several sequences' rows (continuous batching): x [T, H] holds segment 0's rows, then segment 1's,
 // ...; segment i writes its own caches k_caches[i], v_caches[i] ([L, 1, Hkv, S_i, D]) after its first slots[i]
 // slots, with visibles[i] as lean_decode's `visible` (empty: causal). The weights are read once for all rows.
-// logit_rows: the rows projected to the vocabulary, in order (empty: none). Returns (logits [len(logit_rows), V],
+// logit_rows: the rows projected to the vocabulary, in order (empty: none). side, side_norm: as lean_decode's, side
+// [T, H] holding every segment's rows in x's order (EAGLE-3 heads' steps for several requests). Returns (logits [len(logit_rows), V],
 // states [L + 1, T, H], the last layer's output before the final norm [T, H]); each row's numbers are those of
 // lean_decode over its sequence alone.
 std::vector<torch::Tensor> lean_decode_packed(torch::Tensor x, torch::Tensor cos, torch::Tensor sin,
@@ -2253,7 +2254,8 @@ std::vector<torch::Tensor> lean_decode_packed(torch::Tensor x, torch::Tensor cos
                                               std::vector<torch::Tensor> visibles, std::vector<torch::Tensor> layers,
                                               std::vector<torch::Tensor> head, std::vector<int64_t> kinds,
                                               int64_t heads, int64_t kv_heads, double eps, bool act_q8,
-                                              std::vector<int64_t> logit_rows) {
+                                              std::vector<int64_t> logit_rows, torch::Tensor side,
+                                              torch::Tensor side_norm) {
   const size_t n = k_caches.size();
   TORCH_CHECK(n > 0 && v_caches.size() == n && slots.size() == n && rows.size() == n && visibles.size() == n,
               "one cache pair, slot, row count and mask a segment expected");
@@ -2268,8 +2270,7 @@ std::vector<torch::Tensor> lean_decode_packed(torch::Tensor x, torch::Tensor cos
     row0 += rows[i];
   }
   TORCH_CHECK(row0 == x.size(0), "the segments' rows must add up to x's");
-  const auto none = torch::empty({0});
-  return run_pass(x, cos, sin, segments, L, D, layers, head, kinds, heads, kv_heads, eps, act_q8, none, none,
+  return run_pass(x, cos, sin, segments, L, D, layers, head, kinds, heads, kv_heads, eps, act_q8, side, side_norm,
                   &logit_rows);
 }
 

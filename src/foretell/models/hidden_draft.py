@@ -36,7 +36,7 @@ from foretell.models.module_folder import (
 )
 from foretell.models.token_info import TokenInfo
 from foretell.models.transformer import DecoderLayer, RotaryTables, Transformer, make_norm, softcap
-from foretell.runtime.lean_drafters import LeanDraftLayers, layers_lean_support
+from foretell.runtime.lean_drafters import LayersPass, LeanDraftLayers, layers_lean_support
 from foretell.runtime.quant import quantize_int8, resolve_quant
 
 FOLDER_FORMAT = FolderFormat(name="foretell-hidden-draft", version=1, config_file="hidden_draft.json",
@@ -166,19 +166,28 @@ class HiddenDraft(DrafterModule):
         cos, sin = self.rope(positions)
         return self.norm(self.layer(x, cos, sin, cache, 0, mask))
 
+    def native_step(self, hidden: torch.Tensor, cache: KVCache) -> LayersPass | None:
+        """step()'s pass where it runs in the lean step (run alone, or packed with other requests' passes:
+        runtime/packed.run_draft_passes), else None; checks the rows and the cache's room either way."""
+        T = hidden.shape[0]
+        if T < 1:
+            raise ValueError("the hidden-state draft needs at least one row per step")
+        cache.check_room(T)
+        if not self.native(T):
+            return None
+        return LayersPass(self.lean, hidden, torch.arange(cache.length, cache.length + T, device=self.device), cache)
+
     def step(self, hidden: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Feed T >= 1 hidden rows [T, H] at positions cache.length ..; return [T, H] predictions.
 
         Output row i predicts the (final-normed) hidden state one position after input row i.
         Writes T cache slots without committing them (the caller commits or truncates).
         """
+        native = self.native_step(hidden, cache)
+        if native is not None:
+            return native.run()
         T, start = hidden.shape[0], cache.length
-        if T < 1:
-            raise ValueError("the hidden-state draft needs at least one row per step")
-        cache.check_room(T)
         positions = torch.arange(start, start + T, device=self.device)
-        if self.native(T):
-            return self.lean(hidden, positions, cache)
         mask = None  # one row sees the whole cache
         if T > 1:
             causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()

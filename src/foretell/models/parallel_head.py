@@ -31,7 +31,7 @@ from foretell.models.module_folder import (
     WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module, saved_folder,
 )
 from foretell.models.transformer import DecoderLayer, RMSNorm, RotaryTables, Transformer, softcap
-from foretell.runtime.lean_drafters import LeanDraftLayers, layers_lean_support
+from foretell.runtime.lean_drafters import LayersPass, LeanDraftLayers, layers_lean_support
 
 FOLDER_FORMAT = FolderFormat(name="foretell-parallel-head", version=1, config_file="parallel_head.json", what="parallel head",
                              run_part="head")
@@ -216,15 +216,31 @@ class ParallelHead(DrafterModule):
         Returns [1 + num_placeholders, V] float32 logits: row d - 1 scores depth d, the token
         d positions after the last committed token (full_vocab=False: columns are `vocab_ids`).
         """
-        n = features.shape[0]
-        if n < 1:
+        x = self.pass_rows(features, next_tokens, num_placeholders)
+        native = self.native_pass(x, cache)
+        if native is not None:
+            return self.logits(native.run()[features.shape[0] - 1 :], full_vocab)
+        return self.forward_rows(x, features.shape[0], cache, full_vocab)
+
+    def pass_rows(self, features: torch.Tensor, next_tokens: torch.Tensor, num_placeholders: int) -> torch.Tensor:
+        """forward()'s input rows [n + num_placeholders, H]: the context rows, then the placeholders."""
+        if features.shape[0] < 1:
             raise ValueError("the parallel head needs at least one new context row per forward")
-        x = torch.cat([self.context_inputs(features, next_tokens), self.mask_embedding.expand(num_placeholders, -1)])
+        return torch.cat([self.context_inputs(features, next_tokens), self.mask_embedding.expand(num_placeholders, -1)])
+
+    def native_pass(self, x: torch.Tensor, cache: KVCache) -> LayersPass | None:
+        """The layers' pass over rows x after the cache's length where it runs in the lean step (run alone, or
+        packed with other requests' passes: runtime/packed.run_draft_passes), else None; checks the cache's room."""
+        cache.check_room(x.shape[0])
+        if not self.native(x.shape[0]):
+            return None
+        return LayersPass(self.lean, x, torch.arange(cache.length, cache.length + x.shape[0], device=self.device), cache)
+
+    def forward_rows(self, x: torch.Tensor, n: int, cache: KVCache, full_vocab: bool) -> torch.Tensor:
+        """forward() over its input rows x in PyTorch (the lean step's is native_pass)."""
         T, start = x.shape[0], cache.length
         cache.check_room(T)
         positions = torch.arange(start, start + T, device=self.device)
-        if self.native(T):
-            return self.logits(self.lean(x, positions, cache)[n - 1 :], full_vocab)
         mask = None  # one row sees the whole cache
         if T > 1:
             causal = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()

@@ -4,13 +4,17 @@ in the column kernel. Drafts only propose, so their rounding can move acceptance
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foretell.kernels import BF16A, BF16X, I8X, block_gemm, lean_decode
+from foretell.kernels import BF16A, BF16X, I8X, block_gemm, lean_decode, lean_module
 from foretell.models.norms import RMSNorm
-from foretell.runtime.lean_step import LEAN_MAX_ROWS, kind_of, packed_layer, packed_projection, run_chunked
+from foretell.runtime.lean_step import (LEAN_MAX_ROWS, kind_of, packed_layer, packed_projection, run_chunked,
+                                        visible_slots)
 from foretell.runtime.quant import FUSED_MAX_ROWS
 
 
@@ -88,6 +92,7 @@ class LeanEagle3Step:
         self.side_norm = m.input_layernorm.weight.detach().float().contiguous()
         self.heads, self.kv_heads, self.eps = c.num_attention_heads, c.num_key_value_heads, float(c.rms_norm_eps)
         self.kernel = lean_decode()
+        self.kernel_packed = lean_module().lean_decode_packed  # several requests' steps in one call (packed)
         self.max_rows = LEAN_MAX_ROWS  # longer passes (a prompt's rows) run faster as PyTorch's matrix products
         # fc, once a pass over the rows committed since the last: in the column kernel where its weights pack to
         # one (bf16 numbers, or int8): PyTorch's float32 product of a few rows cost ~1 ms a pass here
@@ -117,6 +122,45 @@ class LeanEagle3Step:
         return last, logits[-1:] if last_only else logits
 
 
+    def packed(self, passes: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Several requests' steps of this head (drafters.base.HeadStepPass, each taken by the lean step: at most
+        max_rows rows, a single float32 cache) in one lean_decode_packed call, the head's weights read once for all
+        their rows. Each pass gets what it gets alone (__call__): its rows' arithmetic does not depend on the rows
+        beside them, and a pass that wants only its last row's logits gets them the same way (the column kernel's
+        product where __call__ uses it)."""
+        sizes = [p.tokens.shape[0] for p in passes]
+        starts = [sum(sizes[:i]) for i in range(len(passes))]
+        for p, size in zip(passes, sizes):
+            p.cache.check_room(size)
+        # per pass, the rows whose logits the kernel's output layer makes: none where the column kernel makes the
+        # last row's after (__call__'s headless case), the last row where only it is wanted, else all
+        headless = [p.last_only and self.output is not None and size > 1 for p, size in zip(passes, sizes)]
+        picked = [[] if off else [start + size - 1] if p.last_only else list(range(start, start + size))
+                  for p, off, start, size in zip(passes, headless, starts, sizes)]
+        with_head = any(picked)
+        head, kinds = (self.head, self.kinds) if with_head else (self.head[:1], self.kinds[:-1])
+        positions = torch.cat([p.positions for p in passes])
+        cos, sin = self.head_module.rotary(positions, int(positions.max()), torch.float32)
+        embeds = torch.cat([self.head_module.embed(p.tokens) for p in passes]).float().contiguous()
+        hidden = torch.cat([p.hidden for p in passes]).float().contiguous()
+        visible = [torch.empty(0, dtype=torch.bool) if p.tree_mask is None else
+                   visible_slots(p.tree_mask, size, p.cache.length) for p, size in zip(passes, sizes)]
+        logits, states, last = self.kernel_packed(
+            hidden, cos, sin, [p.cache.k for p in passes], [p.cache.v for p in passes],
+            [p.cache.length for p in passes], sizes, visible, self.tensors, head, kinds, self.heads, self.kv_heads,
+            self.eps, self.act_q8, [row for rows in picked for row in rows], embeds, self.side_norm)
+        results, first = [], 0
+        for off, rows, start, size in zip(headless, picked, starts, sizes):
+            end = start + size
+            if off:
+                out_logits = run_column_product(self.output, states[-1][end - 1:end])
+            else:
+                out_logits = logits[first:first + len(rows)]
+                first += len(rows)
+            results.append((last[start:end], out_logits))
+        return results
+
+
 class LeanDraftLayers:
     """A drafter's decoder layers and final norm (a hidden-state draft's one layer, a parallel head's) in one native
     call, and its output layer in the column kernel, run separately: the drafter needs logits for some rows only (a
@@ -141,6 +185,7 @@ class LeanDraftLayers:
         self.input_layer = None if input_layer is None else column_product(input_layer)
         self.max_rows = LEAN_MAX_ROWS  # longer passes (a prompt's rows) run faster as PyTorch's matrix products
         self.kernel = lean_decode()
+        self.kernel_packed = lean_module().lean_decode_packed  # several requests' passes in one call (packed)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """Rows x [T, H] after the cache's length (causal among themselves; writes their slots): the final-normed
@@ -150,6 +195,23 @@ class LeanDraftLayers:
         _, states, _ = run_chunked(self.kernel, LEAN_MAX_ROWS, x.float().contiguous(), cos, sin, cache, None, weights)
         return states[-1]
 
+    def packed(self, passes: list[LayersPass]) -> list[torch.Tensor]:
+        """Several requests' passes through these layers (each at most max_rows rows after a single float32 cache's
+        length) in one lean_decode_packed call, the weights read once for all their rows: each pass's final-normed
+        outputs, the numbers it gets alone (__call__: a row's arithmetic does not depend on the rows beside it)."""
+        sizes = [p.x.shape[0] for p in passes]
+        for p, size in zip(passes, sizes):
+            p.cache.check_room(size)
+        positions = torch.cat([p.positions for p in passes])
+        cos, sin = self.rotary(positions, int(positions.max()), torch.float32)
+        x = torch.cat([p.x for p in passes]).float().contiguous()
+        none = torch.empty(0)
+        _, states, _ = self.kernel_packed(
+            x, cos, sin, [p.cache.k for p in passes], [p.cache.v for p in passes], [p.cache.length for p in passes],
+            sizes, [torch.empty(0, dtype=torch.bool)] * len(passes), self.tensors, self.head, self.kinds, self.heads,
+            self.kv_heads, self.eps, False, [], none, none)
+        return list(states[-1].split(sizes))
+
     def logits(self, states: torch.Tensor) -> torch.Tensor | None:
         """The output layer over normed rows [T, H] in the column kernel, or None where it did not pack."""
         return run_column_product(self.output, states)
@@ -157,3 +219,24 @@ class LeanDraftLayers:
     def input(self, rows: torch.Tensor) -> torch.Tensor | None:
         """The input layer over rows [T, K] in the column kernel, or None where it did not pack (or there is none)."""
         return run_column_product(self.input_layer, rows)
+
+
+@dataclass
+class LayersPass:
+    """A pass a drafter asks for while proposing: rows x [T, H] at `positions` through a drafter module's decoder
+    layers in the lean step (LeanDraftLayers.__call__, after the cache's length; at most its max_rows rows).
+    Passes through one module's layers from several requests run as one packed native call
+    (LeanDraftLayers.packed, runtime/packed.run_draft_passes)."""
+
+    lean: LeanDraftLayers
+    x: torch.Tensor
+    positions: torch.Tensor
+    cache: Any
+
+    @property
+    def group(self) -> tuple:
+        return ("layers", id(self.lean))
+
+    def run(self) -> torch.Tensor:
+        """This pass alone: the final-normed outputs [T, H]."""
+        return self.lean(self.x, self.positions, self.cache)

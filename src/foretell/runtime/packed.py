@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from foretell.runtime.lean_step import visible_slots
+from foretell.drafters.base import HeadStepPass
 from foretell.models.transformer import ForwardOutput, Transformer
+from foretell.runtime.lean_drafters import LayersPass
+from foretell.runtime.lean_step import visible_slots
 
 
 def forward_packed(target: Transformer, passes: list) -> list[ForwardOutput]:
@@ -37,9 +39,12 @@ def forward_packed(target: Transformer, passes: list) -> list[ForwardOutput]:
 
 
 def lean_takes(step, p) -> bool:
-    cache = p.cache
-    return (step.takes(p.input_ids.shape[0], cache.length, p.tree_mask is not None) and cache.k.shape[1] == 1
-            and cache.k.dtype == torch.float32)
+    return step.takes(p.input_ids.shape[0], p.cache.length, p.tree_mask is not None) and single_float32(p.cache)
+
+
+def single_float32(cache) -> bool:
+    """One sequence's float32 cache: what the packed native call writes."""
+    return cache.k.shape[1] == 1 and cache.k.dtype == torch.float32
 
 
 def lean_packed(target: Transformer, passes: list, step=None) -> list[ForwardOutput]:
@@ -59,7 +64,7 @@ def lean_packed(target: Transformer, passes: list, step=None) -> list[ForwardOut
         x, cos, sin, [p.cache.k for p in passes], [p.cache.v for p in passes], [p.cache.length for p in passes],
         sizes, [torch.empty(0, dtype=torch.bool) if p.tree_mask is None else
                 visible_slots(p.tree_mask, size, p.cache.length) for p, size in zip(passes, sizes)],
-        *step.weights, torch.cat(picked).tolist())
+        *step.weights, torch.cat(picked).tolist(), torch.empty(0), torch.empty(0))
     outputs, first = [], 0
     for p, start, size, rows in zip(passes, starts, sizes, picked):
         n = rows.numel()
@@ -69,14 +74,25 @@ def lean_packed(target: Transformer, passes: list, step=None) -> list[ForwardOut
     return outputs
 
 
-def run_draft_passes(passes: list) -> list[ForwardOutput]:
-    """Drafters' forwards (drafters.base.DraftPass) of one model and step, from several requests: in one native
-    call where the model's lean step takes them all (the requests' rows read every weight once between them; each
-    row the arithmetic it gets alone), else in one PyTorch forward (Transformer.forward_packed: the same up to
-    float rounding, so a draft may differ, never the output), else each alone."""
+def run_draft_passes(passes: list) -> list:
+    """Drafters' forwards of one group (drafters.base: DraftPass of one model and step, HeadStepPass of one head;
+    lean_drafters.LayersPass of one module's layers) from several requests: in one native call where the lean step takes them all (the requests' rows read every
+    weight once between them; each row the arithmetic it gets alone), else a model's in one PyTorch forward
+    (Transformer.forward_packed: the same up to float rounding, so a draft may differ, never the output), else
+    each alone."""
     first = passes[0]
     if len(passes) == 1:
         return [first.run()]
+    if isinstance(first, HeadStepPass):
+        lean = first.head.lean
+        takes = [first.head.native(p.tokens.shape[0]) and single_float32(p.cache) for p in passes]
+        if lean is None or not all(takes):
+            return [p.run() for p in passes]
+        return lean.packed(passes)
+    if isinstance(first, LayersPass):
+        if not all(single_float32(p.cache) for p in passes):
+            return [p.run() for p in passes]
+        return first.lean.packed(passes)
     step = first.step or getattr(first.model, "lean", None)
     if step is not None and all(lean_takes(step, p) for p in passes):
         return lean_packed(first.model, passes, step)
