@@ -3,6 +3,7 @@ have finished, for each budget policy; prints tokens/s, tokens per step and the 
 packed forward, in drafting (Decoding.draft) and in verification (Decoding.settle). A diagnostic, not a test.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/serve/batch_profile.py [DRAFTER|default|none] [--budgets auto,fixed,none]
+        (fixed:N: N draft tokens a request at any batch size)
         [--quant gguf-q8 --dtype float32] [--draft qwen2.5-coder-0.5b --draft-quant gguf-q8 --hot-vocab 32768]
 
 DRAFTER none: plain batched decoding (the reference a speculative figure divides by).
@@ -66,7 +67,11 @@ def main() -> None:
     policies = {"auto": lambda: BatchAwareBudget(cost=pipe.weights.target_cost()), "fixed": FixedByBatchSize,
                 "none": lambda: None}
     for budget in args.budgets.split(","):
-        batch = pipe.batch_engine(policies[budget](), max_batch=args.clients)
+        if budget.startswith("fixed:"):  # N draft tokens a request whatever the batch (up to 64 requests)
+            policy = FixedByBatchSize((64,), (int(budget.split(":")[1]),))
+        else:
+            policy = policies[budget]()
+        batch = pipe.batch_engine(policy, max_batch=args.clients)
         tokens, finished, sent, steps = [0], [0], 0, 0
         for key in seconds:
             seconds[key] = 0.0
