@@ -181,6 +181,11 @@ def test_node_values():
                     draft_prob=torch.tensor([0.8, 0.5, 0.1]))
     assert node_values(tree, [], 0.5) == pytest.approx([0.4, 0.1, 0.05])
     assert node_values(tree, [], 5.0) == pytest.approx([1.0, 1.0, 0.5])  # capped at 1 per step
+    # a result-cache branch below node 0 (draft_prob 0: the drafter never vouched for it) at its measured acceptance
+    merged = Proposal(tokens=torch.tensor([1, 2, 7, 8]), parents=torch.tensor([-1, 0, 0, 2]),
+                      draft_prob=torch.tensor([0.8, 0.5, 0.0, 0.0]))
+    assert node_values(merged, [], 1.0) == pytest.approx([0.8, 0.4, 0.0, 0.0])
+    assert node_values(merged, [], 1.0, {2: 0.6, 3: 0.6}) == pytest.approx([0.8, 0.4, 0.48, 0.288])
 
 
 def test_batch_aware_budget_keeps_drafts_while_they_pay():

@@ -91,7 +91,8 @@ def main() -> None:
         wall = time.perf_counter() - start
         split = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
         print(f"{pipe.speculative.method} budget={budget}: {tokens[0] / wall:.1f} tokens/s, {tokens[0] / steps:.2f} "
-              f"tokens/step, {wall:.1f} s ({split})", flush=True)
+              f"tokens/step, {batch.budget_stats.kept / steps:.2f} drafts verified a step (of "
+              f"{batch.budget_stats.proposed / steps:.2f} proposed), {wall:.1f} s ({split})", flush=True)
 
 
 if __name__ == "__main__":

@@ -25,10 +25,13 @@ from typing import Callable
 from foretell.types import Proposal
 
 
-def node_values(proposal: Proposal, acceptance: list[float], calibration: float) -> list[float]:
+def node_values(proposal: Proposal, acceptance: list[float], calibration: float,
+                steps: dict[int, float] | None = None) -> list[float]:
     """The chance each node of a proposal is accepted: a path probability (product of draft_prob along its
     ancestors) times `calibration`, or, without draft probabilities, the request's acceptance rate at each depth
-    (`acceptance[d]`: accepted / proposed at depth d + 1) multiplied along the path."""
+    (`acceptance[d]`: accepted / proposed at depth d + 1) multiplied along the path. steps: nodes whose chance given
+    their parent is known otherwise (a result-cache branch's, Decoding.branch_steps)."""
+    steps = steps or {}
     n = proposal.size
     if n == 0:
         return []
@@ -38,7 +41,10 @@ def node_values(proposal: Proposal, acceptance: list[float], calibration: float)
     depth: list[int] = []
     for i, p in enumerate(parents):
         depth.append(depth[p] + 1 if p >= 0 else 0)
-        step = min(1.0, probs[i] * calibration) if probs is not None else depth_rate(acceptance, depth[i])
+        if i in steps:
+            step = steps[i]
+        else:
+            step = min(1.0, probs[i] * calibration) if probs is not None else depth_rate(acceptance, depth[i])
         values.append(step * (values[p] if p >= 0 else 1.0))
     return values
 

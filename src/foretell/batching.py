@@ -190,7 +190,8 @@ class BatchEngine:
         limits = self._draft_limits(ready, acceptance) if batched else [None] * len(ready)
         proposals = self._draft_all(ready, limits)
         if batched and any(p.size for p in proposals):
-            values = [node_values(p, rates, r.calibration.factor) for p, r, rates in zip(proposals, ready, acceptance)]
+            values = [node_values(p, rates, r.calibration.factor, r.state.branch_steps())
+                      for p, r, rates in zip(proposals, ready, acceptance)]
             caps = self.budget.caps(values)
             self.budget_stats.record([p.size for p in proposals], caps)
             for r, cap, v in zip(ready, caps, values):

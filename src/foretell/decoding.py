@@ -164,6 +164,13 @@ class Decoding:
         self._planned = _Planned(proposal, drafted, n, branch, matched, cache_nodes, t1, time.perf_counter())
         return proposal
 
+    def branch_steps(self) -> dict[int, float]:
+        """The planned proposal's nodes only the result cache proposed, each with the chance it is accepted where
+        its parent was: the branch's measured acceptance (a batch values them by it: their draft_prob is 0, the
+        drafter never vouched for them)."""
+        q = self.sizer.branch_acceptance()
+        return {i: q for i in self._planned.cache_nodes}
+
     def keep(self, nodes: int) -> None:
         """Verify only the first `nodes` draft tokens of the planned proposal (a batch's budget; parents come
         before their children in every proposal, so a prefix is a valid tree)."""

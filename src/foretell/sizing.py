@@ -69,6 +69,9 @@ class DraftSizer(Protocol):
         """Of a result-cache branch of `branch` tokens, how many to verify beside the drafter's tree_nodes
         (draft_seconds: already spent drafting)."""
 
+    def branch_acceptance(self) -> float:
+        """The chance a result-cache branch token is accepted where its parent was (measured; 0.5 unmeasured)."""
+
     def record(self, outcome: PassOutcome) -> None:
         """One pass's outcome."""
 
@@ -104,6 +107,9 @@ class RequestSizer:
         if self.branch is None or last is None or last.probe:
             return branch
         return self.branch.size(branch, tree_nodes, last.expected_tokens, self.tree.verify_seconds, draft_seconds)
+
+    def branch_acceptance(self) -> float:
+        return self.branch.acceptance if self.branch is not None else 0.5
 
     def record(self, outcome: PassOutcome) -> None:
         if self.gate is not None and outcome.planned > 0:
