@@ -74,3 +74,20 @@ def test_small_models_and_other_formats_are_not_kept(tiny_pair, tmp_path):
 
     load(tiny_pair[0], "none", quant="int4", warm_up=False, cache_dir=tmp_path)  # under KEEP_BYTES
     assert kept_files(tmp_path) == []
+
+
+def test_a_file_made_from_other_weights_is_replaced(tiny_pair, tmp_path, keep_small):
+    """Weights that changed since (another file of the folder's): a new file is made and the stale one deleted."""
+    import os
+    import shutil
+
+    from foretell.api import load
+
+    folder = shutil.copytree(tiny_pair[0], tmp_path / "model")
+    load(folder, "none", quant="int4", warm_up=False, cache_dir=tmp_path)
+    (first,) = kept_files(tmp_path)
+    weights = next(folder.glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    load(folder, "none", quant="int4", warm_up=False, cache_dir=tmp_path)
+    (second,) = kept_files(tmp_path)
+    assert second != first

@@ -15,7 +15,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from foretell.errors import ForetellError
@@ -23,8 +22,6 @@ from foretell.runtime.quant import Int4Linear, Int8Linear, q4_blocks
 
 FORMAT = 1  # bump when what a file holds changes: older files are then not found, and made again
 KEPT_MODES = ("int8", "int4")
-
-
 KEEP_BYTES = 200_000_000  # smaller models (~50M float32 weights) quantize in a moment: not kept
 
 
@@ -79,8 +76,13 @@ def save_kept(model: nn.Module, path: Path) -> None:
     print(f"foretell: keeping the quantized layers in {path} for the next load", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(partial), metadata={"layers": json.dumps(layers)})
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(partial),
+              metadata={"layers": json.dumps(layers)})
     partial.rename(path)
+    # the same model, mode and dtype made from other weights (or in an older format): never read again
+    for stale in path.parent.glob(path.name.rsplit("-", 1)[0] + "-*.safetensors"):
+        if stale != path:
+            stale.unlink(missing_ok=True)
 
 
 def load_kept(model: nn.Module, path: Path, names: list[str]) -> None:
