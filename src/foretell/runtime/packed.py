@@ -76,10 +76,10 @@ def lean_packed(target: Transformer, passes: list, step=None) -> list[ForwardOut
 
 def run_draft_passes(passes: list) -> list:
     """Drafters' forwards of one group (drafters.base: DraftPass of one model and step, HeadStepPass of one head;
-    lean_drafters.LayersPass of one module's layers) from several requests: in one native call where the lean step takes them all (the requests' rows read every
-    weight once between them; each row the arithmetic it gets alone), else a model's in one PyTorch forward
-    (Transformer.forward_packed: the same up to float rounding, so a draft may differ, never the output), else
-    each alone."""
+    lean_drafters.LayersPass of one module's layers) from several requests: in one native call where the lean step
+    takes them all (the requests' rows read every weight once between them; each row the arithmetic it gets
+    alone), else a model's in one PyTorch forward (Transformer.forward_packed: the same up to float rounding, so a
+    draft may differ, never the output), else each alone."""
     first = passes[0]
     if len(passes) == 1:
         return [first.run()]
