@@ -21,7 +21,7 @@ from foretell.engine import Engine
 from foretell.errors import ForetellError
 from foretell.models.loading import LoadedModel, kept_gguf, load_model, resolve_model_dir
 from foretell.paths import default_cache_dir
-from foretell.runtime.config import RuntimeConfig, parse_dtype
+from foretell.runtime.config import RuntimeConfig
 from foretell.runtime.gguf_quant import check_replaced, replaced_weights
 from foretell.runtime.prepare import prepare
 from foretell.runtime.quant import TARGET_QUANT_CHOICES, split_target_quant
@@ -147,8 +147,8 @@ def load(
                                 "file on disk; use int4 or int8")
         runtime = replace(runtime, gguf_file=gguf)
     # int8 / int4 layers made by an earlier load are read from the cache, not quantized again
-    kept_file = kept_quant_file(resolve_model_dir(target, cache_dir), quant, str(parse_dtype(dtype)).removeprefix(
-        "torch."), Path(cache_dir or default_cache_dir()))
+    kept_file = kept_quant_file(resolve_model_dir(target, cache_dir), runtime.quant, runtime.dtype,
+                                Path(cache_dir or default_cache_dir()))
     kept = layer_names(kept_file)
     # the projections the file's blocks (or the kept layers) replace are not read from the float32 folder at all
     skipped = replaced_weights(runtime.gguf_file) if runtime.gguf_file is not None else kept_weights(kept)

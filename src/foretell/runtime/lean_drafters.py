@@ -13,8 +13,8 @@ from torch import nn
 
 from foretell.kernels import BF16A, BF16X, I8X, block_gemm, lean_decode, lean_module
 from foretell.models.norms import RMSNorm
-from foretell.runtime.lean_step import (LEAN_MAX_ROWS, kind_of, packed_layer, packed_projection, run_chunked,
-                                        visible_slots)
+from foretell.runtime.lean_step import (LEAN_MAX_ROWS, kind_of, packed_layer, packed_projection, packed_segments,
+                                        run_chunked)
 from foretell.runtime.quant import FUSED_MAX_ROWS
 
 
@@ -121,7 +121,6 @@ class LeanEagle3Step:
             return last, run_column_product(self.output, states[-1][-1:])
         return last, logits[-1:] if last_only else logits
 
-
     def packed(self, passes: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Several requests' steps of this head (drafters.base.HeadStepPass, each taken by the lean step: at most
         max_rows rows, a single float32 cache) in one lean_decode_packed call, the head's weights read once for all
@@ -130,8 +129,7 @@ class LeanEagle3Step:
         product where __call__ uses it)."""
         sizes = [p.tokens.shape[0] for p in passes]
         starts = [sum(sizes[:i]) for i in range(len(passes))]
-        for p, size in zip(passes, sizes):
-            p.cache.check_room(size)
+        k, v, lengths, visible = packed_segments([p.cache for p in passes], sizes, [p.tree_mask for p in passes])
         # per pass, the rows whose logits the kernel's output layer makes: none where the column kernel makes the
         # last row's after (__call__'s headless case), the last row where only it is wanted, else all
         headless = [p.last_only and self.output is not None and size > 1 for p, size in zip(passes, sizes)]
@@ -143,11 +141,8 @@ class LeanEagle3Step:
         cos, sin = self.head_module.rotary(positions, int(positions.max()), torch.float32)
         embeds = torch.cat([self.head_module.embed(p.tokens) for p in passes]).float().contiguous()
         hidden = torch.cat([p.hidden for p in passes]).float().contiguous()
-        visible = [torch.empty(0, dtype=torch.bool) if p.tree_mask is None else
-                   visible_slots(p.tree_mask, size, p.cache.length) for p, size in zip(passes, sizes)]
         logits, states, last = self.kernel_packed(
-            hidden, cos, sin, [p.cache.k for p in passes], [p.cache.v for p in passes],
-            [p.cache.length for p in passes], sizes, visible, self.tensors, head, kinds, self.heads, self.kv_heads,
+            hidden, cos, sin, k, v, lengths, sizes, visible, self.tensors, head, kinds, self.heads, self.kv_heads,
             self.eps, self.act_q8, [row for rows in picked for row in rows], embeds, self.side_norm)
         results, first = [], 0
         for off, rows, start, size in zip(headless, picked, starts, sizes):
@@ -200,16 +195,13 @@ class LeanDraftLayers:
         length) in one lean_decode_packed call, the weights read once for all their rows: each pass's final-normed
         outputs, the numbers it gets alone (__call__: a row's arithmetic does not depend on the rows beside it)."""
         sizes = [p.x.shape[0] for p in passes]
-        for p, size in zip(passes, sizes):
-            p.cache.check_room(size)
+        k, v, lengths, visible = packed_segments([p.cache for p in passes], sizes, [None] * len(passes))
         positions = torch.cat([p.positions for p in passes])
         cos, sin = self.rotary(positions, int(positions.max()), torch.float32)
         x = torch.cat([p.x for p in passes]).float().contiguous()
         none = torch.empty(0)
-        _, states, _ = self.kernel_packed(
-            x, cos, sin, [p.cache.k for p in passes], [p.cache.v for p in passes], [p.cache.length for p in passes],
-            sizes, [torch.empty(0, dtype=torch.bool)] * len(passes), self.tensors, self.head, self.kinds, self.heads,
-            self.kv_heads, self.eps, False, [], none, none)
+        _, states, _ = self.kernel_packed(x, cos, sin, k, v, lengths, sizes, visible, self.tensors, self.head,
+                                          self.kinds, self.heads, self.kv_heads, self.eps, False, [], none, none)
         return list(states[-1].split(sizes))
 
     def logits(self, states: torch.Tensor) -> torch.Tensor | None:

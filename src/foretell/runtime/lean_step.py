@@ -257,6 +257,17 @@ def visible_slots(tree_mask: torch.Tensor, rows: int, length: int) -> torch.Tens
     return visible
 
 
+def packed_segments(caches: list, sizes: list[int], tree_masks: list) -> tuple[list, list, list[int], list]:
+    """lean_decode_packed's per-segment arguments for passes of `sizes` rows over `caches` (tree_masks: each pass's
+    tree mask or None): the caches' keys, values, lengths and visible slots (empty: causal), after checking that
+    each cache has room for its rows."""
+    for cache, size in zip(caches, sizes):
+        cache.check_room(size)
+    visible = [torch.empty(0, dtype=torch.bool) if mask is None else visible_slots(mask, size, cache.length)
+               for cache, size, mask in zip(caches, sizes, tree_masks)]
+    return [c.k for c in caches], [c.v for c in caches], [c.length for c in caches], visible
+
+
 def run_chunked(kernel, max_rows: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache,
                 tree_mask: torch.Tensor | None, weights: tuple, side: torch.Tensor | None = None,
                 side_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

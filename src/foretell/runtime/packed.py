@@ -15,7 +15,7 @@ import torch
 from foretell.drafters.base import HeadStepPass
 from foretell.models.transformer import ForwardOutput, Transformer
 from foretell.runtime.lean_drafters import LayersPass
-from foretell.runtime.lean_step import visible_slots
+from foretell.runtime.lean_step import packed_segments
 
 
 def forward_packed(target: Transformer, passes: list) -> list[ForwardOutput]:
@@ -52,19 +52,16 @@ def lean_packed(target: Transformer, passes: list, step=None) -> list[ForwardOut
     step to run (another output layer: LeanStep.with_head), else the target's."""
     step = step or target.lean
     sizes = [p.input_ids.shape[0] for p in passes]
-    for p, size in zip(passes, sizes):
-        p.cache.check_room(size)
+    segments = packed_segments([p.cache for p in passes], sizes, [p.tree_mask for p in passes])
     starts = [sum(sizes[:i]) for i in range(len(passes))]
     positions = torch.cat([p.positions for p in passes])
     cos, sin = target.rope(positions, int(positions.max()), torch.float32)
     x = target.embed_tokens(torch.cat([p.input_ids for p in passes]))
     picked = [torch.arange(start, start + size)[slice(None) if p.logits_rows is None else p.logits_rows]
               for p, start, size in zip(passes, starts, sizes)]
-    logits, states, _ = step.kernel_packed(
-        x, cos, sin, [p.cache.k for p in passes], [p.cache.v for p in passes], [p.cache.length for p in passes],
-        sizes, [torch.empty(0, dtype=torch.bool) if p.tree_mask is None else
-                visible_slots(p.tree_mask, size, p.cache.length) for p, size in zip(passes, sizes)],
-        *step.weights, torch.cat(picked).tolist(), torch.empty(0), torch.empty(0))
+    k, v, lengths, visible = segments
+    logits, states, _ = step.kernel_packed(x, cos, sin, k, v, lengths, sizes, visible, *step.weights,
+                                           torch.cat(picked).tolist(), torch.empty(0), torch.empty(0))
     outputs, first = [], 0
     for p, start, size, rows in zip(passes, starts, sizes, picked):
         n = rows.numel()

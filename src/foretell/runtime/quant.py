@@ -171,8 +171,7 @@ class Int4Linear(nn.Module):
         """The layer whose Q4_1 blocks (q4_1_blocks' layout: codes uint8 [out, in / 2], (d, m) float32
         [out, in / 32, 2]) are these, with groups of 32."""
         out_features, blocks = dm.shape[:2]
-        per_block = codes.view(out_features, blocks, 16)
-        q = torch.stack([per_block & 15, per_block >> 4], dim=2).view(out_features, blocks * 32)
+        q = q4_codes(codes, blocks)
         d, m = dm[..., 0], dm[..., 1]
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
         layer = cls(packed, torch.stack([d.T, (m + 8 * d).T], dim=-1).contiguous(), out_features, blocks * 32,
@@ -266,9 +265,15 @@ def dequantize_q4(codes: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
 
 def dequantize_q4_torch(codes: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
     out, blocks = dm.shape[:2]
-    per_block = codes.view(out, blocks, 16)
-    q = torch.cat([per_block & 15, per_block >> 4], dim=-1).float()  # inputs 0..15, 16..31 of each block
+    q = q4_codes(codes, blocks).view(out, blocks, 32).float()
     return (q * dm[..., :1] + dm[..., 1:]).view(out, blocks * 32)
+
+
+def q4_codes(codes: torch.Tensor, blocks: int) -> torch.Tensor:
+    """Q4_1 blocks' packed codes uint8 [out, in / 2] -> the codes 0..15 uint8 [out, in] in input order (byte j of a
+    block holds input j in its low nibble, input j + 16 in its high one)."""
+    per_block = codes.view(codes.shape[0], blocks, 16)
+    return torch.cat([per_block & 15, per_block >> 4], dim=-1).view(codes.shape[0], blocks * 32)
 
 
 def int4_blocks(layer: Int4Linear) -> tuple[torch.Tensor, torch.Tensor]:

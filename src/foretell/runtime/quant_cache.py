@@ -27,8 +27,10 @@ KEEP_BYTES = 200_000_000  # smaller models (~50M float32 weights) quantize in a 
 
 def kept_quant_file(folder: Path, mode: str, dtype: str, cache_dir: Path) -> Path | None:
     """Where `folder`'s model quantized to `mode` in `dtype` is kept; None for modes not kept and small models."""
+    if mode not in KEPT_MODES:
+        return None
     weights = sorted(folder.glob("*.safetensors"))
-    if mode not in KEPT_MODES or sum(f.stat().st_size for f in weights) < KEEP_BYTES:
+    if sum(f.stat().st_size for f in weights) < KEEP_BYTES:
         return None
     stamp = [f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in weights]
     key = hashlib.sha256(json.dumps([stamp, mode, dtype, FORMAT]).encode()).hexdigest()[:12]
