@@ -142,6 +142,29 @@ def test_a_batch_of_four_decodes_as_alone_on_gguf_q4_1_blocks(tiny_pair, tmp_pat
     assert_batch_of_four_decodes_as_alone(plain, draft)
 
 
+def test_a_parallel_head_on_a_target_with_8_bit_activations_drafts_in_int8(tiny_pair, tmp_path):
+    """draft_quant "auto" on a target with 8-bit activations: the head's fuse and layers as int8, its layers' products
+    with 8-bit activations too (as the target's), and greedy output still the target's plain decoding."""
+    pytest.importorskip("gguf")
+    from test_families_gguf import write_gguf
+
+    from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
+    from foretell.runtime.quant import Int8Linear
+
+    hf = make_hf_model("llama", 48, seed=0)
+    path = write_gguf(hf, "llama", tmp_path / "tiny-q4_1.gguf", q4_1=lambda name: name.endswith("proj.weight"))
+    plain = load(path, "none", quant="gguf-q8", warm_up=False, cache_dir=tmp_path)
+    target = plain.target.model
+    folder = save_parallel_head(new_parallel_head(target, ParallelHeadConfig.for_target(target.config), seed=2),
+                                tmp_path / "head")
+    spec = SpeculativeConfig(method="parallel-head", model=str(folder))
+    head = plain.with_speculative(spec).engine.drafter.head
+    assert isinstance(head.fuse, Int8Linear) and head.lean is not None and head.lean.act_q8
+    for prompt in PROMPTS:
+        assert plain.with_speculative(spec).engine.generate(prompt, GREEDY).tokens == \
+            plain.engine.generate(prompt, GREEDY).tokens
+
+
 @pytest.mark.parametrize("method,draft_quant", [("draft-model", "gguf-q8"), ("draft-model", "none"),
                                                 ("draft-tree", "gguf-q8")])
 def test_a_batch_packs_its_draft_models_forwards(tmp_path, method, draft_quant):
@@ -210,14 +233,16 @@ def head_drafters(target, kind: str):
     if kind == "eagle3":
         module = make_head(target, seed=2)
         return module, lambda: Eagle3Drafter(module, EagleTreeShape(depth=4, width=3, max_nodes=10))
-    if kind == "parallel-head":
+    if kind.startswith("parallel-head"):
         module = new_parallel_head(target, ParallelHeadConfig.for_target(target.config, depth=4), seed=2)
+        if kind == "parallel-head-int8-q8":  # as on a target with 8-bit activations (DrafterWeights.ready)
+            module.quantize("int8")
         return module, lambda: ParallelHeadDrafter(module, HeadTreeShape(max_nodes=10, depth=4, width=3))
     module = make_draft(target, seed=2)
     return module, lambda: HiddenStateDrafter(module, HiddenStateOptions(depth=4, width=3, max_nodes=10))
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "parallel-head", "hidden-state"])
+@pytest.mark.parametrize("kind", ["eagle3", "parallel-head", "parallel-head-int8-q8", "hidden-state"])
 def test_a_batch_packs_its_head_steps(tiny_pair, kind):
     """Four requests drafting with one EAGLE-3 head, parallel head or hidden-state draft in the lean step: their
     module's passes run as one native call (the context each feeds, then an EAGLE-3 tree level by level, a
@@ -225,7 +250,8 @@ def test_a_batch_packs_its_head_steps(tiny_pair, kind):
     its drafts' acceptance by position, equal its own alone."""
     plain = load(tiny_pair[0], "none", warm_up=False)
     module, drafter = head_drafters(plain.target.model, kind)
-    assert module.use_lean_step() is None
+    assert (module.use_lean_step(act_q8=True) if kind.endswith("q8") else module.use_lean_step()) is None
+    assert getattr(module.lean, "act_q8", False) == kind.endswith("q8")
     engine = lambda: plain.with_drafter(drafter()).engine  # noqa: E731
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], [(5 * i + 1) % 48 for i in range(30)]]
     alone = [engine().generate(p, GREEDY) for p in prompts]

@@ -215,8 +215,18 @@ def test_save_load_round_trip(plain, tmp_path, tiny_pair):
     from foretell.kernels import lean_decode
 
     assert (pipe.engine.drafter.head.lean is not None) == (lean_decode() is not None)  # steps natively as its target
+    from foretell.runtime.quant import Int8Linear
+
+    # draft_quant "auto" keeps a float32 target's head as saved (tests/test_packed_step.py: int8 on a target with
+    # 8-bit activations); "int8": int8 fuse and layers
+    assert not isinstance(pipe.engine.drafter.head.fuse, Int8Linear)
+    int8 = pipe.with_speculative(SpeculativeConfig(method='parallel-head', model=str(tmp_path / "head"),
+                                                   draft_quant="int8"))
+    assert isinstance(int8.engine.drafter.head.fuse, Int8Linear)
     for prompt in PROMPTS:
-        assert pipe.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
+        want = plain.engine.generate(prompt, GREEDY).tokens
+        assert pipe.engine.generate(prompt, GREEDY).tokens == want
+        assert int8.engine.generate(prompt, GREEDY).tokens == want
 
 
 def test_lean_forward_matches_pytorch_and_decodes_exactly(plain):

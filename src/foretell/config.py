@@ -190,7 +190,7 @@ APPLIES_TO: dict[str, tuple[tuple[str, ...], str]] = {
     "hidden": (("hidden-state",), "--tree-depth / --tree-width / --tree-budget"),
     "eagle_tree": (("eagle3",), "--tree-depth / --tree-width / --tree-budget"),
     "hot_vocab": (HOT_VOCAB_METHODS, "--hot-vocab"),
-    "draft_quant": (("draft-model", "draft-tree", "hidden-state", "eagle3"), "--draft-quant"),
+    "draft_quant": (("draft-model", "draft-tree", "parallel-head", "hidden-state", "eagle3"), "--draft-quant"),
     "budget": (WEIGHTED_METHODS, "--budget"),
     "result_cache": (TREE_METHODS, "--result-cache"),
     "corpus": (("prompt-lookup", *TREE_METHODS), "--corpus"),

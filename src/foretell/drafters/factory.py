@@ -21,6 +21,7 @@ from foretell.engine import Engine
 from foretell.errors import ForetellError
 from foretell.hot_vocab import HotVocab, default_hot_vocab
 from foretell.models.eagle3 import Eagle3Head
+from foretell.models.parallel_head import ParallelHead
 from foretell.models.loading import LoadedModel, kept_gguf, load_model
 from foretell.result_cache import make_result_cache
 from foretell.runtime.config import RuntimeConfig
@@ -152,12 +153,19 @@ class DrafterWeights:
         root = self.shipped_root or SHIPPED_DIR
         return self._once(("corpus", name), lambda: resolve_corpus(name, self.target.model, root))
 
-    def parallel_head(self, model: str, hot_vocab: int):
+    def parallel_head(self, model: str, hot_vocab: int, quant: str = "none"):
+        """A parallel head: a folder or a shipped name; int8 per `quant` (ParallelHead.quantize), where "auto" is
+        int8 on a target with 8-bit activations only (with them, a float32 head's layer was most of its draft pass
+        on Qwen2.5-Coder-1.5B: 36 ms against 14 ms as int8, docs/generalisation.md); elsewhere its weights stay
+        as saved, or as bf16 numbers (`ready`)."""
         from foretell.models.parallel_head import load_parallel_head
 
+        lean = self.target.model.lean
+        if quant == "auto" and not (lean is not None and lean.act_q8):
+            quant = "none"
         folder = self.folder(model, "parallel-head")
-        return self._once(("head", folder, hot_vocab),
-                          lambda: self.ready(load_parallel_head(folder, self.target.model, self.hot_vocab(hot_vocab))))
+        return self._once(("head", folder, hot_vocab, quant), lambda: self.ready(
+            load_parallel_head(folder, self.target.model, self.hot_vocab(hot_vocab)), quant))
 
     def hidden_draft(self, model: str, hot_vocab: int, quant: str):
         from foretell.models.hidden_draft import load_hidden_draft
@@ -180,9 +188,10 @@ class DrafterWeights:
         bf16 numbers where bf16_numbers says the target's are (a head trained and saved in float32 then drafts at
         the shipped bf16 heads' cost, not about twice it; a drafter only proposes, so this can move acceptance,
         never exactness), quantized per `quant`, then on the target's wide-pass and lean-step paths (runtime/prepare.py:
-        drafter_runtime). Where the target has 8-bit activations, an EAGLE-3 head's int8 projections take them too."""
+        drafter_runtime). Where the target has 8-bit activations, an EAGLE-3 head's or a parallel head's int8
+        projections take them too."""
         runtime = drafter_runtime(self.target.model, self.device, self.dtype, quant, self.bf16_numbers,
-                                  q8=isinstance(module, Eagle3Head))
+                                  q8=isinstance(module, (Eagle3Head, ParallelHead)))
         return prepare(module, runtime).module
 
     def target_cost(self) -> CostCurve:
@@ -224,7 +233,7 @@ def build_drafter(spec: SpeculativeConfig, weights: DrafterWeights) -> tuple[Dra
     if spec.method == "parallel-head":
         from foretell.drafters.parallel_tree import ParallelHeadDrafter
 
-        head = weights.parallel_head(spec.model, spec.hot_vocab)
+        head = weights.parallel_head(spec.model, spec.hot_vocab, spec.draft_quant)
         shape = spec.head_tree or HeadTreeShape(depth=min(HeadTreeShape().depth, head.config.depth))
         return ParallelHeadDrafter(head, shape, scheduler), policy
     if spec.method == "eagle3":

@@ -32,6 +32,7 @@ from foretell.models.module_folder import (
 )
 from foretell.models.transformer import DecoderLayer, RMSNorm, RotaryTables, Transformer, softcap
 from foretell.runtime.lean_drafters import LayersPass, LeanDraftLayers, layers_lean_support
+from foretell.runtime.quant import Int8Linear, quantize_int8, resolve_quant
 
 FOLDER_FORMAT = FolderFormat(name="foretell-parallel-head", version=1, config_file="parallel_head.json", what="parallel head",
                              run_part="head")
@@ -119,7 +120,7 @@ class TargetParts:
 
 
 class ParallelHead(DrafterModule):
-    placed_by = "fuse"
+    placed_by = "norm"  # its fuse may be int8 (quantize)
 
     def __init__(self, config: ParallelHeadConfig, target: Transformer, hot: HotVocab | None = None):
         super().__init__()
@@ -140,16 +141,26 @@ class ParallelHead(DrafterModule):
         self.lean = None  # use_lean_step(): its layers in one native call, fuse and logits in the column kernel
         self.to(dtype=target.dtype, device=target.device)
 
-    def use_lean_step(self, on: bool = True) -> str | None:
+    def use_lean_step(self, on: bool = True, act_q8: bool = False) -> str | None:
         """Run forwards natively where the head suits the lean step (float32 on CPU); returns why not otherwise.
-        Packs the weights as they are now. A bench-sized forward (3 context rows, 3 placeholders, 8192 output
+        Packs the weights as they are now: call after quantize(). act_q8: 8-bit activations in its int8 layers. A bench-sized forward (3 context rows, 3 placeholders, 8192 output
         rows) took 7.7 ms in PyTorch on 2 AVX2 cores and 0.8 ms so (benchmarks/bench/parallel_head_step.py)."""
         self.lean = None
         reason = layers_lean_support(self, list(self.layers), self.norm, self.shared.final_softcap) if on else None
         if on and reason is None:
             self.lean = LeanDraftLayers(self.layers, self.norm, self.shared.lm_head, self.config, self.rotary,
-                                        input_layer=self.fuse)
+                                        input_layer=self.fuse, act_q8=act_q8)
         return reason
+
+    def quantize(self, mode: str) -> "ParallelHead":
+        """Store the fuse and the decoder layers' projections as int8 per `mode` (runtime/quant.py; "auto" = int8 on
+        CPU). Lossless for decoding (drafts only propose); inference only. A float32 head otherwise streams 4-byte
+        weights every pass: on Qwen2.5-Coder-1.5B (one 1536-wide layer with an 8960-wide MLP, ~225 MB) that was
+        most of a 25 ms draft pass. The output layer stays the target's rows."""
+        if resolve_quant(mode, self.device, self.dtype) == "int8" and not isinstance(self.fuse, Int8Linear):
+            quantize_int8(self.layers)
+            self.fuse = Int8Linear.from_weight(self.fuse.weight)
+        return self
 
     def set_draft_vocab(self, ids: torch.Tensor, target: Transformer, hot: HotVocab | None = None) -> None:
         """Make `ids` (ascending, distinct target ids) the head's own vocabulary: its output layer becomes those rows

@@ -163,13 +163,16 @@ class LeanDraftLayers:
     context row and its placeholders), and its output layer is larger than its layers. Only drafts come out of it,
     so its rounding can move acceptance, never exactness."""
 
-    def __init__(self, layers, final_norm, output_layer, config, rotary, input_layer: nn.Module | None = None):
+    def __init__(self, layers, final_norm, output_layer, config, rotary, input_layer: nn.Module | None = None,
+                 act_q8: bool = False):
         """input_layer: a projection the drafter's input rows come from (a parallel head's fuse), run in the column
-        kernel too where it packs to it (`input`)."""
+        kernel too where it packs to it (`input`). act_q8: 8-bit activations in the layers' int8 projections (as the
+        target's with them; drafts only propose, so this moves acceptance, never the output)."""
         self.tensors, self.kinds = [], []
+        self.act_q8 = act_q8
         for layer in layers:
             tensors, kinds = packed_layer(layer.input_layernorm, layer.post_attention_layernorm,
-                                          (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
+                                          (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj), act_q8)
             self.tensors += tensors
             self.kinds += kinds
         self.head = [final_norm.weight.detach().float().contiguous()]  # the final norm alone: no logits
@@ -186,7 +189,7 @@ class LeanDraftLayers:
         """Rows x [T, H] after the cache's length (causal among themselves; writes their slots): the final-normed
         outputs [T, H]."""
         cos, sin = self.rotary(positions, int(positions.max()), torch.float32)
-        weights = (self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps, False)
+        weights = (self.tensors, self.head, self.kinds, self.heads, self.kv_heads, self.eps, self.act_q8)
         _, states, _ = run_chunked(self.kernel, LEAN_MAX_ROWS, x.float().contiguous(), cos, sin, cache, None, weights)
         return states[-1]
 
@@ -201,7 +204,8 @@ class LeanDraftLayers:
         x = torch.cat([p.x for p in passes]).float().contiguous()
         none = torch.empty(0)
         _, states, _ = self.kernel_packed(x, cos, sin, k, v, lengths, sizes, visible, self.tensors, self.head,
-                                          self.kinds, self.heads, self.kv_heads, self.eps, False, [], none, none)
+                                          self.kinds, self.heads, self.kv_heads, self.eps, self.act_q8, [], none,
+                                          none)
         return list(states[-1].split(sizes))
 
     def logits(self, states: torch.Tensor) -> torch.Tensor | None:
