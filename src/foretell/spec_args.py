@@ -60,7 +60,7 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hot-vocab", type=int,
                    help="draft only among this many frequent tokens (a smaller draft output layer; lossless; 0 = all)")
     g.add_argument("--draft-quant", choices=("auto", "int8", "none", "gguf", "gguf-q8"),
-                   help="draft-model, draft-tree, hidden-state: int8 draft weights (lossless); auto = int8 on CPU, bf16 kept where foretell's bf16 kernel runs (default); "
+                   help="draft-model, draft-tree, parallel-head, hidden-state, eagle3: int8 draft weights (lossless); auto = int8 on CPU, bf16 kept where foretell's bf16 kernel runs (default; a parallel head: int8 on a target with 8-bit activations only); "
                         "draft-model, draft-tree: gguf / gguf-q8 run the draft's GGUF file's own blocks (gguf-q8: 8-bit activations, float32)")
     g.add_argument("--budget", choices=("fixed", "auto"),
                    help="auto: draft length / tree size from this machine's measured forward cost curve")
