@@ -156,8 +156,8 @@ class DrafterWeights:
     def parallel_head(self, model: str, hot_vocab: int, quant: str = "none"):
         """A parallel head: a folder or a shipped name; int8 per `quant` (ParallelHead.quantize), where "auto" is
         int8 on a target with 8-bit activations only (with them, a float32 head's layer was most of its draft pass
-        on Qwen2.5-Coder-1.5B: 36 ms against 14 ms as int8, docs/generalisation.md); elsewhere its weights stay
-        as saved, or as bf16 numbers (`ready`)."""
+        on Qwen2.5-Coder-1.5B: 24.8 ms a pass, 11.2 ms as int8, docs/generalisation.md); elsewhere its weights
+        stay as saved, or as bf16 numbers (`ready`)."""
         from foretell.models.parallel_head import load_parallel_head
 
         lean = self.target.model.lean

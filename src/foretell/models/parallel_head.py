@@ -143,8 +143,9 @@ class ParallelHead(DrafterModule):
 
     def use_lean_step(self, on: bool = True, act_q8: bool = False) -> str | None:
         """Run forwards natively where the head suits the lean step (float32 on CPU); returns why not otherwise.
-        Packs the weights as they are now: call after quantize(). act_q8: 8-bit activations in its int8 layers. A bench-sized forward (3 context rows, 3 placeholders, 8192 output
-        rows) took 7.7 ms in PyTorch on 2 AVX2 cores and 0.8 ms so (benchmarks/bench/parallel_head_step.py)."""
+        Packs the weights as they are now: call after quantize(). act_q8: 8-bit activations in its int8 layers. A
+        bench-sized forward (3 context rows, 3 placeholders, 8192 output rows) took 7.7 ms in PyTorch on 2 AVX2
+        cores and 0.8 ms so (benchmarks/bench/parallel_head_step.py)."""
         self.lean = None
         reason = layers_lean_support(self, list(self.layers), self.norm, self.shared.final_softcap) if on else None
         if on and reason is None:

@@ -52,14 +52,13 @@ def lean_packed(target: Transformer, passes: list, step=None) -> list[ForwardOut
     step to run (another output layer: LeanStep.with_head), else the target's."""
     step = step or target.lean
     sizes = [p.input_ids.shape[0] for p in passes]
-    segments = packed_segments([p.cache for p in passes], sizes, [p.tree_mask for p in passes])
+    k, v, lengths, visible = packed_segments([p.cache for p in passes], sizes, [p.tree_mask for p in passes])
     starts = [sum(sizes[:i]) for i in range(len(passes))]
     positions = torch.cat([p.positions for p in passes])
     cos, sin = target.rope(positions, int(positions.max()), torch.float32)
     x = target.embed_tokens(torch.cat([p.input_ids for p in passes]))
     picked = [torch.arange(start, start + size)[slice(None) if p.logits_rows is None else p.logits_rows]
               for p, start, size in zip(passes, starts, sizes)]
-    k, v, lengths, visible = segments
     logits, states, _ = step.kernel_packed(x, cos, sin, k, v, lengths, sizes, visible, *step.weights,
                                            torch.cat(picked).tolist(), torch.empty(0), torch.empty(0))
     outputs, first = [], 0
