@@ -341,6 +341,62 @@ def test_8_bit_activations_are_one_model_whatever_the_pass_width(tiny_pair):
     assert (floats - whole.logits).abs().mean() < 0.1 * whole.logits.std()  # close: rounding, not another net
 
 
+def test_a_prompt_projects_only_the_rows_it_asks_logits_for(tiny_pair):
+    """A 40-token prompt (two chunks of the lean step) asking for its last row's logits, or none, runs its first
+    chunk without the output layer and gets the same numbers, hidden states and cache as the pass with every row's
+    logits."""
+    from foretell.runtime import lean_step
+
+    pipe = load(tiny_pair[0], "none", quant="int4-q8", warm_up=False)
+    model = pipe.target.model
+    ids = torch.tensor([(5 * i + 1) % 48 for i in range(40)])
+    full_cache = model.new_cache(48)
+    whole = model(ids, torch.arange(40), full_cache, hidden_layers=(1, len(model.layers)))
+    heads_used = []
+    kernel = model.lean.kernel
+    model.lean.kernel = lambda *args: heads_used.append(len(args[8])) or kernel(*args)
+    try:
+        for rows, expected in ((slice(-1, None), whole.logits[-1:]), (slice(0, 0), whole.logits[:0]),
+                               (torch.tensor([35, 39]), whole.logits[[35, 39]])):
+            heads_used.clear()
+            cache = model.new_cache(48)
+            out = model(ids, torch.arange(40), cache, hidden_layers=(1, len(model.layers)), logits_rows=rows)
+            assert torch.equal(out.logits, expected)
+            assert all(torch.equal(out.hidden[i], whole.hidden[i]) for i in out.hidden)
+            assert torch.equal(cache.k[:, :, :, :40], full_cache.k[:, :, :, :40])
+            assert heads_used == [1, len(model.lean.head)]  # the first chunk: the final norm alone
+    finally:
+        model.lean.kernel = kernel
+    assert lean_step.skip_logits(40, 32, 39) == 32 and lean_step.skip_logits(40, 32, 40) == 32
+    assert lean_step.skip_logits(20, 32, 19) == 0 and lean_step.skip_logits(64, 32, 10) == 0
+
+
+def test_fetching_weights_ahead_leaves_the_products_bits():
+    """The interleaved products fetch later groups' weights while they multiply (lean_prefetch): the same bits as
+    without, for 1..17 rows of Q4X and Q8X blocks."""
+    from foretell.kernels import block_gemm, lean_module
+    from foretell.runtime.lean_step import interleaved
+
+    module = lean_module()
+    g = torch.Generator().manual_seed(5)
+    out, cols = 96, 128
+    blocks = {0: (torch.randint(0, 256, (out, cols // 2), generator=g, dtype=torch.uint8),
+                  torch.rand(out, cols // 32, 2, generator=g) - 0.5),
+              1: (torch.randint(-128, 128, (out, cols), generator=g, dtype=torch.int8),
+                  torch.rand(out, cols // 32, generator=g))}
+    x = torch.randn(17, cols, generator=g)
+    try:
+        for kind, (codes, scales) in blocks.items():
+            packed = interleaved(kind, codes, scales)
+            for rows in (1, 8, 17):
+                module.lean_prefetch(2)
+                ahead = block_gemm()(x[:rows], *packed, True)
+                module.lean_prefetch(0)
+                assert torch.equal(ahead, block_gemm()(x[:rows], *packed, True))
+    finally:
+        module.lean_prefetch(2)
+
+
 def test_every_drafter_reproduces_plain_decoding_with_8_bit_activations(tiny_pair):
     assert_drafters_reproduce_plain(load(tiny_pair[0], "none", quant="int4-q8", warm_up=False), tiny_pair[1])
 

@@ -775,6 +775,23 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) inline void q8x_
   }
 }
 
+// The interleaved kinds' products read a group of 8 columns' blocks front to back, group after group. With the
+// hardware prefetcher alone a pass of 8 rows paid for the weights' arrival and its dot products one after the other
+// (a streamed SmolLM2 gate_up product took about the 1-row time plus the in-cache 8-row time); fetching the group
+// `prefetch_groups` ahead while this one multiplies overlaps the two (benchmarks/experiments/prefetch_ab.py).
+// lean_prefetch sets it (0: off, for that A/B); the arithmetic is the same either way.
+int64_t prefetch_groups = 2;
+
+int64_t lean_prefetch(int64_t groups) {
+  TORCH_CHECK(groups >= 0, "groups ahead: 0 or more");
+  return prefetch_groups = groups;
+}
+
+// bytes [p, p + n) on their way to the cache (n > 0)
+inline void fetch_ahead(const void* p, int64_t n) {
+  for (int64_t i = 0; i < n; i += 64) _mm_prefetch(static_cast<const char*>(p) + i, _MM_HINT_T0);
+}
+
 // Columns 8g .. 8g + 7 of R rows of Q4X (Q4) or Q8X blocks: per block the integer sums, then the block's scales
 template <int R, bool Q4, bool VNNI>
 __attribute__((always_inline)) inline void group_qx(const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y,
@@ -782,9 +799,16 @@ __attribute__((always_inline)) inline void group_qx(const Proj& p, int64_t g, co
   const int64_t blocks = p.K / 32, block_bytes = Q4 ? 128 : 256, scales_a_block = Q4 ? 16 : 8;
   const uint8_t* codes = p.codes + g * blocks * block_bytes;
   const float* scales = p.scales + g * blocks * scales_a_block;
+  const bool fetch = m == 0 && prefetch_groups > 0 && g + prefetch_groups < p.N / 8;  // the first rows' pass fetches
+  const uint8_t* later_codes = codes + prefetch_groups * blocks * block_bytes;
+  const float* later_scales = scales + prefetch_groups * blocks * scales_a_block;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
+    if (fetch) {
+      fetch_ahead(later_codes + b * block_bytes, block_bytes);
+      fetch_ahead(later_scales + b * scales_a_block, scales_a_block * 4);
+    }
     const int8_t* q[R];
     for (int r = 0; r < R; ++r) q[r] = x.codes.data() + ((m + r) * blocks + b) * 32;
     __m256i sums[R];
@@ -1274,14 +1298,16 @@ __attribute__((always_inline)) inline void kq4x_chunk_avx2(const uint8_t* rec, i
 // Columns 8g .. 8g + 7 of R rows (m .. m + R - 1 of x) against KQ4X records (forced inline into the two entry points
 // below, each compiled for its instruction set)
 template <int R, bool VNNI>
-__attribute__((always_inline)) inline void group_kq4x(const uint8_t* records, int64_t K, int64_t g, const RowsQ8K& x,
-                                                      int64_t m, float* y, int64_t y_stride) {
+__attribute__((always_inline)) inline void group_kq4x(const uint8_t* records, int64_t K, int64_t g, int64_t groups,
+                                                      const RowsQ8K& x, int64_t m, float* y, int64_t y_stride) {
   const int64_t blocks = K / 256;
   const int8_t* a[R];
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const bool fetch = m == 0 && prefetch_groups > 0 && g + prefetch_groups < groups;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = records + (g * blocks + b) * KQ4X_BYTES;
+    if (fetch) fetch_ahead(rec + prefetch_groups * blocks * KQ4X_BYTES, KQ4X_BYTES);
     for (int r = 0; r < R; ++r) a[r] = x.codes.data() + (m + r) * K + 256 * b;
     __m256i total[R];
     for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
@@ -1315,14 +1341,15 @@ __attribute__((always_inline)) inline void group_kq4x(const uint8_t* records, in
 
 template <int R>
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) void group_kq4x_vnni(
-    const uint8_t* records, int64_t K, int64_t g, const RowsQ8K& x, int64_t m, float* y, int64_t y_stride) {
-  group_kq4x<R, true>(records, K, g, x, m, y, y_stride);
+    const uint8_t* records, int64_t K, int64_t g, int64_t groups, const RowsQ8K& x, int64_t m, float* y,
+    int64_t y_stride) {
+  group_kq4x<R, true>(records, K, g, groups, x, m, y, y_stride);
 }
 
 template <int R>
-void group_kq4x_avx2(const uint8_t* records, int64_t K, int64_t g, const RowsQ8K& x, int64_t m, float* y,
-                     int64_t y_stride) {
-  group_kq4x<R, false>(records, K, g, x, m, y, y_stride);
+void group_kq4x_avx2(const uint8_t* records, int64_t K, int64_t g, int64_t groups, const RowsQ8K& x, int64_t m,
+                     float* y, int64_t y_stride) {
+  group_kq4x<R, false>(records, K, g, groups, x, m, y, y_stride);
 }
 
 // Q6_K blocks with 8 output columns interleaved (KQ6X), for 8-bit activations: per group of 8 columns and block of
@@ -1421,14 +1448,17 @@ __attribute__((always_inline)) inline void kq6x_chunk_avx2(const uint8_t* rec, i
 
 // Columns 8g .. 8g + 7 of R rows against KQ6X records; sums16: the rows' activation code sums per 16 inputs
 template <int R, bool VNNI>
-__attribute__((always_inline)) inline void group_kq6x(const uint8_t* records, int64_t K, int64_t g, const RowsQ8K& x,
-                                                      const int16_t* sums16, int64_t m, float* y, int64_t y_stride) {
+__attribute__((always_inline)) inline void group_kq6x(const uint8_t* records, int64_t K, int64_t g, int64_t groups,
+                                                      const RowsQ8K& x, const int16_t* sums16, int64_t m, float* y,
+                                                      int64_t y_stride) {
   const int64_t blocks = K / 256;
   const int8_t* a[R];
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const bool fetch = m == 0 && prefetch_groups > 0 && g + prefetch_groups < groups;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = records + (g * blocks + b) * KQ6X_BYTES;
+    if (fetch) fetch_ahead(rec + prefetch_groups * blocks * KQ6X_BYTES, KQ6X_BYTES);
     for (int r = 0; r < R; ++r) a[r] = x.codes.data() + (m + r) * K + 256 * b;
     __m256i total[R];
     for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
@@ -1468,15 +1498,15 @@ __attribute__((always_inline)) inline void group_kq6x(const uint8_t* records, in
 
 template <int R>
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) void group_kq6x_vnni(
-    const uint8_t* records, int64_t K, int64_t g, const RowsQ8K& x, const int16_t* sums16, int64_t m, float* y,
-    int64_t y_stride) {
-  group_kq6x<R, true>(records, K, g, x, sums16, m, y, y_stride);
+    const uint8_t* records, int64_t K, int64_t g, int64_t groups, const RowsQ8K& x, const int16_t* sums16, int64_t m,
+    float* y, int64_t y_stride) {
+  group_kq6x<R, true>(records, K, g, groups, x, sums16, m, y, y_stride);
 }
 
 template <int R>
-void group_kq6x_avx2(const uint8_t* records, int64_t K, int64_t g, const RowsQ8K& x, const int16_t* sums16, int64_t m,
-                     float* y, int64_t y_stride) {
-  group_kq6x<R, false>(records, K, g, x, sums16, m, y, y_stride);
+void group_kq6x_avx2(const uint8_t* records, int64_t K, int64_t g, int64_t groups, const RowsQ8K& x,
+                     const int16_t* sums16, int64_t m, float* y, int64_t y_stride) {
+  group_kq6x<R, false>(records, K, g, groups, x, sums16, m, y, y_stride);
 }
 
 // One row of blocks as its K float weights (a prompt's many-row product runs dense on them)
@@ -1591,13 +1621,13 @@ void gemm_kqx(const Proj& p, const float* x, int64_t M, float* y) {
       in_eights(M, [&](auto R, int64_t m) {
         constexpr int rows = decltype(R)::value;
         if (p.kind == KQ6X && vnni_on)
-          group_kq6x_vnni<rows>(p.codes, p.K, g, xk, sums16.data(), m, y + m * p.N, p.N);
+          group_kq6x_vnni<rows>(p.codes, p.K, g, p.N / 8, xk, sums16.data(), m, y + m * p.N, p.N);
         else if (p.kind == KQ6X)
-          group_kq6x_avx2<rows>(p.codes, p.K, g, xk, sums16.data(), m, y + m * p.N, p.N);
+          group_kq6x_avx2<rows>(p.codes, p.K, g, p.N / 8, xk, sums16.data(), m, y + m * p.N, p.N);
         else if (vnni_on)
-          group_kq4x_vnni<rows>(p.codes, p.K, g, xk, m, y + m * p.N, p.N);
+          group_kq4x_vnni<rows>(p.codes, p.K, g, p.N / 8, xk, m, y + m * p.N, p.N);
         else
-          group_kq4x_avx2<rows>(p.codes, p.K, g, xk, m, y + m * p.N, p.N);
+          group_kq4x_avx2<rows>(p.codes, p.K, g, p.N / 8, xk, m, y + m * p.N, p.N);
       });
       if (p.bias)
         for (int64_t r = 0; r < M; ++r)
@@ -2357,6 +2387,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("lean_avx512", &lean_avx512, "BF16X / I8X products on AVX-512 (the default where the CPU has it): "
         "whether they now are");
+  m.def("lean_prefetch", &lean_prefetch, "how many groups of 8 columns ahead the interleaved products fetch their "
+        "weights (0: off, for A/B runs); returns it", py::arg("groups"));
   m.def("lean_vnni", &lean_vnni, "Q4X / Q8X products on AVX-512 VNNI (the default where the CPU has it): whether "
         "they now are");
   m.def("lean_amx", &lean_amx, "BF16A products on AMX (the default where the CPU has it and Linux grants its "

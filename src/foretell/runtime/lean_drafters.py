@@ -116,7 +116,8 @@ class LeanEagle3Step:
         weights = (self.tensors, head, kinds, self.heads, self.kv_heads, self.eps, self.act_q8)
         logits, states, last = run_chunked(self.kernel, LEAN_MAX_ROWS, hidden.float().contiguous(), cos, sin, cache,
                                            tree_mask, weights, side=embeds.float().contiguous(),
-                                           side_norm=self.side_norm)
+                                           side_norm=self.side_norm,
+                                           logits_from=hidden.shape[0] - 1 if last_only and not headless else 0)
         if headless:
             return last, run_column_product(self.output, states[-1][-1:])
         return last, logits[-1:] if last_only else logits

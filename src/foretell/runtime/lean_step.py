@@ -270,24 +270,38 @@ def packed_segments(caches: list, sizes: list[int], tree_masks: list) -> tuple[l
 
 def run_chunked(kernel, max_rows: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache,
                 tree_mask: torch.Tensor | None, weights: tuple, side: torch.Tensor | None = None,
-                side_norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                side_norm: torch.Tensor | None = None,
+                logits_from: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """lean_decode over T rows after the cache's length, max_rows at a time (a row's arithmetic does not depend
     on the rows beside it), writing their cache slots. weights: (layers, head, kinds, heads, kv_heads, eps,
-    act_q8). Returns logits [T, V], states [L + 1, T, H] and the last layer's outputs before the final norm."""
+    act_q8). Returns logits, states [L + 1, T, H] and the last layer's outputs before the final norm. logits: of
+    the rows from the first chunk holding row `logits_from` (skip_logits says which: the chunks before it run
+    without the output layer, a product over the vocabulary that a prompt's rows would mostly throw away)."""
     T = x.shape[0]
     visible = None if tree_mask is None else visible_slots(tree_mask, T, cache.length)
     empty = torch.empty(0)
+    layers, head, kinds, *rest = weights
+    headless = (layers, head[:1], kinds[:-1], *rest)  # the final norm alone: no output layer, no logits
+    skip = skip_logits(T, max_rows, logits_from) if len(head) > 1 else 0
     parts = []
     for start in range(0, T, max_rows):
         end = min(start + max_rows, T)
         # rows see only earlier slots (a tree lists parents first), so a chunk's mask ends at its last row
         seen = torch.empty(0, dtype=torch.bool) if visible is None else visible[start:end, :cache.length + end]
         parts.append(kernel(x[start:end], cos[start:end], sin[start:end], cache.k, cache.v, cache.length + start,
-                            seen, *weights, empty if side is None else side[start:end],
+                            seen, *(headless if end <= skip else weights), empty if side is None else side[start:end],
                             empty if side_norm is None else side_norm))
     if len(parts) == 1:
         return tuple(parts[0])
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts], dim=1), torch.cat([p[2] for p in parts])
+    return (torch.cat([p[0] for p in parts if p[0].shape[1]]),
+            torch.cat([p[1] for p in parts], dim=1), torch.cat([p[2] for p in parts]))
+
+
+def skip_logits(rows: int, max_rows: int, logits_from: int) -> int:
+    """How many leading rows of a pass of `rows` that run_chunked splits max_rows at a time get no logits: the
+    whole chunks before row logits_from (the last chunk always keeps them, so logits have their vocabulary's
+    width even where no row is wanted)."""
+    return min(max(logits_from, 0), rows - 1) // max_rows * max_rows
 
 
 class LeanStep:
@@ -350,14 +364,15 @@ class LeanStep:
         return rows <= self.max_rows or self.act_q8 or tree or (context > 0 and rows <= LEAN_CHUNKED_ROWS)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, cache,
-                 tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """A pass with forward's arguments; writes the cache's slots after its length. Returns logits [T, V] and
-        states [L + 1, T, H] (forward's hidden layers 0..L). Passes of more than max_rows tokens (prompts, with
-        8-bit activations) run in consecutive chunks."""
+                 tree_mask: torch.Tensor | None = None, logits_from: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """A pass with forward's arguments; writes the cache's slots after its length. Returns logits and states
+        [L + 1, T, H] (forward's hidden layers 0..L). Passes of more than max_rows tokens (prompts, with 8-bit
+        activations) run in consecutive chunks; logits: [T - skip, V], the rows from skip_logits(T, max_rows,
+        logits_from) on."""
         model = self.model
         cos, sin = model.rope(positions, int(positions.max()), torch.float32)
         logits, states, _ = run_chunked(self.kernel, self.max_rows, model.embed_tokens(input_ids), cos, sin, cache,
-                                        tree_mask, self.weights)
+                                        tree_mask, self.weights, logits_from=logits_from)
         return logits, states
 
 
@@ -399,7 +414,13 @@ def lean_forward(step: LeanStep, input_ids: torch.Tensor, positions: torch.Tenso
                  logits_rows: torch.Tensor | slice | None = None) -> ForwardOutput:
     """A pass through `step` (one it takes: LeanStep.takes, a single sequence's cache) with Transformer.forward's
     arguments and output."""
-    cache.check_room(input_ids.shape[0])
-    logits, states = step(input_ids, positions, cache, tree_mask)
-    return ForwardOutput(logits=logits if logits_rows is None else logits[logits_rows],
+    T = input_ids.shape[0]
+    cache.check_room(T)
+    if logits_rows is None:
+        logits, states = step(input_ids, positions, cache, tree_mask)
+        return ForwardOutput(logits=logits, hidden={i: states[i] for i in hidden_layers})
+    wanted = torch.arange(T)[logits_rows]  # a prompt wants none or its last row's: its other chunks skip the product
+    first = int(wanted.min()) if wanted.numel() else T
+    logits, states = step(input_ids, positions, cache, tree_mask, logits_from=first)
+    return ForwardOutput(logits=logits[wanted - skip_logits(T, step.max_rows, first)],
                          hidden={i: states[i] for i in hidden_layers})
