@@ -251,6 +251,29 @@ def test_fixed_by_batch_size():
     assert rule.caps([[0.5] * 8] * 5) == [0] * 5
 
 
+def test_the_fixed_rule_drafts_no_deeper_than_its_length(pipes):
+    """Under FixedByBatchSize a request drafts only as deep as the rule's length for the batch (a drafter's tree
+    past it would be cut before verification): with length 1, every drafted proposal is one level deep, and the
+    output is still each request's own."""
+    pipe = pipes["eagle3"]
+    alone = [pipe.engine.generate(p, GREEDY).tokens for p in PROMPTS[:2]]
+    batch = pipe.batch_engine(FixedByBatchSize(limits=(4,), lengths=(1,)), max_batch=2)
+    depths = []
+    draft_all = batch._draft_all
+
+    def recording(ready, limits):
+        proposals = draft_all(ready, limits)
+        depths.extend(p.depth for p in proposals if p.size)
+        return proposals
+
+    batch._draft_all = recording
+    mine = [submit(batch, p, GREEDY) for p in PROMPTS[:2]]
+    batch.run()
+    assert [c.tokens for c in mine] == alone
+    assert depths and set(depths) == {1}
+    assert FixedByBatchSize(limits=(1, 4), lengths=(6, 2)).length(3) == 2
+
+
 def test_truncate_keeps_a_valid_tree():
     tree = Proposal(tokens=torch.tensor([1, 2, 3, 4]), parents=torch.tensor([-1, 0, -1, 1]),
                     draft_prob=torch.tensor([0.5, 0.5, 0.5, 0.5]))

@@ -1,6 +1,8 @@
 """Where a batched step's time goes, in process (no HTTP): C requests kept active on Spec-Bench prompts until N
 have finished, for each budget policy; prints tokens/s, tokens per step and the seconds spent in the target's
-packed forward, in drafting (Decoding.draft) and in verification (Decoding.settle). A diagnostic, not a test.
+packed forward (and of that, in passes carrying a prompt chunk), in drafting (BatchEngine._draft_all: every ready
+request's proposal, the drafters' forwards packed) and in verification
+(Decoding.settle). A diagnostic, not a test.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/serve/batch_profile.py [DRAFTER|default|none] [--budgets auto,fixed,none]
         (fixed:N: N draft tokens a request at any batch size)
@@ -16,6 +18,7 @@ import time
 
 import torch
 
+import foretell.batching as batching
 import foretell.decoding as decoding
 from foretell.api import load
 from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize
@@ -38,6 +41,25 @@ def timed(owner, name: str, seconds: dict, key: str) -> None:
     setattr(owner, name, wrapper)
 
 
+def timed_forward(seconds: dict) -> None:
+    """Wrap the batch's target pass (batching.forward_packed): its time goes to seconds["forward"], and that of the
+    passes carrying a prompt chunk (a prefill asks no logits) to seconds["of which prompt passes"] too: the share
+    of the time that speculation cannot shorten, as every server computes its prompts alike."""
+    inner = batching.forward_packed
+
+    def wrapper(target, passes):
+        start = time.perf_counter()
+        try:
+            return inner(target, passes)
+        finally:
+            spent = time.perf_counter() - start
+            seconds["forward"] += spent
+            if any(p.logits_rows == slice(0, 0) for p in passes):
+                seconds["of which prompt passes"] += spent
+
+    batching.forward_packed = wrapper
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("drafter", nargs="?", default="default", help="a method name, or default (the target's)")
@@ -46,6 +68,7 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--requests", type=int, default=24)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--per-category", type=int, default=3, help="Spec-Bench prompts a category (default: %(default)s)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quant", default="none")
     p.add_argument("--dtype", default="bfloat16")
@@ -59,11 +82,12 @@ def main() -> None:
         spec = SpeculativeConfig(method=args.drafter, model=args.draft, draft_quant=args.draft_quant,
                                  hot_vocab=args.hot_vocab)
     pipe = load(args.model, spec, dtype=args.dtype, quant=args.quant)
-    prompts = [pipe.encode(x["prompt"]) for x in load_prompts(["spec-bench"], 3)]
-    seconds = {"forward": 0.0, "draft": 0.0, "settle": 0.0}
-    timed(decoding.Decoding, "draft", seconds, "draft")
+    prompts = [pipe.encode(x["prompt"]) for x in load_prompts(["spec-bench"], args.per_category)]
+    seconds = {"forward": 0.0, "of which prompt passes": 0.0, "draft": 0.0, "settle": 0.0, "prompt drafter": 0.0}
+    timed(batching.BatchEngine, "_draft_all", seconds, "draft")
     timed(decoding.Decoding, "settle", seconds, "settle")
-    timed(pipe.target.model, "forward_packed", seconds, "forward")
+    timed(decoding.Decoding, "prefilled_pass", seconds, "prompt drafter")  # the drafter reads the prompt's states
+    timed_forward(seconds)
     policies = {"auto": lambda: BatchAwareBudget(cost=pipe.weights.target_cost()), "fixed": FixedByBatchSize,
                 "none": lambda: None}
     for budget in args.budgets.split(","):

@@ -196,9 +196,12 @@ class FixedByBatchSize:
     lengths: tuple[int, ...] = (8, 4, 2)
     name: str = "fixed-by-batch-size"
 
+    def length(self, batch: int) -> int:
+        """Draft nodes a request at this batch size."""
+        return next((length for limit, length in zip(self.limits, self.lengths) if batch <= limit), 0)
+
     def caps(self, values: list[list[float]]) -> list[int]:
-        b = len(values)
-        n = next((length for limit, length in zip(self.limits, self.lengths) if b <= limit), 0)
+        n = self.length(len(values))
         return [min(n, len(v)) for v in values]
 
 

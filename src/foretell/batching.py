@@ -201,7 +201,10 @@ class BatchEngine:
 
     def _draft_limits(self, ready: list[Request], acceptance: list[list[float]]) -> list[int | None]:
         """Before drafting, the depth each request may draft to: the batch-aware rule on its expected acceptance by
-        depth and its drafter's seconds a level (0: not drafted this pass). Other budgets: no limit."""
+        depth and its drafter's seconds a level (0: not drafted this pass); the fixed rule's length (its nodes
+        reach no deeper, so a deeper draft would be thrown away: as vLLM drafts num_speculative_tokens)."""
+        if isinstance(self.budget, FixedByBatchSize):
+            return [self.budget.length(len(ready))] * len(ready)
         if not isinstance(self.budget, BatchAwareBudget):
             return [None] * len(ready)
         depths = [min(r.state.engine.max_draft, PLANNED_DEPTH) if r.state.engine.drafter is not None else 0
