@@ -128,7 +128,8 @@ class DrafterWeights:
         from foretell.models.shipped import SHIPPED_DIR, resolve_drafter_folder
 
         root = self.shipped_root or SHIPPED_DIR
-        model = model or self.shipped_name(method)
+        # once: a server builds an engine for every request, and the manifests are files (~5 ms a request)
+        model = model or self._once(("shipped", method), lambda: self.shipped_name(method))
         return self._once(("folder", model, method), lambda: resolve_drafter_folder(model, method, self.target.model, root))
 
     def shipped_name(self, method: str) -> str:
