@@ -775,11 +775,11 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) inline void q8x_
   }
 }
 
-// The interleaved kinds' products read a group of 8 columns' blocks front to back, group after group. With the
-// hardware prefetcher alone a pass of 8 rows paid for the weights' arrival and its dot products one after the other
-// (a streamed SmolLM2 gate_up product took about the 1-row time plus the in-cache 8-row time); fetching the group
-// `prefetch_groups` ahead while this one multiplies overlaps the two (benchmarks/experiments/prefetch_ab.py).
-// lean_prefetch sets it (0: off, for that A/B); the arithmetic is the same either way.
+// The interleaved kinds' products read a group of 8 columns' blocks front to back, group after group, and fetch the
+// group `prefetch_groups` ahead while this one multiplies: a product streamed alone from memory had paid for the
+// weights' arrival and its dot products one after the other. Whole passes, whose layers' products are small,
+// measured within noise of the hardware prefetcher alone (benchmarks/experiments/pass_widths.py --prefetch 0,2).
+// lean_prefetch sets it (0: off); the arithmetic is the same either way.
 int64_t prefetch_groups = 2;
 
 int64_t lean_prefetch(int64_t groups) {
