@@ -69,6 +69,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=24)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--per-category", type=int, default=3, help="Spec-Bench prompts a category (default: %(default)s)")
+    p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens a pass (default: %(default)s)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quant", default="none")
     p.add_argument("--dtype", default="bfloat16")
@@ -95,7 +96,7 @@ def main() -> None:
             policy = FixedByBatchSize((64,), (int(budget.split(":")[1]),))
         else:
             policy = policies[budget]()
-        batch = pipe.batch_engine(policy, max_batch=args.clients)
+        batch = pipe.batch_engine(policy, max_batch=args.clients, prefill_chunk=args.prefill_chunk)
         tokens, finished, sent, steps = [0], [0], 0, 0
         for key in seconds:
             seconds[key] = 0.0
