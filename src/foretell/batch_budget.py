@@ -113,10 +113,17 @@ class Calibration:
 class BatchAwareBudget:
     """Caps per request (draft nodes it keeps, best first) that maximise the pass's expected tokens per second."""
 
-    cost: Callable[[int], float]  # seconds of a target pass over this many tokens in all
+    cost: Callable[[int], float]  # seconds of a target pass over this many tokens in all (fixed: memoized)
     per_request: float = 0.0  # seconds each request adds to a pass regardless of tokens (its attention, bookkeeping)
     name: str = "batch-aware"
     smoothing: float = 0.1  # observe()'s moving average
+    _costs: dict[int, float] = field(default_factory=dict, repr=False)
+
+    def pass_cost(self, tokens: int) -> float:
+        """cost(tokens), each count computed once: caps asks ~100 a pass, a curve interpolation in Python each."""
+        if tokens not in self._costs:
+            self._costs[tokens] = self.cost(tokens)
+        return self._costs[tokens]
 
     def caps(self, values: list[list[float]], draft_seconds: list[float] | None = None) -> list[int]:
         """values[i]: request i's node values in proposal order (parents first). Returns how many of its nodes
@@ -125,13 +132,13 @@ class BatchAwareBudget:
         b = len(values)
         fixed = self.per_request * b
         gain, tokens, drafting = float(b), b, 0.0  # every request produces one token per pass without drafts
-        best, best_taken = gain / (self.cost(tokens) + fixed), 0
+        best, best_taken = gain / (self.pass_cost(tokens) + fixed), 0
         # Nodes best first across requests, by value per second of drafting and verifying it (values never grow
         # along a path, so a node comes after its ancestors; ties keep proposal order). The whole order is scored
         # and its best prefix kept, not stopped at the first node that does not pay: a cost curve with steps can
         # make one more token a loss and three a gain.
         drafts = draft_seconds if draft_seconds is not None else [0.0] * b
-        token = max(self.cost(b + 1) - self.cost(b), 1e-9)
+        token = max(self.pass_cost(b + 1) - self.pass_cost(b), 1e-9)
         heap = [(-v[0] / (drafts[i] + token), i, 0) for i, v in enumerate(values) if v]
         heapq.heapify(heap)
         order: list[int] = []
@@ -140,7 +147,7 @@ class BatchAwareBudget:
             order.append(i)
             gain, tokens = gain + values[i][j], tokens + 1
             drafting += drafts[i]
-            rate = gain / (self.cost(tokens) + fixed + drafting)
+            rate = gain / (self.pass_cost(tokens) + fixed + drafting)
             if rate > best:
                 best, best_taken = rate, len(order)
             if j + 1 < len(values[i]):
@@ -155,7 +162,7 @@ class BatchAwareBudget:
         the pass cost beyond the curve, a moving average (a request's attention grows with its context)."""
         if requests < 1:
             return
-        residual = max(0.0, (seconds - self.cost(tokens)) / requests)
+        residual = max(0.0, (seconds - self.pass_cost(tokens)) / requests)
         self.per_request += self.smoothing * (residual - self.per_request)
 
 
