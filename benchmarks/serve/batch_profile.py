@@ -1,8 +1,7 @@
 """Where a batched step's time goes, in process (no HTTP): C requests kept active on Spec-Bench prompts until N
 have finished, for each budget policy; prints tokens/s, tokens per step and the seconds spent in the target's
 packed forward (and of that, in passes carrying a prompt chunk), in drafting (BatchEngine._draft_all: every ready
-request's proposal, the drafters' forwards packed) and in verification
-(Decoding.settle). A diagnostic, not a test.
+request's proposal, the drafters' forwards packed) and in verification (Decoding.settle). A diagnostic, not a test.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/serve/batch_profile.py [DRAFTER|default|none] [--budgets auto,fixed,none]
         (fixed:N: N draft tokens a request at any batch size)
@@ -84,10 +83,9 @@ def main() -> None:
                                  hot_vocab=args.hot_vocab)
     pipe = load(args.model, spec, dtype=args.dtype, quant=args.quant)
     prompts = [pipe.encode(x["prompt"]) for x in load_prompts(["spec-bench"], args.per_category)]
-    seconds = {"forward": 0.0, "of which prompt passes": 0.0, "draft": 0.0, "settle": 0.0, "prompt drafter": 0.0}
+    seconds = {"forward": 0.0, "of which prompt passes": 0.0, "draft": 0.0, "settle": 0.0}
     timed(batching.BatchEngine, "_draft_all", seconds, "draft")
     timed(decoding.Decoding, "settle", seconds, "settle")
-    timed(decoding.Decoding, "prefilled_pass", seconds, "prompt drafter")  # the drafter reads the prompt's states
     timed_forward(seconds)
     policies = {"auto": lambda: BatchAwareBudget(cost=pipe.weights.target_cost()), "fixed": FixedByBatchSize,
                 "none": lambda: None}

@@ -128,22 +128,25 @@ class DrafterWeights:
         from foretell.models.shipped import SHIPPED_DIR, resolve_drafter_folder
 
         root = self.shipped_root or SHIPPED_DIR
-        # once: a server builds an engine for every request, and the manifests are files (~5 ms a request)
-        model = model or self._once(("shipped", method), lambda: self.shipped_name(method))
+        model = model or self.shipped_name(method)
         return self._once(("folder", model, method), lambda: resolve_drafter_folder(model, method, self.target.model, root))
 
     def shipped_name(self, method: str) -> str:
         """The shipped drafter of kind `method` for this target (its default first), for a head method given
-        without weights."""
+        without weights. Read once: a server builds an engine for every request, and the manifests are files
+        (~5 ms a request)."""
         from foretell.models.shipped import SHIPPED_DIR, shipped_manifests
 
-        mine = [m for m in shipped_manifests(self.shipped_root or SHIPPED_DIR)
-                if m.kind == method and m.target.name == self.target_name]
-        if not mine:
-            flag = {"parallel-head": "--head", "hidden-state": "--hidden-draft", "eagle3": "--eagle"}[method]
-            raise ForetellError(f"no {method} drafter is shipped for {self.target_name}: give its folder with {flag} "
-                                "(train one: docs/training.md)")
-        return max(mine, key=lambda m: m.default).name
+        def find() -> str:
+            mine = [m for m in shipped_manifests(self.shipped_root or SHIPPED_DIR)
+                    if m.kind == method and m.target.name == self.target_name]
+            if not mine:
+                flag = {"parallel-head": "--head", "hidden-state": "--hidden-draft", "eagle3": "--eagle"}[method]
+                raise ForetellError(f"no {method} drafter is shipped for {self.target_name}: give its folder with "
+                                    f"{flag} (train one: docs/training.md)")
+            return max(mine, key=lambda m: m.default).name
+
+        return self._once(("shipped", method), find)
 
     def corpus(self, name: str | None):
         """A corpus of the target's own answers (a file, or a shipped corpus's name: checked), None for None."""

@@ -787,6 +787,11 @@ int64_t lean_prefetch(int64_t groups) {
   return prefetch_groups = groups;
 }
 
+// whether the pass over rows m.. of group g (of `groups`) fetches the later group: the first rows' pass does
+inline bool fetches(int64_t m, int64_t g, int64_t groups) {
+  return m == 0 && prefetch_groups > 0 && g + prefetch_groups < groups;
+}
+
 // bytes [p, p + n) on their way to the cache (n > 0)
 inline void fetch_ahead(const void* p, int64_t n) {
   for (int64_t i = 0; i < n; i += 64) _mm_prefetch(static_cast<const char*>(p) + i, _MM_HINT_T0);
@@ -799,7 +804,7 @@ __attribute__((always_inline)) inline void group_qx(const Proj& p, int64_t g, co
   const int64_t blocks = p.K / 32, block_bytes = Q4 ? 128 : 256, scales_a_block = Q4 ? 16 : 8;
   const uint8_t* codes = p.codes + g * blocks * block_bytes;
   const float* scales = p.scales + g * blocks * scales_a_block;
-  const bool fetch = m == 0 && prefetch_groups > 0 && g + prefetch_groups < p.N / 8;  // the first rows' pass fetches
+  const bool fetch = fetches(m, g, p.N / 8);
   const uint8_t* later_codes = codes + prefetch_groups * blocks * block_bytes;
   const float* later_scales = scales + prefetch_groups * blocks * scales_a_block;
   __m256 acc[R];
@@ -1304,7 +1309,7 @@ __attribute__((always_inline)) inline void group_kq4x(const uint8_t* records, in
   const int8_t* a[R];
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const bool fetch = m == 0 && prefetch_groups > 0 && g + prefetch_groups < groups;
+  const bool fetch = fetches(m, g, groups);
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = records + (g * blocks + b) * KQ4X_BYTES;
     if (fetch) fetch_ahead(rec + prefetch_groups * blocks * KQ4X_BYTES, KQ4X_BYTES);
@@ -1455,7 +1460,7 @@ __attribute__((always_inline)) inline void group_kq6x(const uint8_t* records, in
   const int8_t* a[R];
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const bool fetch = m == 0 && prefetch_groups > 0 && g + prefetch_groups < groups;
+  const bool fetch = fetches(m, g, groups);
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* rec = records + (g * blocks + b) * KQ6X_BYTES;
     if (fetch) fetch_ahead(rec + prefetch_groups * blocks * KQ6X_BYTES, KQ6X_BYTES);

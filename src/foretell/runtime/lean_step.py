@@ -367,8 +367,8 @@ class LeanStep:
                  tree_mask: torch.Tensor | None = None, logits_from: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """A pass with forward's arguments; writes the cache's slots after its length. Returns logits and states
         [L + 1, T, H] (forward's hidden layers 0..L). Passes of more than max_rows tokens (prompts, with 8-bit
-        activations) run in consecutive chunks; logits: [T - skip, V], the rows from skip_logits(T, max_rows,
-        logits_from) on."""
+        activations) run in consecutive chunks; logits: the last rows', from skip_logits(T, max_rows, logits_from)
+        on."""
         model = self.model
         cos, sin = model.rope(positions, int(positions.max()), torch.float32)
         logits, states, _ = run_chunked(self.kernel, self.max_rows, model.embed_tokens(input_ids), cos, sin, cache,
@@ -422,5 +422,5 @@ def lean_forward(step: LeanStep, input_ids: torch.Tensor, positions: torch.Tenso
     wanted = torch.arange(T)[logits_rows]  # a prompt wants none or its last row's: its other chunks skip the product
     first = int(wanted.min()) if wanted.numel() else T
     logits, states = step(input_ids, positions, cache, tree_mask, logits_from=first)
-    return ForwardOutput(logits=logits[wanted - skip_logits(T, step.max_rows, first)],
+    return ForwardOutput(logits=logits[wanted - (T - logits.shape[0])],  # logits hold the last rows only
                          hidden={i: states[i] for i in hidden_layers})
