@@ -15,6 +15,7 @@ from foretell.errors import ForetellError
 from foretell.models.eagle3 import new_eagle3_head, save_eagle3_head
 from foretell.models.hidden_draft import new_hidden_draft, save_hidden_draft
 from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
+from foretell.prefix_cache import PrefixCache
 from foretell.types import Proposal, SamplingParams
 
 
@@ -150,6 +151,59 @@ def test_a_long_prompt_is_read_in_chunks_while_others_decode(pipes):
     assert len(running.tokens) == produced + 3
     batch.run()
     assert newcomer.tokens == pipe.engine.generate(long_prompt, GREEDY).tokens
+
+
+def test_a_prompt_that_starts_with_a_kept_prefix_reads_only_the_rest(pipes):
+    """Greedy fp32, every drafter: a conversation's next turn (the first prompt and more), a prompt sharing part of
+    it and the first prompt again decode as they do alone, while their usage says the prefix cache gave them the
+    rows they share (the prompt's last token is always read: it is the first decoding pass's input)."""
+    first = (PROMPTS[2] * 4)[:37]
+    turns = [first, first + [14, 15, 16, 17, 5, 9], first[:25] + [3, 4, 6, 8], first]
+    for name, pipe in pipes.items():
+        cache = PrefixCache(1 << 24, min_tokens=8)
+        batch = pipe.batch_engine(max_batch=2, prefix_cache=cache)
+        runs = []
+        for prompt in turns:
+            runs.append(submit(batch, prompt, GREEDY))
+            batch.run()
+        assert [c.tokens for c in runs] == [pipe.engine.generate(p, GREEDY).tokens for p in turns], name
+        assert [c.result.stats.cached_prompt_tokens for c in runs] == [0, 36, 25, 36], name
+        assert len(cache.entries) == 2, name  # the next turn's prefix replaced the first one, which it extends
+
+
+def test_a_prefix_kept_without_the_drafters_rows_is_not_reused_by_it(pipes):
+    """A plain request keeps no hook rows; a request whose drafter reads them reads its prompt itself (and still
+    decodes as alone), and then keeps a prefix that serves both."""
+    prompt = (PROMPTS[0] * 5)[:30]
+    cache = PrefixCache(1 << 24, min_tokens=8)
+    eagle = pipes["eagle3"]
+    batch = eagle.batch_engine(max_batch=2, prefix_cache=cache)
+    runs = []
+    for engine in (pipes["none"].engine, None, None, pipes["none"].engine):
+        runs.append(submit(batch, prompt, GREEDY, engine))
+        batch.run()
+    assert [c.result.stats.cached_prompt_tokens for c in runs] == [0, 0, 29, 29]
+    assert runs[1].tokens == runs[2].tokens == eagle.engine.generate(prompt, GREEDY).tokens
+    assert runs[0].tokens == runs[3].tokens == pipes["none"].engine.generate(prompt, GREEDY).tokens
+
+
+def test_the_prefix_cache_keeps_what_fits_least_recently_used_first_out(tiny_pair):
+    pipe = load(tiny_pair[0], "none", warm_up=False)
+    prompts = [[1] + [10 + i] * 20 for i in range(4)]
+    one = pipe.target.model.new_cache(32)
+    per_entry = 2 * one.k[:, :, :, :20].numel() * one.k.element_size()
+    cache = PrefixCache(3 * per_entry, min_tokens=8)
+    batch = pipe.batch_engine(max_batch=1, prefix_cache=cache)
+    for prompt in prompts[:3] + prompts[:1]:  # the first is used again: the second is now the oldest
+        submit(batch, prompt, GREEDY)
+        batch.run()
+    assert cache.nbytes == 3 * per_entry
+    submit(batch, prompts[3], GREEDY)
+    batch.run()
+    assert [key[1] for key in cache.entries] == [12, 10, 13] and cache.nbytes == 3 * per_entry
+    assert cache.stats.queries == 5 and cache.stats.hits == 1 and cache.stats.reused_tokens == 20
+    with pytest.raises(ForetellError, match="max_bytes"):
+        PrefixCache(-1)
 
 
 def test_sampling_in_a_batch_follows_the_target(micro):

@@ -13,6 +13,7 @@ from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.decoding import TargetPass
 from foretell.kernels import lean_decode
+from foretell.prefix_cache import PrefixCache
 from foretell.runtime import packed
 from foretell.types import SamplingParams
 
@@ -111,7 +112,7 @@ def assert_batch_of_four_decodes_as_alone(plain, draft_folder):
                 (PROMPTS[3], "draft-tree", SamplingParams(temperature=1.0, seed=3, max_new_tokens=12))]
     greedy = [r for r in requests if r[2].temperature == 0]
     alone = [pipes[name].engine.generate(prompt, params).tokens for prompt, name, params in greedy]
-    batch = plain.batch_engine(None, max_batch=4)
+    batch = plain.batch_engine(None, max_batch=4, prefix_cache=PrefixCache(1 << 24, min_tokens=8))
     collected = []
     for prompt, name, params in requests:
         tokens: list[int] = []
@@ -121,6 +122,18 @@ def assert_batch_of_four_decodes_as_alone(plain, draft_folder):
         batch.run()
     assert [t for t, r in zip(collected, requests) if r[2].temperature == 0] == alone
     assert max(kernel.segments) == 4  # four sequences in one native pass
+    # the long prompt again, and a next turn of it, beside a third request: their rows from the prefix cache
+    again = [(long_prompt, "draft-tree"), (long_prompt + [7, 8, 9], "none"), (PROMPTS[0], "prompt-lookup")]
+    results = []
+    for prompt, name in again:
+        batch.submit(prompt, GREEDY, lambda c, out=results: out.append(c) if c.result else None, pytest.fail,
+                     pipes[name].engine)
+    batch.run()
+    results.sort(key=lambda c: c.result.stats.prompt_tokens)  # as `again` by prompt length
+    assert [c.result.stats.cached_prompt_tokens for c in results] == [0, 44, 44]
+    by_length = sorted(again, key=lambda r: len(r[0]))
+    assert [c.result.tokens for c in results] == [pipes[name].engine.generate(prompt, GREEDY).tokens
+                                                  for prompt, name in by_length]
 
 
 def test_a_batch_of_four_decodes_as_alone_on_float32_weights(tiny_pair):

@@ -100,7 +100,7 @@ def test_stop_string(client, tiny_pair, capsys):
 
 
 def test_streaming_chat_equals_the_whole_response(client):
-    messages = [{"role": "system", "content": "w3"}, {"role": "user", "content": CHAT_PROMPT}]
+    messages = [{"role": "system", "content": "w3 w4 w5 w6 w7 w8 w3 w4"}, {"role": "user", "content": CHAT_PROMPT}]
     whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
     chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
                                                  stream=True, stream_options={"include_usage": True}))
@@ -110,7 +110,11 @@ def test_streaming_chat_equals_the_whole_response(client):
     closing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(closing) == 1 and closing[0].choices[0].finish_reason == whole.choices[0].finish_reason
     assert extension(closing[0]) == extension(whole)
-    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    usage, whole_usage = chunks[-1].usage.model_dump(), whole.usage.model_dump()
+    assert chunks[-1].choices == [] and usage.pop("prompt_tokens_details") != whole_usage.pop("prompt_tokens_details")
+    assert usage == whole_usage
+    # the same prompt again: all of it but its last token came from the prefix cache
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == whole.usage.prompt_tokens - 1
     assert all(c.usage is None for c in chunks[:-1])
 
 

@@ -23,6 +23,7 @@ from foretell.api import load
 from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize
 from foretell.bench.datasets import load_prompts
 from foretell.config import SpeculativeConfig
+from foretell.prefix_cache import PrefixCache
 from foretell.types import SamplingParams
 
 
@@ -69,6 +70,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--per-category", type=int, default=3, help="Spec-Bench prompts a category (default: %(default)s)")
     p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens a pass (default: %(default)s)")
+    p.add_argument("--prefix-cache-mb", type=int, default=512,
+                   help="MiB of prompt prefixes kept across requests, as the server keeps them; 0: off (default: %(default)s)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quant", default="none")
     p.add_argument("--dtype", default="bfloat16")
@@ -94,7 +97,9 @@ def main() -> None:
             policy = FixedByBatchSize((64,), (int(budget.split(":")[1]),))
         else:
             policy = policies[budget]()
-        batch = pipe.batch_engine(policy, max_batch=args.clients, prefill_chunk=args.prefill_chunk)
+        prefixes = PrefixCache(args.prefix_cache_mb << 20) if args.prefix_cache_mb else None  # fresh for each budget
+        batch = pipe.batch_engine(policy, max_batch=args.clients, prefill_chunk=args.prefill_chunk,
+                                  prefix_cache=prefixes)
         tokens, finished, sent, steps = [0], [0], 0, 0
         for key in seconds:
             seconds[key] = 0.0
@@ -115,7 +120,8 @@ def main() -> None:
         split = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
         print(f"{pipe.speculative.method} budget={budget}: {tokens[0] / wall:.1f} tokens/s, {tokens[0] / steps:.2f} "
               f"tokens/step, {batch.budget_stats.kept / steps:.2f} drafts verified a step (of "
-              f"{batch.budget_stats.proposed / steps:.2f} proposed), {wall:.1f} s ({split})", flush=True)
+              f"{batch.budget_stats.proposed / steps:.2f} proposed), {wall:.1f} s ({split})"
+              + (f", prompt tokens from the prefix cache {prefixes.stats.reused_tokens}" if prefixes else ""), flush=True)
 
 
 if __name__ == "__main__":

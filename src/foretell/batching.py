@@ -26,6 +26,7 @@ from foretell.batch_budget import (BatchAwareBudget, BudgetStats, Calibration, D
 from foretell.decoding import Decoding
 from foretell.engine import Engine
 from foretell.errors import ForetellError
+from foretell.prefix_cache import PrefixCache
 from foretell.runtime.packed import forward_packed, run_draft_passes
 from foretell.types import Chunk, SamplingParams
 
@@ -79,7 +80,9 @@ def drafter_name(request: Request) -> str:
 class BatchEngine:
     def __init__(self, target, new_engine: Callable[[], Engine],
                  budget: BatchAwareBudget | FixedByBatchSize | None = None, max_batch: int = 16,
-                 prefill_chunk: int = 256):
+                 prefill_chunk: int = 256, prefix_cache: PrefixCache | None = None):
+        """prefix_cache: prompt prefixes kept across the requests (prefix_cache.py); None: every prompt read in
+        full."""
         if max_batch < 1 or prefill_chunk < 1:
             raise ForetellError(f"max_batch and prefill_chunk must be >= 1, got {max_batch} and {prefill_chunk}")
         self.target = target
@@ -87,6 +90,7 @@ class BatchEngine:
         self.budget = budget
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk  # prompt tokens read per pass: a long prompt never stalls the others
+        self.prefix_cache = prefix_cache
         self.waiting: deque[Request] = deque()
         self.active: list[Request] = []
         self.budget_stats = BudgetStats()
@@ -168,7 +172,7 @@ class BatchEngine:
                 continue
             try:
                 engine = request.engine or self.new_engine()
-                request.state = engine.start(request.prompt_ids, request.params)
+                request.state = engine.start(request.prompt_ids, request.params, self.prefix_cache)
             except ForetellError as e:
                 request.on_error(e)
                 continue

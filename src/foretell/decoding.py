@@ -23,6 +23,7 @@ from foretell.errors import ForetellError
 from foretell.kv_cache import KVCache
 from foretell.logits_process import keep_nodes, token_logprobs
 from foretell.models.transformer import ForwardOutput
+from foretell.prefix_cache import PrefixCache
 from foretell.result_cache import merge_branch
 from foretell.sampling import make_generator
 from foretell.sizing import PassOutcome
@@ -73,7 +74,10 @@ class Decoding:
     each pass drafts is its own sizer's to say (sizing.py, made fresh for it); how drafts are judged, the engine's
     verifier's (verify.Verifier)."""
 
-    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams):
+    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams,
+                 prefix_cache: PrefixCache | None = None):
+        """prefix_cache: prompt prefixes kept from earlier requests (prefix_cache.py): a kept prefix of this
+        prompt is copied instead of read, and this prompt is kept once read."""
         if len(prompt_ids) >= engine.context_window:
             raise ForetellError(
                 f"the prompt has {len(prompt_ids)} tokens but the model's context window is {engine.context_window}; "
@@ -103,8 +107,12 @@ class Decoding:
         if engine.drafter is not None:
             engine.drafter.start(self.ids, capacity, params, self.generator)
             engine.drafter.couple(self.noise)
+        self.prefix_cache = prefix_cache
+        self._prompt_hidden: list[dict[int, torch.Tensor]] = []  # the hook rows of the prompt read so far (to keep)
+        if prefix_cache is not None:
+            self._reuse_prefix(prefix_cache)
         self.sizer = engine.new_sizer()  # how much this request drafts each pass (sizing.py): fresh for it
-        if not self.prefilling:  # a one-token prompt: nothing to prefill
+        if not self.prefilling:  # a one-token prompt (or one read from the prefix cache): nothing to prefill
             self._prefilled()
 
     # --- prefill ----------------------------------------------------------------------------
@@ -127,10 +135,29 @@ class Decoding:
         self.prefilled += n
         if out.hidden:
             self.engine.drafter.observe(out.hidden)
+            if self.prefix_cache is not None:  # copies: the pass's rows are views of all its layers' states
+                self._prompt_hidden.append({i: rows.clone() for i, rows in out.hidden.items()})
         if not self.prefilling:
             self._prefilled()
 
+    def _reuse_prefix(self, prefix_cache: PrefixCache) -> None:
+        """Start from the longest kept prefix of the prompt: its rows copied into the cache, its hook rows to the
+        drafter, as if this request had read it."""
+        layers = self.engine.drafter_layers
+        reused = prefix_cache.reuse(self.ids, self.cache, layers)
+        if reused is None:
+            return
+        self.prefilled = len(reused.tokens)
+        self.stats.cached_prompt_tokens = self.prefilled
+        if layers:
+            self.engine.drafter.observe(reused.hidden)
+            self._prompt_hidden.append(reused.hidden)
+
     def _prefilled(self) -> None:
+        if self.prefix_cache is not None:
+            hidden = {i: torch.cat([rows[i] for rows in self._prompt_hidden]) for i in self.engine.drafter_layers}
+            self.prefix_cache.keep(self.ids[:self.prefilled], self.cache, hidden)
+            self._prompt_hidden = []
         drafter = self.engine.drafter
         self.stats.cache_bytes = self.cache.nbytes() + (drafter.cache_bytes() if drafter is not None else 0)
         self.stats.prefill_seconds = time.perf_counter() - self.t0

@@ -78,9 +78,10 @@ class Engine:
             while not state.done:
                 yield state.settle(state.plan().run(self.target))
 
-    def start(self, prompt_ids: list[int], params: SamplingParams) -> Decoding:
-        """A request's decoding state under this engine's configuration, for a driver that runs many at once."""
-        return Decoding(self, prompt_ids, params)
+    def start(self, prompt_ids: list[int], params: SamplingParams, prefix_cache=None) -> Decoding:
+        """A request's decoding state under this engine's configuration, for a driver that runs many at once
+        (prefix_cache: the driver's prefix_cache.PrefixCache, or None)."""
+        return Decoding(self, prompt_ids, params, prefix_cache)
 
     @property
     def drafter_layers(self) -> tuple[int, ...]:

@@ -192,6 +192,7 @@ class Verification:
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens copied from the prefix cache, not read again
     new_tokens: int = 0
     target_passes: int = 0  # verification / decoding forwards (prefill not counted)
     draft_tokens_verified: int = 0  # draft tokens (chain length or tree nodes) sent to the target

@@ -62,13 +62,15 @@ def create_app(pipeline: Pipeline, model_name: str, settings: ServeSettings, bat
 def make_batch(pipeline: Pipeline, settings: ServeSettings):
     """The batching engine the worker drives, with the budget policy the settings name."""
     from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize
+    from foretell.prefix_cache import PrefixCache
 
     budget = None
     if settings.batch_budget == "fixed":
         budget = FixedByBatchSize()
     elif settings.batch_budget == "auto" and pipeline.speculative.drafts:
         budget = BatchAwareBudget(cost=pipeline.weights.target_cost())
-    return pipeline.batch_engine(budget, settings.max_batch, settings.prefill_chunk)
+    prefix_cache = PrefixCache(settings.prefix_cache_mb << 20) if settings.prefix_cache_mb else None
+    return pipeline.batch_engine(budget, settings.max_batch, settings.prefill_chunk, prefix_cache)
 
 
 class Routes:

@@ -52,6 +52,9 @@ def add_serve_parser(sub) -> None:
                    "(default: %(default)s)")
     g.add_argument("--prefill-chunk", type=int, default=defaults.prefill_chunk,
                    help="prompt tokens read per pass, so long prompts never stall running requests (default: %(default)s)")
+    g.add_argument("--prefix-cache-mb", type=int, default=defaults.prefix_cache_mb,
+                   help="MiB of prompt prefixes (their KV rows) kept for later requests that start with them, as a "
+                   "conversation's next turn does; 0 turns it off (default: %(default)s)")
     g.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
                    help="on SIGTERM or Ctrl-C, seconds to let requests in flight finish; the ones still running then "
                    "are answered 503 (a stream: an error event, then [DONE]) (default: %(default)s)")
@@ -84,6 +87,7 @@ def run_serve(args: argparse.Namespace) -> None:
                              max_queue=args.max_queue, request_timeout=args.request_timeout,
                              max_body_bytes=args.max_body_bytes, max_batch=args.max_batch,
                              batch_budget=args.batch_budget, prefill_chunk=args.prefill_chunk,
+                             prefix_cache_mb=args.prefix_cache_mb,
                              shutdown_timeout=args.shutdown_timeout, header_timeout=args.header_timeout,
                              keep_alive_timeout=args.keep_alive_timeout)
     if not 0 <= args.port <= 65535:

@@ -30,17 +30,23 @@ class _Out(BaseModel):
         return {k: v for k, v in data.items() if not (k in self.OMIT_NONE and v is None)}
 
 
+class PromptTokensDetails(_Out):
+    cached_tokens: int  # read from the prefix cache, not computed again (as OpenAI reports its prompt caching)
+
+
 class Usage(_Out):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
     @classmethod
     def of(cls, stats: GenerationStats | list[GenerationStats]) -> Usage:
         """One request's usage: its prompt once, the tokens of all its choices."""
         stats = stats if isinstance(stats, list) else [stats]
         new = sum(s.new_tokens for s in stats)
-        return cls(prompt_tokens=stats[0].prompt_tokens, completion_tokens=new, total_tokens=stats[0].prompt_tokens + new)
+        return cls(prompt_tokens=stats[0].prompt_tokens, completion_tokens=new, total_tokens=stats[0].prompt_tokens + new,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=stats[0].cached_prompt_tokens))
 
 
 class SpeculativeDecoding(_Out):

@@ -19,6 +19,7 @@ class ServeSettings:
         batch-aware budget, from this machine's measured cost curve), fixed (by batch size, as vLLM
         configures it) or none (each drafter as configured).
     prefill_chunk: prompt tokens read per pass, so a long prompt never stalls the requests already running.
+    prefix_cache_mb: MiB of prompt prefixes kept for later requests that start with them (prefix_cache.py); 0 = off.
     shutdown_timeout: on SIGTERM, seconds the requests in flight may take to finish; past it each still running is
         ended with an error (a 503, or an error event and [DONE] in a stream).
     header_timeout: seconds a connection may take to send a request's line and headers, counted from its opening
@@ -35,6 +36,7 @@ class ServeSettings:
     max_batch: int = 16
     batch_budget: str = "auto"
     prefill_chunk: int = 256
+    prefix_cache_mb: int = 512
     shutdown_timeout: float = 30.0
     header_timeout: float = 30.0
     keep_alive_timeout: float = 5.0
@@ -50,6 +52,8 @@ class ServeSettings:
             raise ForetellError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
         if self.max_batch < 1 or self.prefill_chunk < 1:
             raise ForetellError(f"--max-batch and --prefill-chunk must be >= 1, got {self.max_batch} and {self.prefill_chunk}")
+        if self.prefix_cache_mb < 0:
+            raise ForetellError(f"--prefix-cache-mb must be >= 0 (0 turns it off), got {self.prefix_cache_mb}")
         if self.batch_budget not in ("auto", "fixed", "none"):
             raise ForetellError(f"--batch-budget must be auto, fixed or none, got {self.batch_budget!r}")
         if not self.shutdown_timeout >= 0:
