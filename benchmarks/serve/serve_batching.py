@@ -12,9 +12,15 @@ OUT/serve_batching.png.
 
 llama.cpp's rows: the native llama-server (bash scripts/install_llama_cpp.sh builds it), restarted per level with
 -np = that level's clients (each client its own slot, decoded together), plain and with --spec-type ngram-simple
-(llama.cpp's n-gram drafting from the context, its default sizes); prompt caching off, as foretell's servers have
-none; the chat template is the GGUF's own, as foretell's. results.json records the build and command lines.
-Only some servers: --servers llama-server,llama-server-ngram (a quick look: --clients 1 --requests 2).
+(llama.cpp's n-gram drafting from the context, its default sizes); the chat template is the GGUF's own, as
+foretell's. results.json records the build and command lines. Only some servers: --servers
+llama-server,llama-server-ngram (a quick look: --clients 1 --requests 2).
+
+Prompt caches: off by default on both sides (foretell's `--prefix-cache-mb 0`, llama-server's `--no-cache-prompt
+--cache-ram 0`), so every request reads its whole prompt and the run measures batching itself. --prompt-cache keeps
+both servers' defaults (foretell's prefix cache, llama-server's per-slot `cache_prompt` and RAM cache); then every
+server is restarted per level and warmed up on Spec-Bench prompts outside the measured ones, so no cache starts
+with a measured prompt, and a prompt is reused within a level only (the load sends each prompt several times).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ FORETELL_SERVERS = {
     "speculative-bf16": ["--dtype", "bfloat16", "DRAFTER", "--batch-budget", "auto"],
     "fixed-by-batch-size": [*Q8, "DRAFTER", "--batch-budget", "fixed"],
 }
+NO_PREFIX_CACHE = ["--prefix-cache-mb", "0"]
 LLAMA_SERVERS = {"llama-server": None, "llama-server-ngram": "ngram-simple"}  # row name -> --spec-type
 
 
@@ -64,7 +71,8 @@ def llama_server_starter(args, spec_type: str | None):
     def start(clients: int, log: Path) -> LlamaServer:
         try:
             return LlamaServer(binary, ServerConfig(gguf, threads=args.threads, slots=clients,
-                                                    slot_context=args.slot_context, spec_type=spec_type), log=log)
+                                                    slot_context=args.slot_context, spec_type=spec_type,
+                                                    prompt_cache=args.prompt_cache), log=log)
         except ForetellError as e:
             raise SystemExit(f"serve_batching: {e}") from None
 
@@ -127,6 +135,9 @@ def main() -> None:
     p.add_argument("--servers", default=",".join([*FORETELL_SERVERS, *LLAMA_SERVERS]),
                    help="which servers to run (default: %(default)s)")
     p.add_argument("--no-llama-cpp", action="store_true", help="drop the llama-server rows")
+    p.add_argument("--prompt-cache", action="store_true",
+                   help="keep both servers' prompt caches on, as they start by default (servers restarted per level, "
+                   "warmed up on other prompts)")
     p.add_argument("--slot-context", type=int, default=4096, help="llama-server's KV tokens per slot (default: "
                    "%(default)s)")
     p.add_argument("--seed", type=int, default=0)
@@ -139,7 +150,9 @@ def main() -> None:
         raise SystemExit(f"unknown --servers {', '.join(unknown)}; use {known}")
     args.out.mkdir(parents=True, exist_ok=True)
     prompts = [row["prompt"] for row in load_prompts(["spec-bench"], args.per_category)]
+    others = [row["prompt"] for row in load_prompts(["spec-bench"], 2 * args.per_category) if row["prompt"] not in prompts]
     random.Random(args.seed).shuffle(prompts)
+    warm_prompts = others if args.prompt_cache else prompts  # a warm-up must not fill a cache with measured prompts
     drafter = args.drafter.split()
     results: dict = {"settings": {k: str(v) for k, v in vars(args).items()}, "levels": []}
     if args.single_prompts:
@@ -149,24 +162,34 @@ def main() -> None:
 
     args.leave_share = 0.0
     def flags(name: str) -> list[str]:
-        return [f for flag in FORETELL_SERVERS[name] for f in (drafter if flag == "DRAFTER" else [flag])]
+        cache = [] if args.prompt_cache else NO_PREFIX_CACHE
+        return [f for flag in FORETELL_SERVERS[name] for f in (drafter if flag == "DRAFTER" else [flag])] + cache
 
-    servers: dict[str, object] = {name: Server(name, args, flags(name), args.out / f"server-{name}.log")
-                                  for name in FORETELL_SERVERS if name in chosen}
-    results["settings"]["servers"] = {name: server.command for name, server in servers.items()}
+    def start_foretell(name: str, log: Path) -> Server:
+        server = Server(name, args, flags(name), log)
+        asyncio.run(run_level(server.url, "m", warm_prompts, len(warm_prompts), 1, 8, 0.0, random.Random(0)))
+        return server  # warmed up: every warm-up prompt once
+
+    names = [name for name in FORETELL_SERVERS if name in chosen]
+    servers: dict[str, Server] = {} if args.prompt_cache else {
+        name: start_foretell(name, args.out / f"server-{name}.log") for name in names}
     starters = {} if args.no_llama_cpp else {name: llama_server_starter(args, spec) for name, spec in
                                              LLAMA_SERVERS.items() if name in chosen}
     starters = {name: start for name, start in starters.items() if start is not None}
     if starters:
         results["llama_cpp"] = {"build": build_info(), "commands": {}}
-    for name, server in servers.items():  # warm-up: every prompt once
-        asyncio.run(run_level(server.url, "m", prompts, len(prompts), 1, 8, 0.0, random.Random(0)))
+    results["settings"]["servers"] = {name: " ".join(flags(name)) for name in names}
     try:
         for clients, count in zip([int(c) for c in args.clients.split(",")],
                                   [int(n) for n in args.requests.split(",")]):
-            for name, server in servers.items():
-                outcomes, wall = asyncio.run(run_level(server.url, "m", prompts, count, clients, args.max_tokens, 0.0,
-                                                       random.Random(args.seed + clients)))
+            for name in names:  # with prompt caches: a fresh server per level, as llama-server's
+                server = servers.get(name) or start_foretell(name, args.out / f"server-{name}-{clients}.log")
+                try:
+                    outcomes, wall = asyncio.run(run_level(server.url, "m", prompts, count, clients, args.max_tokens,
+                                                           0.0, random.Random(args.seed + clients)))
+                finally:
+                    if args.prompt_cache:
+                        server.stop()
                 row = summarize(name, clients, outcomes, wall)
                 results["levels"].append(row)
                 print(json.dumps(row), file=sys.stderr)
@@ -174,7 +197,7 @@ def main() -> None:
                 with start(clients, args.out / f"server-{name}-{clients}.log") as server:
                     results["llama_cpp"]["commands"][f"{name} x{clients}"] = " ".join(server.command)
                     # warm-up: a round of short requests (nothing to compile, but first touches of the weights)
-                    asyncio.run(run_level(server.url, "m", prompts, clients, clients, 8, 0.0, random.Random(0)))
+                    asyncio.run(run_level(server.url, "m", warm_prompts, clients, clients, 8, 0.0, random.Random(0)))
                     outcomes, wall = asyncio.run(run_level(server.url, "m", prompts, count, clients, args.max_tokens,
                                                            0.0, random.Random(args.seed + clients)))
                 row = summarize(name, clients, outcomes, wall)
@@ -226,6 +249,11 @@ def write_report(out: Path, results: dict) -> None:
         lines += ["", "| clients | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
         for clients, row in results["ratios"].items():
             lines.append(f"| {clients} | " + " | ".join(f"{row[c]:.3f}" if c in row else "–" for c in columns) + " |")
+    cached = results["settings"].get("prompt_cache") == "True"
+    lines += ["", "Prompt caches: " + ("on, as both servers start (foretell's prefix cache, llama-server's cache_prompt); "
+                                       "servers restarted per level, warmed up on other prompts." if cached else
+                                       "off on both sides (--prefix-cache-mb 0, --no-cache-prompt): every request reads "
+                                       "its whole prompt.")]
     if "llama_cpp" in results:
         build = results["llama_cpp"]["build"]
         lines += ["", f"llama-server: {build.get('build', 'unknown')} build of llama-cpp-python "

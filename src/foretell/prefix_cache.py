@@ -89,16 +89,18 @@ class PrefixCache:
         n = len(tokens)
         if n < self.min_tokens or cache.length < n:
             return
-        for key in list(self.entries):
-            if key[:n] == tokens and hidden.keys() <= self.entries[key].hidden.keys():
-                self.entries.move_to_end(key)
-                return
-            if tokens[:len(key)] == key and self.entries[key].hidden.keys() <= hidden.keys():
-                self._drop(key)
+        covering = next((key for key, kept in self.entries.items()
+                         if key[:n] == tokens and hidden.keys() <= kept.hidden.keys()), None)
+        if covering is not None:
+            self.entries.move_to_end(covering)
+            return
         entry = Prefix(tokens, cache.k[:, :, :, :n].clone(), cache.v[:, :, :, :n].clone(),
                        {i: rows[:n].clone() for i, rows in hidden.items()})
         if entry.nbytes > self.max_bytes:
             return
+        for key in [key for key, kept in self.entries.items()
+                    if tokens[:len(key)] == key and kept.hidden.keys() <= hidden.keys()]:
+            self._drop(key)
         while self.entries and self.nbytes + entry.nbytes > self.max_bytes:
             self._drop(next(iter(self.entries)))
         self.entries[tokens] = entry
