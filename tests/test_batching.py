@@ -158,7 +158,7 @@ def test_a_prompt_that_starts_with_a_kept_prefix_reads_only_the_rest(pipes):
     it and the first prompt again decode as they do alone, while their usage says the prefix cache gave them the
     rows they share (the prompt's last token is always read: it is the first decoding pass's input)."""
     first = (PROMPTS[2] * 4)[:37]
-    turns = [first, first + [14, 15, 16, 17, 5, 9], first[:25] + [3, 4, 6, 8], first]
+    turns = [first, first + [14, 15, 16, 17, 5, 9], first[:25] + [3, 4, 6, 8], first, PROMPTS[3]]  # last: one token
     for name, pipe in pipes.items():
         cache = PrefixCache(1 << 24, min_tokens=8)
         batch = pipe.batch_engine(max_batch=2, prefix_cache=cache)
@@ -167,7 +167,7 @@ def test_a_prompt_that_starts_with_a_kept_prefix_reads_only_the_rest(pipes):
             runs.append(submit(batch, prompt, GREEDY))
             batch.run()
         assert [c.tokens for c in runs] == [pipe.engine.generate(p, GREEDY).tokens for p in turns], name
-        assert [c.result.stats.cached_prompt_tokens for c in runs] == [0, 36, 25, 36], name
+        assert [c.result.stats.cached_prompt_tokens for c in runs] == [0, 36, 25, 36, 0], name
         assert len(cache.entries) == 2, name  # the next turn's prefix replaced the first one, which it extends
 
 

@@ -1,7 +1,8 @@
 """RSS of the batching engine under server-like load, in-process (no HTTP): MAXB requests active, a new one
 admitted as each leaves, a LEAVE share cancelled after 1-8 chunks; RSS (and after malloc_trim) every 40 requests,
 then the live torch tensors. Environment: N, MAXB (16), LEAVE (0.1), DRAFTER (prompt-lookup), MMAP (fixed glibc
-mmap threshold in bytes), NOSDPA=1 (explicit-matmul attention everywhere). A diagnostic for the memory growth in docs/serving.md, not a test.
+mmap threshold in bytes), NOSDPA=1 (explicit-matmul attention everywhere), PREFIX (MiB of prefix cache, 0: none),
+QUANT (e.g. gguf-q8: float32 activations over the GGUF file's blocks). A diagnostic for the memory growth in docs/serving.md, not a test.
 
     OMP_NUM_THREADS=1 N=120 .venv/bin/python benchmarks/serve/batch_memory.py
 """
@@ -28,9 +29,13 @@ def heap():
 def rss():
     return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read()).group(1)) / 1024
 torch.set_num_threads(1)
-pipe = load("smollm2-135m", os.environ.get("DRAFTER", "prompt-lookup"), dtype="bfloat16")
+quant = os.environ.get("QUANT", "none")
+pipe = load("smollm2-135m", os.environ.get("DRAFTER", "prompt-lookup"), dtype="float32" if quant.endswith("q8") else "bfloat16",
+            quant=quant)
 allp = [pipe.encode(p["prompt"]) for p in load_prompts(["spec-bench"], 5)]
-batch = pipe.batch_engine(max_batch=int(os.environ.get("MAXB", 16)))
+from foretell.prefix_cache import PrefixCache
+prefixes = PrefixCache(int(os.environ["PREFIX"]) << 20) if int(os.environ.get("PREFIX", 0)) else None
+batch = pipe.batch_engine(max_batch=int(os.environ.get("MAXB", 16)), prefix_cache=prefixes)
 params = SamplingParams(max_new_tokens=32)
 rng = random.Random(0)
 done = 0
@@ -55,7 +60,8 @@ while done < total:
         a = rss()
         if os.environ.get("GC"): import gc; gc.collect()  # reference cycles holding KV caches?
         libc.malloc_trim(0)
-        import sys, gc; print(f"{done}: rss {a:.0f}, trimmed {rss():.0f}, {time.time()-t:.0f}s ({heap()}) blocks {sys.getallocatedblocks()} objs {len(gc.get_objects())}", flush=True); mark += 40
+        import sys, gc; print(f"{done}: rss {a:.0f}, trimmed {rss():.0f}, {time.time()-t:.0f}s ({heap()}) blocks {sys.getallocatedblocks()} objs {len(gc.get_objects())}"
+              + (f" prefixes {len(prefixes.entries)} {prefixes.nbytes / 2**20:.0f} MiB" if prefixes else ""), flush=True); mark += 40
 import gc, collections
 gc.collect()
 ts = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]

@@ -70,8 +70,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--per-category", type=int, default=3, help="Spec-Bench prompts a category (default: %(default)s)")
     p.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens a pass (default: %(default)s)")
-    p.add_argument("--prefix-cache-mb", type=int, default=512,
-                   help="MiB of prompt prefixes kept across requests, as the server keeps them; 0: off (default: %(default)s)")
+    p.add_argument("--prefix-cache-mb", type=int, default=0,
+                   help="MiB of prompt prefixes kept across requests (the server's default: 512); 0: off, every "
+                   "request reads its whole prompt, as serve_batching.py measures by default (default: %(default)s)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quant", default="none")
     p.add_argument("--dtype", default="bfloat16")

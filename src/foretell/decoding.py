@@ -154,7 +154,7 @@ class Decoding:
             self._prompt_hidden.append(reused.hidden)
 
     def _prefilled(self) -> None:
-        if self.prefix_cache is not None:
+        if self.prefix_cache is not None and self.prefilled >= self.prefix_cache.min_tokens:  # else nothing to keep
             hidden = {i: torch.cat([rows[i] for rows in self._prompt_hidden]) for i in self.engine.drafter_layers}
             self.prefix_cache.keep(self.ids[:self.prefilled], self.cache, hidden)
             self._prompt_hidden = []
