@@ -154,21 +154,31 @@ def test_a_long_prompt_is_read_in_chunks_while_others_decode(pipes):
 
 
 def test_a_prompt_that_starts_with_a_kept_prefix_reads_only_the_rest(pipes):
-    """Greedy fp32, every drafter: a conversation's next turn (the first prompt and more), a prompt sharing part of
-    it and the first prompt again decode as they do alone, while their usage says the prefix cache gave them the
-    rows they share (the prompt's last token is always read: it is the first decoding pass's input)."""
+    """Greedy fp32, every drafter: a conversation's next turn (the first prompt, its answer and a new message), a
+    prompt sharing part of the first one, the first prompt again and a one-token prompt decode as they do alone,
+    while their usage says the prefix cache gave them the rows they share (the prompt's last token is always read:
+    it is the first decoding pass's input)."""
     first = (PROMPTS[2] * 4)[:37]
-    turns = [first, first + [14, 15, 16, 17, 5, 9], first[:25] + [3, 4, 6, 8], first, PROMPTS[3]]  # last: one token
     for name, pipe in pipes.items():
         cache = PrefixCache(1 << 24, min_tokens=8)
         batch = pipe.batch_engine(max_batch=2, prefix_cache=cache)
-        runs = []
-        for prompt in turns:
-            runs.append(submit(batch, prompt, GREEDY))
+
+        def turn(prompt):
+            c = submit(batch, prompt, GREEDY)
             batch.run()
-        assert [c.tokens for c in runs] == [pipe.engine.generate(p, GREEDY).tokens for p in turns], name
-        assert [c.result.stats.cached_prompt_tokens for c in runs] == [0, 36, 25, 36, 0], name
-        assert len(cache.entries) == 2, name  # the next turn's prefix replaced the first one, which it extends
+            assert c.tokens == pipe.engine.generate(prompt, GREEDY).tokens, name
+            return c.tokens, c.result.stats.cached_prompt_tokens
+
+        answer, cached = turn(first)
+        assert cached == 0
+        follow, sibling = first + answer + [14, 15, 5, 9], first[:25] + [3, 4, 6, 8]
+        answers = {}
+        for prompt, reused in ((follow, len(first) + len(answer) - 1), (sibling, 25), (first, 36), (PROMPTS[3], 0)):
+            answers[len(prompt)], cached = turn(prompt)
+            assert cached == reused, name
+        # each finished request kept its prompt and answer; an entry another extends or covers was not kept apart
+        kept = [len(follow) + len(answers[len(follow)]), len(sibling) + len(answers[len(sibling)]), 1 + len(answers[1])]
+        assert sorted(len(key) + 1 for key in cache.entries) == sorted(kept), name
 
 
 def test_a_prefix_kept_without_the_drafters_rows_is_not_reused_by_it(pipes):
@@ -190,15 +200,16 @@ def test_a_prefix_kept_without_the_drafters_rows_is_not_reused_by_it(pipes):
 def test_the_prefix_cache_keeps_what_fits_least_recently_used_first_out(tiny_pair):
     pipe = load(tiny_pair[0], "none", warm_up=False)
     prompts = [[1] + [10 + i] * 20 for i in range(4)]
+    one_token = SamplingParams(max_new_tokens=1)  # kept at the end: the prompt's 21 rows (its last one now read)
     one = pipe.target.model.new_cache(32)
-    per_entry = 2 * one.k[:, :, :, :20].numel() * one.k.element_size()
+    per_entry = 2 * one.k[:, :, :, :21].numel() * one.k.element_size()
     cache = PrefixCache(3 * per_entry, min_tokens=8)
     batch = pipe.batch_engine(max_batch=1, prefix_cache=cache)
     for prompt in prompts[:3] + prompts[:1]:  # the first is used again: the second is now the oldest
-        submit(batch, prompt, GREEDY)
+        submit(batch, prompt, one_token)
         batch.run()
     assert cache.nbytes == 3 * per_entry
-    submit(batch, prompts[3], GREEDY)
+    submit(batch, prompts[3], one_token)
     batch.run()
     assert [key[1] for key in cache.entries] == [12, 10, 13] and cache.nbytes == 3 * per_entry
     assert cache.stats.queries == 5 and cache.stats.hits == 1 and cache.stats.reused_tokens == 20

@@ -108,7 +108,7 @@ class Decoding:
             engine.drafter.start(self.ids, capacity, params, self.generator)
             engine.drafter.couple(self.noise)
         self.prefix_cache = prefix_cache
-        self._prompt_hidden: list[dict[int, torch.Tensor]] = []  # the hook rows of the prompt read so far (to keep)
+        self._kept_hidden: list[dict[int, torch.Tensor]] = []  # the hook rows of the cache's rows so far (to keep)
         if prefix_cache is not None:
             self._reuse_prefix(prefix_cache)
         self.sizer = engine.new_sizer()  # how much this request drafts each pass (sizing.py): fresh for it
@@ -135,8 +135,7 @@ class Decoding:
         self.prefilled += n
         if out.hidden:
             self.engine.drafter.observe(out.hidden)
-            if self.prefix_cache is not None:  # copies: the pass's rows are views of all its layers' states
-                self._prompt_hidden.append({i: rows.clone() for i, rows in out.hidden.items()})
+            self._remember_hidden(out.hidden)
         if not self.prefilling:
             self._prefilled()
 
@@ -151,13 +150,21 @@ class Decoding:
         self.stats.cached_prompt_tokens = self.prefilled
         if layers:
             self.engine.drafter.observe(reused.hidden)
-            self._prompt_hidden.append(reused.hidden)
+            self._kept_hidden.append(reused.hidden)
+
+    def _remember_hidden(self, hidden: dict[int, torch.Tensor]) -> None:
+        if self.prefix_cache is not None:  # copies: a pass's rows are views of all its layers' states
+            self._kept_hidden.append({i: rows.clone() for i, rows in hidden.items()})
+
+    def _keep_prefix(self, length: int) -> None:
+        """Offer the cache's first `length` rows (the ids before them) to the prefix cache."""
+        if self.prefix_cache is None or length < self.prefix_cache.min_tokens:
+            return
+        hidden = {i: torch.cat([rows[i] for rows in self._kept_hidden])[:length] for i in self.engine.drafter_layers}
+        self.prefix_cache.keep(self.ids[:length], self.cache, hidden)
 
     def _prefilled(self) -> None:
-        if self.prefix_cache is not None and self.prefilled >= self.prefix_cache.min_tokens:  # else nothing to keep
-            hidden = {i: torch.cat([rows[i] for rows in self._prompt_hidden]) for i in self.engine.drafter_layers}
-            self.prefix_cache.keep(self.ids[:self.prefilled], self.cache, hidden)
-            self._prompt_hidden = []
+        self._keep_prefix(self.prefilled)  # the prompt, for the requests that come while this one decodes
         drafter = self.engine.drafter
         self.stats.cache_bytes = self.cache.nbytes() + (drafter.cache_bytes() if drafter is not None else 0)
         self.stats.prefill_seconds = time.perf_counter() - self.t0
@@ -237,6 +244,7 @@ class Decoding:
             engine.drafter.verified(verdict.accepted, time.perf_counter() - planned.planned, proposal.size)
         if committed:
             engine.drafter.observe(committed)
+            self._remember_hidden(committed)
         t3 = time.perf_counter()
         accepted = verdict.path if verdict.path is not None else range(verdict.accepted)
         accepted_tokens = proposal.tokens[list(accepted)].tolist()
@@ -264,7 +272,10 @@ class Decoding:
                                       verdict.accepted, t3 - planned.started,
                                       1 + _common_prefix(accepted_tokens, planned.branch),
                                       len(planned.cache_nodes), from_cache))
-        return self._extend(emitted, logprobs)
+        chunk = self._extend(emitted, logprobs)
+        if self.done:  # the prompt and the answer, for a conversation's next turn (rows past a stop token are not)
+            self._keep_prefix(min(self.cache.length, len(self.ids) - 1))
+        return chunk
 
     def _pruned(self, proposal: Proposal, cache_nodes: list[int]) -> tuple[Proposal, list[int]]:
         """The proposal less the nodes the grammar forbids; cache_nodes renumbered to the kept nodes."""

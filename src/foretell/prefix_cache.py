@@ -1,9 +1,10 @@
 """Prompt prefixes kept for the requests that follow (a server's prefix cache).
 
 Chat requests repeat themselves: every turn of a conversation resends the whole history, and an application's
-requests share its system prompt. After a request has read its prompt, its KV rows (and the target's hook rows its
-drafter read) are kept here, up to a byte budget, least recently used first out. A later request whose prompt
-starts with the same tokens copies those rows into its own cache and reads only the rest. Reuse is exact: a row's
+requests share its system prompt. After a request has read its prompt, and again when it finishes (prompt and
+answer), its KV rows (and the target's hook rows its drafter read) are kept here, up to a byte budget, least
+recently used first out. A later request whose prompt starts with the same tokens copies those rows into its own
+cache and reads only the rest: a conversation's next turn reads only its new messages. Reuse is exact: a row's
 keys and values depend only on the tokens up to it, and on the lean step each row gets the same arithmetic whatever
 else shares its pass (runtime/packed.py), so a reused row is the row the request would have computed.
 
