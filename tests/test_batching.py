@@ -213,6 +213,11 @@ def test_the_prefix_cache_keeps_what_fits_least_recently_used_first_out(tiny_pai
     batch.run()
     assert [key[1] for key in cache.entries] == [12, 10, 13] and cache.nbytes == 3 * per_entry
     assert cache.stats.queries == 5 and cache.stats.hits == 1 and cache.stats.reused_tokens == 20
+    small = PrefixCache(per_entry // 2, min_tokens=8)  # no room for one prompt: nothing kept, nothing breaks
+    tight = pipe.batch_engine(max_batch=1, prefix_cache=small)
+    answer = submit(tight, prompts[0], one_token)
+    tight.run()
+    assert answer.result is not None and not small.entries and small.nbytes == 0
     with pytest.raises(ForetellError, match="max_bytes"):
         PrefixCache(-1)
 

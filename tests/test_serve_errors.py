@@ -170,7 +170,7 @@ def test_api_key(pipeline):
 def test_settings_are_checked():
     for bad in (dict(max_queue=0), dict(request_timeout=0), dict(max_body_bytes=10), dict(api_key="two words"),
                 dict(max_batch=0), dict(batch_budget="some"), dict(prefill_chunk=0), dict(shutdown_timeout=-1),
-                dict(header_timeout=0), dict(keep_alive_timeout=float("nan"))):
+                dict(header_timeout=0), dict(keep_alive_timeout=float("nan")), dict(prefix_cache_mb=-1)):
         with pytest.raises(ForetellError):
             ServeSettings(**bad)
 

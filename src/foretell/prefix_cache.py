@@ -95,10 +95,10 @@ class PrefixCache:
         if covering is not None:
             self.entries.move_to_end(covering)
             return
-        entry = Prefix(tokens, cache.k[:, :, :, :n].clone(), cache.v[:, :, :, :n].clone(),
-                       {i: rows[:n].clone() for i, rows in hidden.items()})
-        if entry.nbytes > self.max_bytes:
-            return
+        rows = [cache.k[:, :, :, :n], cache.v[:, :, :, :n], *(h[:n] for h in hidden.values())]
+        if sum(t.numel() * t.element_size() for t in rows) > self.max_bytes:
+            return  # larger than the whole cache
+        entry = Prefix(tokens, rows[0].clone(), rows[1].clone(), {i: h[:n].clone() for i, h in hidden.items()})
         for key in [key for key, kept in self.entries.items()
                     if tokens[:len(key)] == key and kept.hidden.keys() <= hidden.keys()]:
             self._drop(key)
