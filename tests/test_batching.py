@@ -181,6 +181,20 @@ def test_a_prompt_that_starts_with_a_kept_prefix_reads_only_the_rest(pipes):
         assert sorted(len(key) + 1 for key in cache.entries) == sorted(kept), name
 
 
+def test_a_pipelines_calls_share_its_prefix_cache(pipes):
+    """pipe.with_prefix_cache: a call repeating an earlier prompt (the EAGLE-3 head drafting, single-stream engine)
+    reads only its last token and decodes as without the cache; a pipeline without one reads it all."""
+    text = " ".join(f"w{i % 40 + 3}" for i in range(0, 120, 7))
+    pipe = pipes["eagle3"]
+    cached = pipe.with_prefix_cache(16)
+    params = dict(chat=False, max_new_tokens=20, ignore_eos=True)
+    runs = [cached.generate(text, **params), cached.generate(text, **params), pipe.generate(text, **params)]
+    assert runs[0].tokens == runs[1].tokens == runs[2].tokens
+    prompt_len = len(pipe.encode(text, chat=False))
+    assert [r.stats.cached_prompt_tokens for r in runs] == [0, prompt_len - 1, 0]
+    assert pipe.prefix_cache is None and cached.with_prefix_cache(0).prefix_cache is None
+
+
 def test_a_prefix_kept_without_the_drafters_rows_is_not_reused_by_it(pipes):
     """A plain request keeps no hook rows; a request whose drafter reads them reads its prompt itself (and still
     decodes as alone), and then keeps a prefix that serves both."""

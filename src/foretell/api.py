@@ -21,6 +21,7 @@ from foretell.engine import Engine
 from foretell.errors import ForetellError
 from foretell.models.loading import LoadedModel, kept_gguf, load_model, resolve_model_dir
 from foretell.paths import default_cache_dir
+from foretell.prefix_cache import PrefixCache
 from foretell.runtime.config import RuntimeConfig
 from foretell.runtime.gguf_quant import check_replaced, replaced_weights
 from foretell.runtime.prepare import prepare
@@ -38,6 +39,7 @@ class Pipeline:
     engine: Engine
     speculative: SpeculativeConfig
     weights: DrafterWeights
+    prefix_cache: PrefixCache | None = None  # prompts (and answers) kept across calls: with_prefix_cache
 
     @property
     def tokenizer(self):
@@ -51,12 +53,18 @@ class Pipeline:
         """Yield text as it is produced; the last chunk carries the full result and statistics. sampling:
         SamplingParams' fields. speculative=False decodes plainly, one token a target pass, for this call."""
         engine = self.engine if speculative else self.plain_engine()
-        return engine.stream(self.encode(prompt, chat), SamplingParams(**sampling))
+        return engine.stream(self.encode(prompt, chat), SamplingParams(**sampling), self.prefix_cache)
 
     def generate(self, prompt: str | list[dict], chat: bool = True, speculative: bool = True,
                  **sampling) -> GenerationResult:
         engine = self.engine if speculative else self.plain_engine()
-        return engine.generate(self.encode(prompt, chat), SamplingParams(**sampling))
+        return engine.generate(self.encode(prompt, chat), SamplingParams(**sampling), self.prefix_cache)
+
+    def with_prefix_cache(self, megabytes: int = 512) -> Pipeline:
+        """The same pipeline keeping up to `megabytes` MiB of prompts and answers (their KV rows) across its calls,
+        so a call whose prompt starts with an earlier one's prompt and answer, as a chat's next turn does, reads only
+        the rest (prefix_cache.py; the tokens are the same as without). 0: none."""
+        return replace(self, prefix_cache=PrefixCache(megabytes << 20) if megabytes else None)
 
     def plain_engine(self) -> Engine:
         """This target without a drafter or the extras that need one: plain decoding."""

@@ -52,8 +52,8 @@ class Engine:
     def context_window(self) -> int:
         return self.target.config.context_window
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
-        for chunk in self.stream(prompt_ids, params):
+    def generate(self, prompt_ids: list[int], params: SamplingParams, prefix_cache=None) -> GenerationResult:
+        for chunk in self.stream(prompt_ids, params, prefix_cache):
             if chunk.result is not None:
                 return chunk.result
         raise AssertionError("stream ended without a result")
@@ -68,10 +68,11 @@ class Engine:
         if self.drafter is not None:
             self.drafter.warm_up()
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[Chunk]:
-        """Decode one request alone: prefill, then plan -> target pass -> settle until it finishes."""
+    def stream(self, prompt_ids: list[int], params: SamplingParams, prefix_cache=None) -> Iterator[Chunk]:
+        """Decode one request alone: prefill, then plan -> target pass -> settle until it finishes (prefix_cache: a
+        prefix_cache.PrefixCache its prompt may start from and is kept in, or None)."""
         with torch.inference_mode():
-            state = Decoding(self, prompt_ids, params)
+            state = Decoding(self, prompt_ids, params, prefix_cache)
             if state.prefilling:
                 step = state.prefill_pass()
                 state.prefilled_pass(step, step.run(self.target))
