@@ -34,7 +34,7 @@ pipe = load("smollm2-135m", os.environ.get("DRAFTER", "prompt-lookup"), dtype="f
             quant=quant)
 allp = [pipe.encode(p["prompt"]) for p in load_prompts(["spec-bench"], 5)]
 from foretell.prefix_cache import PrefixCache
-prefixes = PrefixCache(int(os.environ["PREFIX"]) << 20) if int(os.environ.get("PREFIX", 0)) else None
+prefixes = PrefixCache.of_megabytes(int(os.environ.get("PREFIX", 0)))
 batch = pipe.batch_engine(max_batch=int(os.environ.get("MAXB", 16)), prefix_cache=prefixes)
 params = SamplingParams(max_new_tokens=32)
 rng = random.Random(0)

@@ -98,7 +98,7 @@ def main() -> None:
             policy = FixedByBatchSize((64,), (int(budget.split(":")[1]),))
         else:
             policy = policies[budget]()
-        prefixes = PrefixCache(args.prefix_cache_mb << 20) if args.prefix_cache_mb else None  # fresh for each budget
+        prefixes = PrefixCache.of_megabytes(args.prefix_cache_mb)  # fresh for each budget
         batch = pipe.batch_engine(policy, max_batch=args.clients, prefill_chunk=args.prefill_chunk,
                                   prefix_cache=prefixes)
         tokens, finished, sent, steps = [0], [0], 0, 0

@@ -35,7 +35,7 @@ def conversations(per_category: int) -> list[tuple[str, str]]:
 
 def serve(pipe, chats: list[tuple[str, str]], clients: int, max_tokens: int, cache_mb: int) -> dict:
     """Every chat's two turns, `clients` chats at a time; per turn: TTFT (s), prompt tokens, tokens from the cache."""
-    prefixes = PrefixCache(cache_mb << 20) if cache_mb else None
+    prefixes = PrefixCache.of_megabytes(cache_mb)
     batch = pipe.batch_engine(None, max_batch=clients, prefix_cache=prefixes)
     params = SamplingParams(max_new_tokens=max_tokens)
     turns: dict[int, list[dict]] = {1: [], 2: []}

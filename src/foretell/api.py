@@ -64,7 +64,7 @@ class Pipeline:
         """The same pipeline keeping up to `megabytes` MiB of prompts and answers (their KV rows) across its calls,
         so a call whose prompt starts with an earlier one's prompt and answer, as a chat's next turn does, reads only
         the rest (prefix_cache.py; the tokens are the same as without). 0: none."""
-        return replace(self, prefix_cache=PrefixCache(megabytes << 20) if megabytes else None)
+        return replace(self, prefix_cache=PrefixCache.of_megabytes(megabytes))
 
     def plain_engine(self) -> Engine:
         """This target without a drafter or the extras that need one: plain decoding."""

@@ -76,8 +76,8 @@ class Decoding:
 
     def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams,
                  prefix_cache: PrefixCache | None = None):
-        """prefix_cache: prompt prefixes kept from earlier requests (prefix_cache.py): a kept prefix of this
-        prompt is copied instead of read, and this prompt is kept once read."""
+        """prefix_cache: prefixes kept from earlier requests (prefix_cache.py): a kept prefix of this prompt is
+        copied instead of read; this prompt is kept once read, and with its answer when it finishes."""
         if len(prompt_ids) >= engine.context_window:
             raise ForetellError(
                 f"the prompt has {len(prompt_ids)} tokens but the model's context window is {engine.context_window}; "
@@ -146,11 +146,11 @@ class Decoding:
         reused = prefix_cache.reuse(self.ids, self.cache, layers)
         if reused is None:
             return
-        self.prefilled = len(reused.tokens)
+        self.prefilled, hidden = reused
         self.stats.cached_prompt_tokens = self.prefilled
         if layers:
-            self.engine.drafter.observe(reused.hidden)
-            self._kept_hidden.append(reused.hidden)
+            self.engine.drafter.observe(hidden)
+            self._kept_hidden.append(hidden)
 
     def _remember_hidden(self, hidden: dict[int, torch.Tensor]) -> None:
         if self.prefix_cache is not None:  # copies: a pass's rows are views of all its layers' states

@@ -18,6 +18,7 @@ from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength
 from foretell.errors import ForetellError
 from foretell.lossy import check_lossy_threshold, verifier_for
 from foretell.models.transformer import Transformer, warm_up
+from foretell.prefix_cache import PrefixCache
 from foretell.result_cache import ResultCache
 from foretell.sizing import RequestSizer, new_request_sizer
 from foretell.types import Chunk, GenerationResult, SamplingParams
@@ -52,7 +53,8 @@ class Engine:
     def context_window(self) -> int:
         return self.target.config.context_window
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, prefix_cache=None) -> GenerationResult:
+    def generate(self, prompt_ids: list[int], params: SamplingParams,
+                 prefix_cache: PrefixCache | None = None) -> GenerationResult:
         for chunk in self.stream(prompt_ids, params, prefix_cache):
             if chunk.result is not None:
                 return chunk.result
@@ -68,7 +70,8 @@ class Engine:
         if self.drafter is not None:
             self.drafter.warm_up()
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams, prefix_cache=None) -> Iterator[Chunk]:
+    def stream(self, prompt_ids: list[int], params: SamplingParams,
+               prefix_cache: PrefixCache | None = None) -> Iterator[Chunk]:
         """Decode one request alone: prefill, then plan -> target pass -> settle until it finishes (prefix_cache: a
         prefix_cache.PrefixCache its prompt may start from and is kept in, or None)."""
         with torch.inference_mode():
@@ -79,7 +82,8 @@ class Engine:
             while not state.done:
                 yield state.settle(state.plan().run(self.target))
 
-    def start(self, prompt_ids: list[int], params: SamplingParams, prefix_cache=None) -> Decoding:
+    def start(self, prompt_ids: list[int], params: SamplingParams,
+              prefix_cache: PrefixCache | None = None) -> Decoding:
         """A request's decoding state under this engine's configuration, for a driver that runs many at once
         (prefix_cache: the driver's prefix_cache.PrefixCache, or None)."""
         return Decoding(self, prompt_ids, params, prefix_cache)

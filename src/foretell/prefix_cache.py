@@ -57,10 +57,15 @@ class PrefixCache:
         self.nbytes = 0
         self.stats = PrefixStats()
 
-    def reuse(self, ids: list[int], cache: KVCache, layers: tuple[int, ...]) -> Prefix | None:
+    @classmethod
+    def of_megabytes(cls, megabytes: int) -> PrefixCache | None:
+        """A cache of `megabytes` MiB; None for 0 (the flag's "off")."""
+        return cls(megabytes << 20) if megabytes else None
+
+    def reuse(self, ids: list[int], cache: KVCache, layers: tuple[int, ...]
+              ) -> tuple[int, dict[int, torch.Tensor]] | None:
         """Copy the longest kept prefix of `ids[:-1]` (the prompt's last token is read by the first decoding pass)
-        into the empty `cache`; the prefix (its hook rows cut to the reused length, for the drafter), or None when
-        none is long enough. layers: the hook layers the request's drafter reads (an entry kept without them
+        into the empty `cache`; its length and hook rows (for the drafter), or None when none is long enough. layers: the hook layers the request's drafter reads (an entry kept without them
         cannot serve it)."""
         self.stats.queries += 1
         best, length = None, 0
@@ -80,7 +85,7 @@ class PrefixCache:
         self.entries.move_to_end(best.tokens)
         self.stats.hits += 1
         self.stats.reused_tokens += length
-        return Prefix(best.tokens[:length], best.k, best.v, {i: best.hidden[i][:length] for i in layers})
+        return length, {i: best.hidden[i][:length] for i in layers}
 
     def keep(self, ids: list[int], cache: KVCache, hidden: dict[int, torch.Tensor]) -> None:
         """Keep the cache's `len(ids)` committed rows as the prefix `ids`, with the hook rows `hidden` ([len(ids),

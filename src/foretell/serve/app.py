@@ -69,8 +69,8 @@ def make_batch(pipeline: Pipeline, settings: ServeSettings):
         budget = FixedByBatchSize()
     elif settings.batch_budget == "auto" and pipeline.speculative.drafts:
         budget = BatchAwareBudget(cost=pipeline.weights.target_cost())
-    prefix_cache = PrefixCache(settings.prefix_cache_mb << 20) if settings.prefix_cache_mb else None
-    return pipeline.batch_engine(budget, settings.max_batch, settings.prefill_chunk, prefix_cache)
+    return pipeline.batch_engine(budget, settings.max_batch, settings.prefill_chunk,
+                                 PrefixCache.of_megabytes(settings.prefix_cache_mb))
 
 
 class Routes:
