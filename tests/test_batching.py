@@ -211,6 +211,39 @@ def test_a_prefix_kept_without_the_drafters_rows_is_not_reused_by_it(pipes):
     assert runs[0].tokens == runs[3].tokens == pipes["none"].engine.generate(prompt, GREEDY).tokens
 
 
+def test_requests_sharing_a_prompt_in_one_batch_read_it_once(pipes):
+    """Greedy fp32: a prompt sent three times at once (a request's n choices) with one other prompt: the first reads
+    the shared prompt, the other two wait for its rows and read only its last token, and each decodes as alone;
+    the other prompt does not wait. Choices of a prompt whose start is kept take that start, and two then wait for
+    the rest. A request whose drafter reads hook rows does not wait for one that keeps none
+    (plain), while a plain one waits for the drafter's (its rows serve both)."""
+    prompt = (PROMPTS[2] * 5)[:40]
+    other = (PROMPTS[0] * 6)[:30]
+    for name in ("none", "eagle3", "prompt-lookup", "hidden-state"):
+        pipe = pipes[name]
+        cache = PrefixCache(1 << 24, min_tokens=8)
+        batch = pipe.batch_engine(max_batch=4, prefill_chunk=16, prefix_cache=cache)
+        runs = [submit(batch, prompt, GREEDY) for _ in range(3)] + [submit(batch, other, GREEDY)]
+        batch.run()
+        assert [c.result.stats.cached_prompt_tokens for c in runs] == [0, 39, 39, 0], name
+        alone = pipe.engine.generate(prompt, GREEDY).tokens
+        assert [c.tokens for c in runs] == [alone] * 3 + [pipe.engine.generate(other, GREEDY).tokens], name
+        # a prompt starting with a kept one (a system prompt): all three start from its rows, two then wait
+        longer = prompt[:30] + other[1:]
+        runs = [submit(batch, longer, GREEDY) for _ in range(3)]
+        batch.run()
+        assert [c.result.stats.cached_prompt_tokens for c in runs] == [30] + [len(longer) - 1] * 2, name
+        assert [c.tokens for c in runs] == [pipe.engine.generate(longer, GREEDY).tokens] * 3, name
+    eagle, plain = pipes["eagle3"], pipes["none"].engine
+    for engines, cached in (((plain, None), [0, 0]), ((None, plain), [0, 39])):
+        batch = eagle.batch_engine(max_batch=2, prefill_chunk=16, prefix_cache=PrefixCache(1 << 24, min_tokens=8))
+        runs = [submit(batch, prompt, GREEDY, engine) for engine in engines]
+        batch.run()
+        assert [c.result.stats.cached_prompt_tokens for c in runs] == cached
+        assert [c.tokens for c in runs] == [(engine or eagle.engine).generate(prompt, GREEDY).tokens
+                                            for engine in engines]
+
+
 def test_the_prefix_cache_keeps_what_fits_least_recently_used_first_out(tiny_pair):
     pipe = load(tiny_pair[0], "none", warm_up=False)
     prompts = [[1] + [10 + i] * 20 for i in range(4)]

@@ -26,7 +26,7 @@ from foretell.batch_budget import (BatchAwareBudget, BudgetStats, Calibration, D
 from foretell.decoding import Decoding
 from foretell.engine import Engine
 from foretell.errors import ForetellError
-from foretell.prefix_cache import PrefixCache
+from foretell.prefix_cache import PrefixCache, common_length
 from foretell.runtime.packed import forward_packed, run_draft_passes
 from foretell.types import Chunk, SamplingParams
 
@@ -183,8 +183,11 @@ class BatchEngine:
         """The prefill chunks (at most prefill_chunk prompt tokens in all, oldest request first) and the decode
         passes of this step, each a (request, TargetPass)."""
         prefills, room = [], self.prefill_chunk
-        for request in self.active:
-            if request.state.prefilling and room > 0:
+        for i, request in enumerate(self.active):
+            if not request.state.prefilling or room <= 0 or self._follows(request, self.active[:i]):
+                continue
+            request.state.look_again()
+            if request.state.prefilling:
                 step = request.state.prefill_pass(room)
                 room -= step.input_ids.numel()
                 prefills.append((request, step))
@@ -202,6 +205,20 @@ class BatchEngine:
                 r.state.keep(cap)
                 r.kept_value = sum(v[:cap])
         return prefills, [(r, r.state.target_pass()) for r in ready]
+
+    def _follows(self, request: Request, earlier: list[Request]) -> bool:
+        """Whether `request` should wait to read its prompt: it has read none of it itself (the prefix cache may
+        have given it a start), and an earlier request is still reading a prompt that covers at least half of this
+        one and more than it has (a request's n choices, the same prompt sent twice), whose rows, kept when it is
+        done, will serve this request's drafter too. Read once instead of side by side, the prompt also gets the
+        whole prefill chunk, so neither request waits longer for its first token."""
+        cache, state = self.prefix_cache, request.state
+        if cache is None or not state.reading_from_cache:
+            return False
+        layers, ids = set(state.engine.drafter_layers), state.ids
+        shared = max(cache.min_tokens, len(ids) // 2, state.prefilled + cache.min_tokens)
+        return any(other.state.prefilling and layers <= set(other.state.engine.drafter_layers)
+                   and common_length(tuple(other.state.ids), ids, len(ids) - 1) >= shared for other in earlier)
 
     def _draft_limits(self, ready: list[Request], acceptance: list[list[float]]) -> list[int | None]:
         """Before drafting, the depth each request may draft to: the batch-aware rule on its expected acceptance by

@@ -109,6 +109,7 @@ class Decoding:
             engine.drafter.couple(self.noise)
         self.prefix_cache = prefix_cache
         self._kept_hidden: list[dict[int, torch.Tensor]] = []  # the hook rows of the cache's rows so far (to keep)
+        self._looked_at = -1  # prefix_cache.kept when this request last looked for a prefix
         if prefix_cache is not None:
             self._reuse_prefix(prefix_cache)
         self.sizer = engine.new_sizer()  # how much this request drafts each pass (sizing.py): fresh for it
@@ -139,14 +140,30 @@ class Decoding:
         if not self.prefilling:
             self._prefilled()
 
+    @property
+    def reading_from_cache(self) -> bool:
+        """Whether all of its prompt in the cache so far came from the prefix cache (it has read none itself)."""
+        return self.prefilled == self.stats.cached_prompt_tokens == self.cache.length
+
+    def look_again(self) -> None:
+        """Before reading any of its prompt: take a prefix kept since this request last looked (a batch admits
+        requests together, and one sharing an earlier one's prompt waits for that one's rows)."""
+        cache = self.prefix_cache
+        if cache is None or not self.reading_from_cache or cache.kept == self._looked_at:
+            return
+        self._reuse_prefix(cache)
+        if not self.prefilling:
+            self._prefilled()
+
     def _reuse_prefix(self, prefix_cache: PrefixCache) -> None:
         """Start from the longest kept prefix of the prompt: its rows copied into the cache, its hook rows to the
         drafter, as if this request had read it."""
+        self._looked_at = prefix_cache.kept
         layers = self.engine.drafter_layers
         reused = prefix_cache.reuse(self.ids, self.cache, layers)
         if reused is None:
             return
-        self.prefilled, hidden = reused
+        self.prefilled, hidden = reused  # past what an earlier look took (look_again)
         self.stats.cached_prompt_tokens = self.prefilled
         if layers:
             self.engine.drafter.observe(hidden)

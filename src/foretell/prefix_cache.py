@@ -56,6 +56,7 @@ class PrefixCache:
         self.entries: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()  # least recently used first
         self.nbytes = 0
         self.stats = PrefixStats()
+        self.kept = 0  # entries stored so far: a request that looked before the last one may look again
 
     @classmethod
     def of_megabytes(cls, megabytes: int) -> PrefixCache | None:
@@ -65,27 +66,29 @@ class PrefixCache:
     def reuse(self, ids: list[int], cache: KVCache, layers: tuple[int, ...]
               ) -> tuple[int, dict[int, torch.Tensor]] | None:
         """Copy the longest kept prefix of `ids[:-1]` (the prompt's last token is read by the first decoding pass)
-        into the empty `cache`; its length and hook rows (for the drafter), or None when none is long enough. layers: the hook layers the request's drafter reads (an entry kept without them
-        cannot serve it)."""
+        into `cache`, past the rows it holds already (a prefix of `ids` taken from here before); the cache's new
+        length and the hook rows of the copied rows (for the drafter), or None when no prefix of at least
+        min_tokens reaches past them. layers: the hook layers the request's drafter reads (an entry kept without
+        them cannot serve it)."""
         self.stats.queries += 1
-        best, length = None, 0
+        best, length, start = None, 0, cache.length
         for entry in self.entries.values():
             if not set(layers) <= entry.hidden.keys():
                 continue
             n = common_length(entry.tokens, ids, len(ids) - 1)
             if n > length:
                 best, length = entry, n
-        if best is None or length < self.min_tokens or cache.length != 0:
+        if best is None or length < self.min_tokens or length <= start:
             return None
         if best.k.dtype != cache.k.dtype or best.k.shape[:3] != cache.k.shape[:3] or best.k.shape[4] != cache.k.shape[4]:
             return None  # another model's rows (a prefix cache serves one target: not expected)
-        cache.k[:, :, :, :length] = best.k[:, :, :, :length]
-        cache.v[:, :, :, :length] = best.v[:, :, :, :length]
-        cache.commit_prefix(length)
+        cache.k[:, :, :, start:length] = best.k[:, :, :, start:length]
+        cache.v[:, :, :, start:length] = best.v[:, :, :, start:length]
+        cache.commit_prefix(length - start)
         self.entries.move_to_end(best.tokens)
         self.stats.hits += 1
-        self.stats.reused_tokens += length
-        return length, {i: best.hidden[i][:length] for i in layers}
+        self.stats.reused_tokens += length - start
+        return length, {i: best.hidden[i][start:length] for i in layers}
 
     def keep(self, ids: list[int], cache: KVCache, hidden: dict[int, torch.Tensor]) -> None:
         """Keep the cache's `len(ids)` committed rows as the prefix `ids`, with the hook rows `hidden` ([len(ids),
@@ -111,6 +114,7 @@ class PrefixCache:
             self._drop(next(iter(self.entries)))
         self.entries[tokens] = entry
         self.nbytes += entry.nbytes
+        self.kept += 1
 
     def _drop(self, key: tuple[int, ...]) -> None:
         self.nbytes -= self.entries.pop(key).nbytes
