@@ -12,6 +12,7 @@ from conftest import PROMPTS, make_hf_model, perturbed_copy
 from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.decoding import TargetPass
+from foretell.errors import ForetellError
 from foretell.kernels import lean_decode
 from foretell.prefix_cache import PrefixCache
 from foretell.runtime import packed
@@ -142,8 +143,8 @@ def test_a_batch_of_four_decodes_as_alone_on_float32_weights(tiny_pair):
     assert_batch_of_four_decodes_as_alone(load(tiny_pair[0], "none", warm_up=False), tiny_pair[1])
 
 
-@pytest.mark.parametrize("quant", ["gguf", "gguf-q8"])
-def test_a_batch_of_four_decodes_as_alone_on_gguf_q4_1_blocks(tiny_pair, tmp_path, quant):
+@pytest.mark.parametrize("quant,kv_dtype", [("gguf", None), ("gguf-q8", None), ("gguf-q8", "float16")])
+def test_a_batch_of_four_decodes_as_alone_on_gguf_q4_1_blocks(tiny_pair, tmp_path, quant, kv_dtype):
     pytest.importorskip("gguf")
     from test_families_gguf import write_gguf
 
@@ -152,9 +153,35 @@ def test_a_batch_of_four_decodes_as_alone_on_gguf_q4_1_blocks(tiny_pair, tmp_pat
     path = write_gguf(hf, "llama", tmp_path / "tiny-q4_1.gguf",
                       q4_1=lambda name: name.endswith(tuple(f"{p}.weight" for p in projections)))
     draft = write_gguf(perturbed_copy(hf, noise=0.5, seed=1), "llama", tmp_path / "draft.gguf")  # same vocabulary
-    plain = load(path, "none", quant=quant, warm_up=False, cache_dir=tmp_path)
+    plain = load(path, "none", quant=quant, warm_up=False, cache_dir=tmp_path, kv_dtype=kv_dtype)
     assert plain.target.model.lean is not None and plain.target.model.lean.kinds[0] in (0, 3)  # Q4, Q4X
+    assert plain.target.model.new_cache(8).k.dtype == (torch.float16 if kv_dtype else torch.float32)
     assert_batch_of_four_decodes_as_alone(plain, draft)
+
+
+def test_a_float16_kv_cache_is_read_natively_as_pytorch_reads_it(tiny_pair):
+    """kv_dtype="float16": the target's caches hold half the bytes; the lean step's passes (native float16 loads) and
+    PyTorch's (the rows widened) compute the same logits up to summation order, close to a float32 cache's but
+    not equal (lossy); speculation reproduces plain decoding with that cache exactly."""
+    half = load(tiny_pair[0], "none", kv_dtype="float16", warm_up=False)
+    torch_half = load(tiny_pair[0], "none", kv_dtype="float16", lean=False, warm_up=False)
+    full = load(tiny_pair[0], "none", warm_up=False)
+    assert half.target.model.lean is not None and torch_half.target.model.lean is None
+    context, steps = list(range(1, 40)), torch.tensor([9, 30, 7])
+    logits = []
+    for pipe in (half, torch_half, full):
+        model = pipe.target.model
+        cache = prefilled(model, context)
+        logits.append(model(steps, torch.arange(39, 42), cache).logits)
+        assert cache.k.dtype == (torch.float32 if pipe is full else torch.float16)
+    assert half.target.model.new_cache(64).nbytes() * 2 == full.target.model.new_cache(64).nbytes()
+    assert torch.allclose(logits[0], logits[1], atol=1e-4, rtol=0)
+    assert not torch.equal(logits[0], logits[2]) and torch.allclose(logits[0], logits[2], atol=1e-2, rtol=0)
+    lookup = half.with_speculative(SpeculativeConfig(gamma=3))
+    for prompt in PROMPTS:
+        assert lookup.engine.generate(prompt, GREEDY).tokens == half.engine.generate(prompt, GREEDY).tokens
+    with pytest.raises(ForetellError, match="KV cache dtype"):
+        load(tiny_pair[0], "none", kv_dtype="bfloat16", warm_up=False)
 
 
 def test_a_parallel_head_on_a_target_with_8_bit_activations_drafts_in_int8(tiny_pair, tmp_path):

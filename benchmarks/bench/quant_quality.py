@@ -7,8 +7,11 @@ Teacher-forced on the target's own held-out answers (runs/self_data/smollm2-mix-
 benchmarks/train/self_data.sh: GSM8K and ShareGPT test prompts): perplexity of the answer tokens, and how often the
 quantized model's top-1 next token equals bf16's. Then greedy generation from GSM8K + Spec-Bench prompts: the share
 of prompts whose 128-token output is identical to bf16's, and the mean number of tokens before the first difference.
-Prints a Markdown table (each row one model, in one run). A target is QUANT[@DTYPE] (activations in bf16 unless
-given; the -q8 modes, 8-bit activations through the lean step, load in float32).
+Prints a Markdown table (each row one model, in one run). A target is QUANT[@DTYPE][/KV] (activations in bf16
+unless given; the -q8 modes, 8-bit activations through the lean step, load in float32; KV: the KV cache's dtype,
+e.g. gguf-q8/float16, else the model's).
+
+    .venv/bin/python benchmarks/bench/quant_quality.py --targets gguf-q8,gguf-q8/float16   # a float16 KV cache
 """
 
 from __future__ import annotations
@@ -52,27 +55,28 @@ def main() -> None:
     p.add_argument("--data", default="runs/self_data/smollm2-mix-test.jsonl")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--targets", default="none,int8,int4,gguf,gguf@float32,gguf-q8",
-                   help="QUANT[@DTYPE] per row, the first the reference (default: %(default)s)")
+                   help="QUANT[@DTYPE][/KV] per row, the first the reference (default: %(default)s)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     rows = [json.loads(line) for line in Path(args.data).read_text().splitlines()[: args.texts]]
     pipes = {}
     for target in args.targets.split(","):
+        target, _, kv = target.partition("/")
         quant, _, dtype = target.partition("@")
         dtype = dtype or ("float32" if quant.endswith("-q8") else "bfloat16")
-        pipes[(quant, dtype)] = load(args.model, "none", dtype=dtype, quant=quant)
+        pipes[(quant, dtype, kv)] = load(args.model, "none", dtype=dtype, quant=quant, kv_dtype=kv or None)
     reference_pipe = next(iter(pipes.values()))
     tokenizer = reference_pipe.tokenizer
     sequences = [tokenize_conversation(tokenizer, r["messages"]) for r in rows]
     prompts = [reference_pipe.encode(r["prompt"]) for r in load_prompts(["gsm8k", "spec-bench"], args.prompts)]
     params = SamplingParams(max_new_tokens=128)
     reference = None
-    first_quant, first_dtype = next(iter(pipes))
+    first_quant, first_dtype, _ = next(iter(pipes))
     ref = first_dtype if first_quant == "none" else f"{first_quant}@{first_dtype}"
     print(f"| {args.model} weights | perplexity | top-1 = {ref} | greedy output = {ref} | tokens before first "
           "difference |")
     print("|---|---:|---:|---:|---:|")
-    for (quant, dtype), pipe in pipes.items():
+    for (quant, dtype, kv), pipe in pipes.items():
         tops, nll = teacher_forced(pipe.target.model, sequences)
         outputs = [pipe.engine.generate(ids, params).tokens for ids in prompts]
         if reference is None:
@@ -85,6 +89,8 @@ def main() -> None:
                 "gguf-q8": "gguf-q8 (Q4_1 blocks, 8-bit activations)"}.get(quant, f"{quant} (weight-only)")
         if quant != "none" and not quant.endswith("-q8"):
             name += f", {dtype} activations"
+        if kv:
+            name += f", {kv} KV cache"
         print(f"| {name} | {math.exp(nll):.3f} | {agree:.3f} | {same:.2f} | {sum(first) / len(first):.1f} |")
 
 

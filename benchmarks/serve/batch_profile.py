@@ -5,7 +5,7 @@ request's proposal, the drafters' forwards packed) and in verification (Decoding
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/serve/batch_profile.py [DRAFTER|default|none] [--budgets auto,fixed,none]
         (fixed:N: N draft tokens a request at any batch size)
-        [--quant gguf-q8 --dtype float32] [--draft qwen2.5-coder-0.5b --draft-quant gguf-q8 --hot-vocab 32768]
+        [--quant gguf-q8 --dtype float32 --kv-dtype float16] [--draft qwen2.5-coder-0.5b --draft-quant gguf-q8 --hot-vocab 32768]
 
 DRAFTER none: plain batched decoding (the reference a speculative figure divides by).
 """
@@ -75,6 +75,7 @@ def main() -> None:
                    "request reads its whole prompt, as serve_batching.py measures by default (default: %(default)s)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quant", default="none")
+    p.add_argument("--kv-dtype", choices=("float32", "float16"), help="the target's KV cache (default: the model's)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--draft", help="a draft model for DRAFTER draft-model (e.g. qwen2.5-coder-0.5b)")
     p.add_argument("--draft-quant", default="auto")
@@ -85,7 +86,7 @@ def main() -> None:
     if args.draft:
         spec = SpeculativeConfig(method=args.drafter, model=args.draft, draft_quant=args.draft_quant,
                                  hot_vocab=args.hot_vocab)
-    pipe = load(args.model, spec, dtype=args.dtype, quant=args.quant)
+    pipe = load(args.model, spec, dtype=args.dtype, quant=args.quant, kv_dtype=args.kv_dtype)
     prompts = [pipe.encode(x["prompt"]) for x in load_prompts(["spec-bench"], args.per_category)]
     seconds = {"forward": 0.0, "of which prompt passes": 0.0, "draft": 0.0, "settle": 0.0}
     timed(batching.BatchEngine, "_draft_all", seconds, "draft")

@@ -107,6 +107,7 @@ def load(
     wide_fp32: bool = True,
     bf16_kernel: bool = True,
     lean: bool = True,
+    kv_dtype: str | None = None,
     warm_up: bool = True,
     cache_dir: Path | None = None,
 ) -> Pipeline:
@@ -136,6 +137,9 @@ def load(
     lean: passes of up to 32 tokens (plain decoding's steps, verification) run in one native call where the target
     suits it: a float32 CPU target of a family on the fast path (docs/models.md) with dense, int4 or GGUF weights
     (runtime/lean_step.py); False keeps PyTorch's path (A/B runs).
+    kv_dtype: the target's KV cache, "float16" (half the bytes a pass reads from it, which dominate a batch of long
+    contexts; lossy, as llama.cpp's default f16 cache: docs/speed.md measures it) or "float32"; None: the model's
+    dtype. Speculation reproduces plain decoding with the same cache exactly.
     warm_up: a few throw-away forwards so the first generation is not the slow one.
     The target is made ready per a RuntimeConfig of these arguments (runtime/prepare.py says the steps and their
     order); its drafters follow it (drafters/factory.py).
@@ -148,7 +152,8 @@ def load(
         raise ForetellError(f"unknown target quantization {quant!r}; use one of {', '.join(TARGET_QUANT_CHOICES)}")
     quant, act_q8 = split_target_quant(quant)
     runtime = RuntimeConfig(device=device, dtype=dtype, quant=quant, activations="q8" if act_q8 else "float",
-                            wide_fp32=wide_fp32, kernel_rows=None if bf16_kernel else 0, lean=lean, compile=compile)
+                            wide_fp32=wide_fp32, kernel_rows=None if bf16_kernel else 0, lean=lean, compile=compile,
+                            kv_dtype=kv_dtype)
     if quant == "gguf":
         gguf = kept_gguf(target, cache_dir)
         if gguf is None:

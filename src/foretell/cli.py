@@ -96,6 +96,8 @@ def add_bench_parser(sub) -> None:
                    help="foretell's target weights as int8 / int4 (weight-only) or gguf (the file's own blocks: Q4_0..Q8_0, Q4_K, Q5_K, Q6_K), "
                    "every foretell method, -q8 adding 8-bit activations (float32); the transformers peers stay at --dtype "
                    "(default: %(default)s)")
+    b.add_argument("--kv-dtype", choices=("float32", "float16"),
+                   help="foretell's target KV cache, every foretell method (default: the model's dtype)")
     b.add_argument("--datasets", default="spec-bench", help=f"comma list of {', '.join(DATASETS)} (default: %(default)s)")
     b.add_argument("--per-category", type=int, default=10,
                    help="prompts per category, the first N in file order (default: %(default)s)")
@@ -151,7 +153,8 @@ def cmd_generate(args) -> None:
     spec, why = speculative_from_args(args, args.model)
     if args.save_spec_config:
         print(f"[speculative config written to {spec.save(args.save_spec_config)}]", file=sys.stderr)
-    pipe = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant, compile=args.compile)
+    pipe = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant, compile=args.compile,
+                kv_dtype=args.kv_dtype)
     spec = pipe.speculative  # with the weights it resolved to (a head method alone: the shipped head)
     if why:
         print(f"[drafter: {spec.describe()}: {why}; --drafter picks another]", file=sys.stderr)
@@ -297,7 +300,7 @@ def cmd_bench(args) -> None:
                          temperature=args.temperature, seed=args.seed, sampling=args.sampling, threads=args.threads,
                          hot_vocab=args.hot_vocab)
     models = Models(args.model, args.draft, args.dtype, draft_quant=args.draft_quant, head=args.head,
-                    hidden_draft=args.hidden_draft, eagle=args.eagle, quant=args.quant)
+                    hidden_draft=args.hidden_draft, eagle=args.eagle, quant=args.quant, kv_dtype=args.kv_dtype)
     configs = spec_config_files(args.spec_config)
     chosen = names(args.methods) if args.methods else ["plain"] if configs else default_methods(bool(args.draft))
     methods = build_methods(chosen, models, opts, warn=lambda msg: print(msg, file=sys.stderr), configs=configs)

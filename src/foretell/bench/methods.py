@@ -77,12 +77,13 @@ class Models:
     hidden_draft: str | None = None  # a saved hidden-state draft folder, for the hidden-state* methods
     eagle: str | None = None  # an EAGLE-3 head (foretell's folder or an engine checkpoint), for the eagle3* methods
     quant: str = "none"  # foretell's target weights: none | int8 | int4 (the peers keep their own)
+    kv_dtype: str | None = None  # foretell's target KV cache (None: the model's dtype)
     _pipe: Pipeline | None = field(default=None, repr=False)
     _hf: dict = field(default_factory=dict, repr=False)
 
     def pipeline(self) -> Pipeline:
         if self._pipe is None:
-            self._pipe = load(self.target, "none", dtype=self.dtype, quant=self.quant)
+            self._pipe = load(self.target, "none", dtype=self.dtype, quant=self.quant, kv_dtype=self.kv_dtype)
         return self._pipe
 
     def hf(self, which: str):

@@ -1747,6 +1747,17 @@ void rope(float* x, int64_t heads, int64_t D, const float* cos, const float* sin
 }
 
 
+// 8 cached keys' or values' numbers as floats: a float32 cache's as they are, a float16 cache's widened (exactly)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// n floats into a cache row: as they are, or rounded to float16 (to nearest even; n a multiple of 8)
+inline void store_row(const float* x, int64_t n, float* out) { std::copy(x, x + n, out); }
+inline void store_row(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+}
+
 // The sums of 8 accumulators, lane k holding accumulator k's: the same tree for every lane, so a key's score does
 // not depend on the keys computed beside it.
 inline __m256 sums8(const __m256 a[8]) {
@@ -1757,28 +1768,28 @@ inline __m256 sums8(const __m256 a[8]) {
 
 // Scores of keys j0..j0+KEYS-1 for one query (KEYS a compile-time count, so the loops unroll): each key's dot in
 // its own accumulator, the 8 summed by one tree; p[k] = score * scale for k < 8 (0 beyond KEYS).
-template <int KEYS>
-inline void score_block(const float* q, const float* K, int64_t D, float scale, float* p) {
+template <int KEYS, class KV>
+inline void score_block(const float* q, const KV* K, int64_t D, float scale, float* p) {
   __m256 acc[8];
   for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
   for (int64_t i = 0; i < D; i += 8) {
     const __m256 qi = _mm256_loadu_ps(q + i);
-    for (int k = 0; k < KEYS; ++k) acc[k] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(K + k * D + i), acc[k]);
+    for (int k = 0; k < KEYS; ++k) acc[k] = _mm256_fmadd_ps(qi, load8(K + k * D + i), acc[k]);
   }
   _mm256_storeu_ps(p, _mm256_mul_ps(sums8(acc), _mm256_set1_ps(scale)));
 }
 
 // out[0 .. 8 W) (+)= sum over the visible keys from <= j < to of w[j] * V_j[0 .. 8 W), key after key, in
 // registers; resume: out holds the sum over the keys before `from` (a block of keys after another).
-template <int W>
-inline void weigh_values(const float* w, const float* V, int64_t D, const bool* visible, int64_t from, int64_t to,
+template <int W, class KV>
+inline void weigh_values(const float* w, const KV* V, int64_t D, const bool* visible, int64_t from, int64_t to,
                          bool resume, float* out) {
   __m256 o[W];
   for (int c = 0; c < W; ++c) o[c] = resume ? _mm256_loadu_ps(out + 8 * c) : _mm256_setzero_ps();
   for (int64_t j = from; j < to; ++j) {
     if (visible && !visible[j]) continue;
     const __m256 wj = _mm256_set1_ps(w[j]);
-    for (int c = 0; c < W; ++c) o[c] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(V + j * D + 8 * c), o[c]);
+    for (int c = 0; c < W; ++c) o[c] = _mm256_fmadd_ps(wj, load8(V + j * D + 8 * c), o[c]);
   }
   for (int c = 0; c < W; ++c) _mm256_storeu_ps(out + 8 * c, o[c]);
 }
@@ -1808,7 +1819,8 @@ struct Query {
 
 // Scores of keys from..to-1 (from a multiple of 8; to = last + 1, or a multiple of 8 before it), 8 keys at a time,
 // then the last few: the same per-key arithmetic
-inline void score_keys(const Query& a, const float* K, int64_t D, float scale, int64_t from, int64_t to) {
+template <class KV>
+inline void score_keys(const Query& a, const KV* K, int64_t D, float scale, int64_t from, int64_t to) {
   const int64_t full = from + ((to - from) & ~int64_t(7));
   for (int64_t j0 = from; j0 < full; j0 += 8) score_block<8>(a.q, K + j0 * D, D, scale, a.p + j0);
   below_eight(to - full, [&](auto C) { score_block<decltype(C)::value>(a.q, K + full * D, D, scale, a.p + full); });
@@ -1844,7 +1856,8 @@ inline void normalize(const Query& a) {
 }
 
 // out (+)= the weighed values of keys from..to-1 (to <= last + 1), 64 of out's values at a time: 8 chains
-inline void weigh_keys(const Query& a, const float* V, int64_t D, int64_t from, int64_t to) {
+template <class KV>
+inline void weigh_keys(const Query& a, const KV* V, int64_t D, int64_t from, int64_t to) {
   int64_t i0 = 0;
   const bool resume = from > 0;
   for (; i0 + 64 <= D; i0 += 64) weigh_values<8>(a.p, V + i0, D, a.visible, from, to, resume, a.out + i0);
@@ -1853,7 +1866,8 @@ inline void weigh_keys(const Query& a, const float* V, int64_t D, int64_t from, 
   });
 }
 
-void attend(const Query& a, const float* K, const float* V, int64_t D, float scale) {
+template <class KV>
+void attend(const Query& a, const KV* K, const KV* V, int64_t D, float scale) {
   score_keys(a, K, D, scale, 0, a.last + 1);
   normalize(a);
   weigh_keys(a, V, D, 0, a.last + 1);
@@ -1864,15 +1878,15 @@ void attend(const Query& a, const float* K, const float* V, int64_t D, float sca
 // score_block / weigh_values computes (the same lanes, the same chains), so a row's bits do not depend on the
 // queries beside it. Keys past a query's last, or hidden from it, get weight 0 in its sums (the values are those of
 // this pass's or committed slots, so finite): fma(0, v, o) is o.
-template <int KEYS>
-__attribute__((target("avx512f,avx512vl"))) void score_block3(const Query* a, const float* K, int64_t D, float scale,
+template <int KEYS, class KV>
+__attribute__((target("avx512f,avx512vl"))) void score_block3(const Query* a, const KV* K, int64_t D, float scale,
                                                               int64_t j0) {
   __m256 s0[8], s1[8], s2[8];
   for (int k = 0; k < 8; ++k) s0[k] = s1[k] = s2[k] = _mm256_setzero_ps();
   for (int64_t i = 0; i < D; i += 8) {
     const __m256 q0 = _mm256_loadu_ps(a[0].q + i), q1 = _mm256_loadu_ps(a[1].q + i), q2 = _mm256_loadu_ps(a[2].q + i);
     for (int k = 0; k < KEYS; ++k) {
-      const __m256 kv = _mm256_loadu_ps(K + (j0 + k) * D + i);
+      const __m256 kv = load8(K + (j0 + k) * D + i);
       s0[k] = _mm256_fmadd_ps(q0, kv, s0[k]);
       s1[k] = _mm256_fmadd_ps(q1, kv, s1[k]);
       s2[k] = _mm256_fmadd_ps(q2, kv, s2[k]);
@@ -1884,8 +1898,8 @@ __attribute__((target("avx512f,avx512vl"))) void score_block3(const Query* a, co
   _mm256_storeu_ps(a[2].p + j0, _mm256_mul_ps(sums8(s2), sc));
 }
 
-template <int W>
-__attribute__((target("avx512f,avx512vl"))) void weigh_values3(const Query* a, const float* V, int64_t D, int64_t i0,
+template <int W, class KV>
+__attribute__((target("avx512f,avx512vl"))) void weigh_values3(const Query* a, const KV* V, int64_t D, int64_t i0,
                                                                int64_t from, int64_t to, bool resume) {
   __m256 o0[W], o1[W], o2[W];
   for (int c = 0; c < W; ++c) {
@@ -1898,7 +1912,7 @@ __attribute__((target("avx512f,avx512vl"))) void weigh_values3(const Query* a, c
     const __m256 w1 = _mm256_set1_ps(j <= a[1].last ? a[1].p[j] : 0.f);
     const __m256 w2 = _mm256_set1_ps(j <= a[2].last ? a[2].p[j] : 0.f);
     for (int c = 0; c < W; ++c) {
-      const __m256 v = _mm256_loadu_ps(V + j * D + i0 + 8 * c);
+      const __m256 v = load8(V + j * D + i0 + 8 * c);
       o0[c] = _mm256_fmadd_ps(w0, v, o0[c]);
       o1[c] = _mm256_fmadd_ps(w1, v, o1[c]);
       o2[c] = _mm256_fmadd_ps(w2, v, o2[c]);
@@ -1932,14 +1946,15 @@ void over_key_blocks(const std::vector<Query>& queries, int64_t threes, Three ea
   }
 }
 
-void attend_many(const std::vector<Query>& queries, const float* K, const float* V, int64_t D, float scale) {
+template <class KV>
+void attend_many(const std::vector<Query>& queries, const KV* K, const KV* V, int64_t D, float scale) {
   const int64_t threes = avx512_on ? int64_t(queries.size()) / 3 * 3 : 0;  // queries taken three at a time
   over_key_blocks(
       queries, threes,
       [&](int64_t i, int64_t j0, int64_t end) {
         const int64_t full = j0 + ((end - j0) & ~int64_t(7));
-        for (int64_t b = j0; b < full; b += 8) score_block3<8>(&queries[i], K, D, scale, b);
-        below_eight(end - full, [&](auto C) { score_block3<decltype(C)::value>(&queries[i], K, D, scale, full); });
+        for (int64_t b = j0; b < full; b += 8) score_block3<8, KV>(&queries[i], K, D, scale, b);
+        below_eight(end - full, [&](auto C) { score_block3<decltype(C)::value, KV>(&queries[i], K, D, scale, full); });
       },
       [&](const Query& a, int64_t j0, int64_t end) { score_keys(a, K, D, scale, j0, end); });
   for (const Query& a : queries) normalize(a);
@@ -1947,8 +1962,8 @@ void attend_many(const std::vector<Query>& queries, const float* K, const float*
       queries, threes,
       [&](int64_t i, int64_t j0, int64_t end) {
         int64_t i0 = 0;
-        for (; i0 + 64 <= D; i0 += 64) weigh_values3<8>(&queries[i], V, D, i0, j0, end, j0 > 0);
-        for (; i0 < D; i0 += 8) weigh_values3<1>(&queries[i], V, D, i0, j0, end, j0 > 0);
+        for (; i0 + 64 <= D; i0 += 64) weigh_values3<8, KV>(&queries[i], V, D, i0, j0, end, j0 > 0);
+        for (; i0 < D; i0 += 8) weigh_values3<1, KV>(&queries[i], V, D, i0, j0, end, j0 > 0);
       },
       [&](const Query& a, int64_t j0, int64_t end) { weigh_keys(a, V, D, j0, end); });
 }
@@ -2035,11 +2050,13 @@ Proj proj_of(int64_t kind, const std::vector<torch::Tensor>& t, size_t at) {
 constexpr int64_t LAYER_TENSORS = 16;  // a layer's tensors in lean_decode's `layers` (its comment says which)
 
 // One sequence's share of a pass: rows row0 .. row0 + rows - 1 of x, whose keys and values go to its own cache
-// ([L, 1, kv_heads, S, D] float) at slots slot .. slot + rows - 1; seen: bool [rows, slot + rows], which slots each
-// row attends to (nullptr: all committed ones and the new ones up to itself).
+// ([L, 1, kv_heads, S, D], float32, or float16: half the bytes every pass reads) at slots slot .. slot + rows - 1;
+// seen: bool [rows, slot + rows], which slots each row attends to (nullptr: all committed ones and the new ones up
+// to itself).
 struct Segment {
-  float* K;
-  float* V;
+  void* K;
+  void* V;
+  bool half;  // float16 caches (K, V hold uint16_t), else float32
   int64_t S, slot, row0, rows;
   const bool* seen;
 };
@@ -2147,8 +2164,14 @@ std::vector<torch::Tensor> run_pass(torch::Tensor x, torch::Tensor cos, torch::T
       rope(k, kv_heads, D, c + t * D, s + t * D);
       const int64_t slot = sg.slot + t - sg.row0;
       for (int64_t g = 0; g < kv_heads; ++g) {
-        std::copy(k + g * D, k + (g + 1) * D, sg.K + ((layer_offset + g) * sg.S + slot) * D);
-        std::copy(v + g * D, v + (g + 1) * D, sg.V + ((layer_offset + g) * sg.S + slot) * D);
+        const int64_t at = ((layer_offset + g) * sg.S + slot) * D;
+        if (sg.half) {
+          store_row(k + g * D, D, static_cast<uint16_t*>(sg.K) + at);
+          store_row(v + g * D, D, static_cast<uint16_t*>(sg.V) + at);
+        } else {
+          store_row(k + g * D, D, static_cast<float*>(sg.K) + at);
+          store_row(v + g * D, D, static_cast<float*>(sg.V) + at);
+        }
       }
     }
     auto query = [&](int64_t t, int64_t hq, float* p) {
@@ -2157,42 +2180,54 @@ std::vector<torch::Tensor> run_pass(torch::Tensor x, torch::Tensor cos, torch::T
       return Query{qkv.data() + t * p_qkv.N + hq * D, sg.seen ? sg.seen + local * keys : nullptr,
                    sg.seen ? keys - 1 : sg.slot + local, p, att.data() + t * q_dim + hq * D};
     };
-    auto keys_of = [&](const Segment& sg, int64_t g) { return sg.K + (layer_offset + g) * sg.S * D; };
-    auto values_of = [&](const Segment& sg, int64_t g) { return sg.V + (layer_offset + g) * sg.S * D; };
-    // Few queries (a one-token step): a job a query head, to keep the threads busy. More: a job a segment, kv head
-    // and chunk of its rows, whose queries read each block of keys and values once (attend_many). Either way each
-    // query gets the same arithmetic.
-    const int64_t threads = at::get_num_threads();
-    if (T * kv_heads < 4 * threads) {
-      dynamic_jobs(T * heads, [&](int64_t job) {
-        std::vector<float> p(widest_keys + 8);
-        const int64_t t = job / heads, hq = job % heads, g = hq / group;
-        const Segment& sg = segments[segment_of[t]];
-        attend(query(t, hq, p.data()), keys_of(sg, g), values_of(sg, g), D, scale);
-      });
-    } else {
-      struct Job { int64_t segment, g, t0, t1; };
-      std::vector<Job> jobs;
-      const int64_t wanted = (2 * threads + kv_heads * int64_t(segments.size()) - 1) / (kv_heads * segments.size());
-      for (size_t i = 0; i < segments.size(); ++i) {
-        const Segment& sg = segments[i];
-        const int64_t chunks = std::min(sg.rows, std::max<int64_t>(1, wanted));
-        for (int64_t g = 0; g < kv_heads; ++g)
-          for (int64_t chunk = 0; chunk < chunks; ++chunk)
-            jobs.push_back({int64_t(i), g, sg.row0 + sg.rows * chunk / chunks, sg.row0 + sg.rows * (chunk + 1) / chunks});
+    // every segment's cache holds one type (lean_decode_packed checks): the attention's loads are compiled for it
+    auto attention = [&](auto kv_type) {
+      using KV = decltype(kv_type);
+      auto keys_of = [&](const Segment& sg, int64_t g) {
+        return static_cast<const KV*>(sg.K) + (layer_offset + g) * sg.S * D;
+      };
+      auto values_of = [&](const Segment& sg, int64_t g) {
+        return static_cast<const KV*>(sg.V) + (layer_offset + g) * sg.S * D;
+      };
+      // Few queries (a one-token step): a job a query head, to keep the threads busy. More: a job a segment, kv head
+      // and chunk of its rows, whose queries read each block of keys and values once (attend_many). Either way each
+      // query gets the same arithmetic.
+      const int64_t threads = at::get_num_threads();
+      if (T * kv_heads < 4 * threads) {
+        dynamic_jobs(T * heads, [&](int64_t job) {
+          std::vector<float> p(widest_keys + 8);
+          const int64_t t = job / heads, hq = job % heads, g = hq / group;
+          const Segment& sg = segments[segment_of[t]];
+          attend(query(t, hq, p.data()), keys_of(sg, g), values_of(sg, g), D, scale);
+        });
+      } else {
+        struct Job { int64_t segment, g, t0, t1; };
+        std::vector<Job> jobs;
+        const int64_t wanted = (2 * threads + kv_heads * int64_t(segments.size()) - 1) / (kv_heads * segments.size());
+        for (size_t i = 0; i < segments.size(); ++i) {
+          const Segment& sg = segments[i];
+          const int64_t chunks = std::min(sg.rows, std::max<int64_t>(1, wanted));
+          for (int64_t g = 0; g < kv_heads; ++g)
+            for (int64_t chunk = 0; chunk < chunks; ++chunk)
+              jobs.push_back({int64_t(i), g, sg.row0 + sg.rows * chunk / chunks, sg.row0 + sg.rows * (chunk + 1) / chunks});
+        }
+        dynamic_jobs(jobs.size(), [&](int64_t index) {
+          const Job& job = jobs[index];
+          const Segment& sg = segments[job.segment];
+          const int64_t stride = sg.slot + sg.rows + 8;
+          std::vector<float> p((job.t1 - job.t0) * group * stride);
+          std::vector<Query> queries;
+          for (int64_t t = job.t0; t < job.t1; ++t)
+            for (int64_t hq = job.g * group; hq < (job.g + 1) * group; ++hq)
+              queries.push_back(query(t, hq, p.data() + queries.size() * stride));
+          attend_many(queries, keys_of(sg, job.g), values_of(sg, job.g), D, scale);
+        });
       }
-      dynamic_jobs(jobs.size(), [&](int64_t index) {
-        const Job& job = jobs[index];
-        const Segment& sg = segments[job.segment];
-        const int64_t stride = sg.slot + sg.rows + 8;
-        std::vector<float> p((job.t1 - job.t0) * group * stride);
-        std::vector<Query> queries;
-        for (int64_t t = job.t0; t < job.t1; ++t)
-          for (int64_t hq = job.g * group; hq < (job.g + 1) * group; ++hq)
-            queries.push_back(query(t, hq, p.data() + queries.size() * stride));
-        attend_many(queries, keys_of(sg, job.g), values_of(sg, job.g), D, scale);
-      });
-    }
+    };
+    if (segments[0].half)
+      attention(uint16_t{});
+    else
+      attention(float{});
     gemm(p_o, att.data(), T, tmp.data(), sums.data(), act_q8);
     for (int64_t i = 0; i < T * H; ++i) h[i] += tmp[i];
     rows_over_threads(T, [&](int64_t t) { rms_norm(h.data() + t * H, post_norm, H, eps, normed.data() + t * H); });
@@ -2235,7 +2270,9 @@ std::vector<torch::Tensor> run_pass(torch::Tensor x, torch::Tensor cos, torch::T
 
 Segment segment_of_cache(torch::Tensor& k_cache, torch::Tensor& v_cache, int64_t slot, int64_t row0, int64_t rows,
                          torch::Tensor& visible, int64_t L, int64_t kv_heads) {
-  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat, "float32 caches expected");
+  const bool half = k_cache.scalar_type() == at::kHalf;
+  TORCH_CHECK((half || k_cache.scalar_type() == at::kFloat) && v_cache.scalar_type() == k_cache.scalar_type(),
+              "float32 or float16 caches (keys and values alike) expected");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
               "contiguous caches of one shape expected");
   TORCH_CHECK(k_cache.dim() == 5 && k_cache.size(0) == L && k_cache.size(1) == 1 && k_cache.size(2) == kv_heads,
@@ -2246,7 +2283,7 @@ Segment segment_of_cache(torch::Tensor& k_cache, torch::Tensor& v_cache, int64_t
                                        visible.size(0) == rows && visible.size(1) == keys),
               "visible: bool [T, slot + T] expected");
   visible = visible.contiguous();
-  return Segment{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), k_cache.size(3), slot, row0, rows,
+  return Segment{k_cache.data_ptr(), v_cache.data_ptr(), half, k_cache.size(3), slot, row0, rows,
                  visible.numel() ? visible.data_ptr<bool>() : nullptr};
 }
 
@@ -2305,6 +2342,7 @@ std::vector<torch::Tensor> lean_decode_packed(torch::Tensor x, torch::Tensor cos
     row0 += rows[i];
   }
   TORCH_CHECK(row0 == x.size(0), "the segments' rows must add up to x's");
+  for (const Segment& sg : segments) TORCH_CHECK(sg.half == segments[0].half, "all caches of one type expected");
   return run_pass(x, cos, sin, segments, L, D, layers, head, kinds, heads, kv_heads, eps, act_q8, side, side_norm,
                   &logit_rows);
 }

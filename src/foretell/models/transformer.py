@@ -174,11 +174,14 @@ class DecoderLayer(nn.Module):
             k, v = cache.write(layer, k, v)
             if kv_start:
                 k, v = k[:, :, kv_start:], v[:, :, kv_start:]
+        if k.dtype != q.dtype:  # a cache of another dtype (kv_dtype): its rows widened for the products
+            k, v = k.to(q.dtype), v.to(q.dtype)
         if cache is not None and T <= SMALL_STEP:
             keys = None
             if not kv_start:  # whole blocks of keys: one matrix shape per block rather than per key length
                 keys = k.shape[2]
                 k, v = cache.block_views(layer, keys)
+                k, v = k.to(q.dtype), v.to(q.dtype)
             if self.attention_fp32 and q.dtype == torch.bfloat16:
                 out = small_step_attention(q.float(), k.float(), v.float(), mask, self.scale, self.attn_softcap, keys)
                 return out.to(q.dtype)
@@ -267,6 +270,7 @@ class Transformer(nn.Module):
         # Every layer attends alike (the Llama / Qwen2 fast path) unless some slide or rotate differently.
         self.uniform = not self.sliding and cfg.local_rope_theta is None
         self.compiled = False  # compile_steps()
+        self.kv_dtype: torch.dtype | None = None  # its KV caches' dtype, None: the model's (RuntimeConfig.kv_dtype)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -288,7 +292,8 @@ class Transformer(nn.Module):
 
     def new_cache(self, capacity: int) -> KVCache:
         c = self.config
-        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, capacity, self.dtype, self.device)
+        return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, capacity, self.kv_dtype or self.dtype,
+                       self.device)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of the full-attention layers for `positions` (any shape), in the model dtype."""

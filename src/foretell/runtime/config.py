@@ -22,6 +22,9 @@ WEIGHT_FORMATS = ("none", "int8", "int4", "gguf", "auto")
 # The activations entering the block projections: float (the model's dtype), or q8: 8 bits, as llama.cpp computes
 # (float32 CPU models through the lean step only; lossy)
 ACTIVATION_FORMATS = ("float", "q8")
+# The target's KV cache: None keeps the model's dtype; float16 halves the bytes every pass reads from it (a lossy
+# opt-in, as llama.cpp's default f16 cache; the lean step reads it natively, PyTorch's path widens it)
+KV_DTYPES = (None, "float32", "float16")
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -50,6 +53,7 @@ class RuntimeConfig:
     None or 0: not as a step of its own (a target's comes with bf16_as_float32).
     lean: passes of a few tokens in one native call where the module suits it (runtime/lean_step.py).
     compile: torch.compile the module's per-layer blocks instead (Transformer.compile_steps).
+    kv_dtype: a target's KV cache dtype (KV_DTYPES; None: the model's).
     """
 
     device: str = "cpu"
@@ -65,6 +69,7 @@ class RuntimeConfig:
     bf16_rows: int | None = None
     lean: bool = True
     compile: bool = False
+    kv_dtype: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "device", str(self.device))
@@ -83,6 +88,9 @@ class RuntimeConfig:
                                 "float32 target on CPU, without compile and with lean=True; "
                                 f"use quant={self.quant!r} otherwise")
         parse_dtype(self.dtype)
+        if self.kv_dtype not in KV_DTYPES:
+            raise ForetellError(f"unknown KV cache dtype {self.kv_dtype!r}; use float32 or float16 (or None: the "
+                                "model's dtype)")
         for name in ("wide_rows", "kernel_rows", "bf16_rows"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):

@@ -39,12 +39,12 @@ def forward_packed(target: Transformer, passes: list) -> list[ForwardOutput]:
 
 
 def lean_takes(step, p) -> bool:
-    return step.takes(p.input_ids.shape[0], p.cache.length, p.tree_mask is not None) and single_float32(p.cache)
+    return step.takes(p.input_ids.shape[0], p.cache.length, p.tree_mask is not None) and native_cache(p.cache)
 
 
-def single_float32(cache) -> bool:
-    """One sequence's float32 cache: what the packed native call writes."""
-    return cache.k.shape[1] == 1 and cache.k.dtype == torch.float32
+def native_cache(cache) -> bool:
+    """One sequence's float32 or float16 cache: what the packed native call writes."""
+    return cache.k.shape[1] == 1 and cache.k.dtype in (torch.float32, torch.float16)
 
 
 def lean_packed(target: Transformer, passes: list, step=None) -> list[ForwardOutput]:
@@ -81,12 +81,12 @@ def run_draft_passes(passes: list) -> list:
         return [first.run()]
     if isinstance(first, HeadStepPass):
         lean = first.head.lean
-        takes = [first.head.native(p.tokens.shape[0]) and single_float32(p.cache) for p in passes]
+        takes = [first.head.native(p.tokens.shape[0]) and native_cache(p.cache) for p in passes]
         if lean is None or not all(takes):
             return [p.run() for p in passes]
         return lean.packed(passes)
     if isinstance(first, LayersPass):
-        if not all(single_float32(p.cache) for p in passes):
+        if not all(native_cache(p.cache) for p in passes):
             return [p.run() for p in passes]
         return first.lean.packed(passes)
     step = first.step or getattr(first.model, "lean", None)

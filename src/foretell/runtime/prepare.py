@@ -8,7 +8,8 @@ alike. The steps, always in this order (each changes what the next sees):
    it (then its wide passes multiply in bf16 where bf16 is native);
 4. wide passes: WideLinear for a bf16 model on a CPU without native bf16 products (its passes of many rows in fp32,
    a few rows in foretell's bf16 kernel), or Bf16ProductLinear for a float32 module of bf16 numbers (bf16_rows);
-5. compile (torch.compile of the per-layer blocks) or the lean step (passes of a few tokens in one native call).
+5. compile (torch.compile of the per-layer blocks) or the lean step (passes of a few tokens in one native call);
+6. the KV cache's dtype (kv_dtype), where one is asked for.
 The module is changed in place (a drafter module's quantize may return another object: use the result's module).
 """
 
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from foretell.runtime import lean_step, quant, wide_linear
-from foretell.runtime.config import RuntimeConfig
+from foretell.runtime.config import RuntimeConfig, parse_dtype
 from foretell.runtime.gguf_quant import keep_gguf_quantization
 
 
@@ -49,6 +50,8 @@ def prepare(module: nn.Module, config: RuntimeConfig) -> Prepared:
         module.compile_steps()
     elif c.lean:  # where it does not apply, nothing changes (a target that needs it checks `lean`)
         reason = module.use_lean_step(act_q8=True) if c.activations == "q8" else module.use_lean_step()
+    if c.kv_dtype is not None:
+        module.kv_dtype = parse_dtype(c.kv_dtype)  # its new_cache's
     return Prepared(module, bool(as_float32), wide, reason)
 
 

@@ -102,12 +102,14 @@ def run_serve(args: argparse.Namespace) -> None:
     name = args.served_model_name or Path(str(args.model).rstrip("/")).name
 
     def make():  # every torch computation off the main thread (worker.on_a_passing_thread says why)
-        pipeline = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant, compile=args.compile)
+        pipeline = load(args.model, spec, dtype=args.dtype, device=args.device, quant=args.quant, compile=args.compile,
+                        kv_dtype=args.kv_dtype)
         return pipeline, create_app(pipeline, name, settings)
 
     pipeline, app = on_a_passing_thread(make, torch.get_num_threads())
     chose = f": {why}; --drafter picks another" if why else ""
     weights = describe_target(args.quant, args.dtype, pipeline.target.model)
+    weights += f", {args.kv_dtype} KV cache" if args.kv_dtype else ""
     print(f"[foretell serve: model {name!r}, drafter {spec.describe()}{chose}, {weights}; "
           f"http://{args.host}:{args.port}/v1{', API key required' if settings.api_key else ''}]", file=sys.stderr)
     if args.host not in LOOPBACK and settings.api_key is None:
