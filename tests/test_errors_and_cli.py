@@ -93,6 +93,9 @@ def test_cli_generate_names_8_bit_activations(tiny_pair, capsys):
     code = main(["generate", "w5 w6", "--model", str(tiny_pair[0]), "--drafter", "prompt-lookup", "--dtype", "float32",
                  "--quant", "int4-q8", "--max-new-tokens", "8"])
     assert code == 0 and "int4 weights, 8-bit activations" in capsys.readouterr().err
+    code = main(["generate", "w5 w6", "--model", str(tiny_pair[0]), "--drafter", "prompt-lookup", "--dtype", "float32",
+                 "--quant", "int4-q8", "--kv-dtype", "float16", "--max-new-tokens", "8"])
+    assert code == 0 and "int4 weights, 8-bit activations, float16 KV cache" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

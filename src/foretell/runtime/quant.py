@@ -43,7 +43,14 @@ def split_target_quant(quant: str) -> tuple[str, bool]:
 
 def describe_target(quant: str, dtype: str, model=None) -> str:
     """What a target runs as, for the line generate and serve print: "gguf weights, 8-bit activations". model: the
-    loaded target, for a bf16 one that runs as float32 activations over its bf16 weights (lean_step)."""
+    loaded target, for a bf16 one that runs as float32 activations over its bf16 weights (lean_step), and its KV
+    cache's dtype where one was asked for."""
+    kv = getattr(model, "kv_dtype", None)
+    described = describe_weights(quant, dtype, model)
+    return described + (f", {str(kv).removeprefix('torch.')} KV cache" if kv is not None else "")
+
+
+def describe_weights(quant: str, dtype: str, model=None) -> str:
     weights, act_q8 = split_target_quant(quant)
     lean = getattr(model, "lean", None)
     if weights == "none":

@@ -109,7 +109,6 @@ def run_serve(args: argparse.Namespace) -> None:
     pipeline, app = on_a_passing_thread(make, torch.get_num_threads())
     chose = f": {why}; --drafter picks another" if why else ""
     weights = describe_target(args.quant, args.dtype, pipeline.target.model)
-    weights += f", {args.kv_dtype} KV cache" if args.kv_dtype else ""
     print(f"[foretell serve: model {name!r}, drafter {spec.describe()}{chose}, {weights}; "
           f"http://{args.host}:{args.port}/v1{', API key required' if settings.api_key else ''}]", file=sys.stderr)
     if args.host not in LOOPBACK and settings.api_key is None:
