@@ -14,13 +14,13 @@ those the cache gave, and the tokens/s of the whole run. Greedy: both configurat
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from cache_off_on import OFF, ON, off_and_on, write_report
 from foretell.api import load
 from foretell.bench.datasets import MT_BENCH_FILE, MT_BENCH_PIP, package_file, read_jsonl, take_per_category
 from foretell.prefix_cache import PrefixCache
@@ -99,14 +99,8 @@ def main() -> None:
     pipe = load(args.model, None if args.drafter == "default" else args.drafter, dtype=args.dtype, quant=args.quant)
     chats = conversations(args.per_category)
     serve(pipe, chats[: args.clients], args.clients, 8, 0)  # warm-up: first touches of the weights and buffers
-    runs: dict[str, list[dict]] = {"prefix cache off": [], "prefix cache on": []}
-    for r in range(args.rounds):
-        order = list(runs) if r % 2 == 0 else list(reversed(runs))  # neither always goes first
-        for name in order:
-            runs[name].append(serve(pipe, chats, args.clients, args.max_tokens, args.cache_mb if "on" in name else 0))
-            print(name, json.dumps({k: v for k, v in runs[name][-1].items() if k != "answers"}), flush=True)
-    if any(run["answers"] != runs["prefix cache off"][0]["answers"] for group in runs.values() for run in group):
-        raise SystemExit("the answers differ between runs: greedy decoding with and without the cache must agree")
+    runs = off_and_on(lambda on: serve(pipe, chats, args.clients, args.max_tokens, args.cache_mb if on else 0),
+                      args.rounds, "greedy answers")
     lines = [f"{len(chats)} two-turn MT-Bench chats, {args.clients} at a time, {args.max_tokens} tokens a turn, greedy, "
              f"{args.model} {args.quant} {args.dtype}, drafter {args.drafter}; medians over {args.rounds} rounds.", "",
              "| configuration | TTFT turn 1 (s) | TTFT turn 2 (s) | turn 2 prompt tokens | from the cache | tokens/s |",
@@ -119,17 +113,11 @@ def main() -> None:
         summary[name] = {"ttft_turn1": t1, "ttft_turn2": t2, **med}
         lines.append(f"| {name} | {t1:.3f} | {t2:.3f} | {group[0]['turn 2']['prompt_tokens']} | "
                      f"{group[0]['turn 2']['cached_tokens']} | {med['tokens_per_second']:.1f} |")
-    off, on = summary["prefix cache off"], summary["prefix cache on"]
+    off, on = summary[OFF], summary[ON]
     lines += ["", f"With the cache: turn 2's TTFT {on['ttft_turn2'] / off['ttft_turn2']:.2f}x, tokens/s "
                   f"{on['tokens_per_second'] / off['tokens_per_second']:.2f}x (mean TTFT per run, median of runs)."]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()},
-                                                       "summary": summary, "runs": {
-        name: [{k: v for k, v in run.items() if k != "answers"} for run in group] for name, group in runs.items()}},
-        indent=2) + "\n")
-    (args.out / "report.md").write_text("\n".join(lines) + "\n")
+    write_report(args.out, args, summary, runs, lines)
     plot(args.out / "multi_turn.png", summary)
-    print("\n".join(lines))
 
 
 def plot(path: Path, summary: dict) -> None:

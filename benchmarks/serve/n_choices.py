@@ -15,13 +15,13 @@ first token, the prompt tokens the target read, and tokens/s.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from cache_off_on import OFF, ON, off_and_on, write_report
 from foretell.api import load
 from foretell.bench.datasets import load_prompts
 from foretell.prefix_cache import PrefixCache
@@ -85,14 +85,8 @@ def main() -> None:
     pipe = load(args.model, None if args.drafter == "default" else args.drafter, dtype=args.dtype, quant=args.quant)
     prompts = [pipe.encode(x["prompt"]) for x in load_prompts(["spec-bench"], args.per_category)]
     serve(pipe, prompts[:2], args.n, args.requests, 8, 0)  # warm-up: first touches of the weights and buffers
-    runs: dict[str, list[dict]] = {"prefix cache off": [], "prefix cache on": []}
-    for r in range(args.rounds):
-        for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):  # neither always goes first
-            runs[name].append(serve(pipe, prompts, args.n, args.requests, args.max_tokens,
-                                    args.cache_mb if "on" in name else 0))
-            print(name, json.dumps({k: v for k, v in runs[name][-1].items() if k != "answers"}), flush=True)
-    if any(run["answers"] != runs["prefix cache off"][0]["answers"] for group in runs.values() for run in group):
-        raise SystemExit("the answers differ between runs: seeded choices with and without the cache must agree")
+    runs = off_and_on(lambda on: serve(pipe, prompts, args.n, args.requests, args.max_tokens,
+                                       args.cache_mb if on else 0), args.rounds, "seeded choices")
     lines = [f"{len(prompts)} Spec-Bench prompts, {args.n} choices each (temperature 0.8, seeded), {args.requests} "
              f"requests at a time, {args.max_tokens} tokens a choice, {args.model} {args.quant} {args.dtype}, drafter "
              f"{args.drafter}; medians over {args.rounds} rounds.", "",
@@ -103,17 +97,11 @@ def main() -> None:
                          for key in ("ttft_mean", "prompt_tokens_read", "tokens_per_second")}
         s = summary[name]
         lines.append(f"| {name} | {s['ttft_mean']:.3f} | {s['prompt_tokens_read']:.0f} | {s['tokens_per_second']:.1f} |")
-    off, on = summary["prefix cache off"], summary["prefix cache on"]
+    off, on = summary[OFF], summary[ON]
     lines += ["", f"With the cache: TTFT {on['ttft_mean'] / off['ttft_mean']:.2f}x, prompt tokens read "
                   f"{on['prompt_tokens_read'] / off['prompt_tokens_read']:.2f}x, tokens/s "
                   f"{on['tokens_per_second'] / off['tokens_per_second']:.2f}x."]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()},
-                                                       "summary": summary, "runs": {
-        name: [{k: v for k, v in run.items() if k != "answers"} for run in group] for name, group in runs.items()}},
-        indent=2) + "\n")
-    (args.out / "report.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, args, summary, runs, lines)
 
 
 if __name__ == "__main__":
