@@ -11,6 +11,19 @@ from typing import Callable
 OFF, ON = "prefix cache off", "prefix cache on"
 
 
+def add_run_args(p: argparse.ArgumentParser, out: str) -> None:
+    """The flags both benchmarks take: the target and drafter, the cached configuration's size, rounds, threads,
+    the output folder."""
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--quant", default="gguf-q8")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--drafter", default="none", help="a method name, or default (the target's)")
+    p.add_argument("--cache-mb", type=int, default=512, help="the cached configuration's size (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path(out))
+
+
 def off_and_on(serve: Callable[[bool], dict], rounds: int, answers_are: str) -> dict[str, list[dict]]:
     """serve(cache_on) -> one run's figures with its "answers"; each configuration `rounds` times, neither always
     first. Stops when the answers differ (`answers_are` says why they must not)."""

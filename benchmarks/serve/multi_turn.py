@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from cache_off_on import OFF, ON, off_and_on, write_report
+from cache_off_on import OFF, ON, add_run_args, off_and_on, write_report
 from foretell.api import load
 from foretell.bench.datasets import MT_BENCH_FILE, MT_BENCH_PIP, package_file, read_jsonl, take_per_category
 from foretell.prefix_cache import PrefixCache
@@ -83,17 +83,10 @@ def serve(pipe, chats: list[tuple[str, str]], clients: int, max_tokens: int, cac
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--quant", default="gguf-q8")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--drafter", default="none", help="a method name, or default (the target's)")
+    add_run_args(p, "runs/multi_turn")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--per-category", type=int, default=2, help="MT-Bench questions a category (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--cache-mb", type=int, default=512, help="the cached configuration's size (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=Path("runs/multi_turn"))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     pipe = load(args.model, None if args.drafter == "default" else args.drafter, dtype=args.dtype, quant=args.quant)

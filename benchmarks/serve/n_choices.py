@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from cache_off_on import OFF, ON, off_and_on, write_report
+from cache_off_on import OFF, ON, add_run_args, off_and_on, write_report
 from foretell.api import load
 from foretell.bench.datasets import load_prompts
 from foretell.prefix_cache import PrefixCache
@@ -68,18 +67,11 @@ def serve(pipe, prompts: list[list[int]], n: int, requests: int, max_tokens: int
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--quant", default="gguf-q8")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--drafter", default="none", help="a method name, or default (the target's)")
+    add_run_args(p, "runs/n_choices")
     p.add_argument("--n", type=int, default=4, help="choices a request (default: %(default)s)")
     p.add_argument("--requests", type=int, default=2, help="requests at a time (default: %(default)s)")
     p.add_argument("--per-category", type=int, default=1, help="Spec-Bench prompts a category (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--cache-mb", type=int, default=512, help="the cached configuration's size (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=Path("runs/n_choices"))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     pipe = load(args.model, None if args.drafter == "default" else args.drafter, dtype=args.dtype, quant=args.quant)
