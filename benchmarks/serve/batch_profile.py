@@ -62,7 +62,9 @@ def timed_forward(seconds: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("drafter", nargs="?", default="default", help="a method name, or default (the target's)")
+    p.add_argument("drafter", nargs="?", default="default",
+                   help="a method name, a speculative configuration file (JSON, e.g. benchmarks/specs/answers.json), "
+                   "or default (the target's)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--budgets", default="auto,fixed,none")
     p.add_argument("--clients", type=int, default=4)
@@ -83,6 +85,8 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     spec = None if args.drafter == "default" else args.drafter
+    if args.drafter.endswith(".json"):
+        spec = SpeculativeConfig.from_file(args.drafter)
     if args.draft:
         spec = SpeculativeConfig(method=args.drafter, model=args.draft, draft_quant=args.draft_quant,
                                  hot_vocab=args.hot_vocab)
