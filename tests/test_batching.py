@@ -244,6 +244,24 @@ def test_requests_sharing_a_prompt_in_one_batch_read_it_once(pipes):
                                             for engine in engines]
 
 
+def test_a_drafter_gated_off_in_a_batch_still_offers_its_result_cache_branch(pipes):
+    """A batch's pre-draft 0 stops the drafter's forwards, not the result cache's branch, which costs none: the
+    branch is proposed for the budget to weigh (its nodes valued by the branch's measured acceptance), and the pass
+    does not count as a drafted one (its time would make the drafter's levels look free)."""
+    pipe = pipes["parallel-head"]  # result_cache="prompt"
+    prompt = (PROMPTS[2] * 4)[:37]  # repeats itself: the prompt's n-grams match
+    state = pipe.engine.start(prompt, GREEDY)
+    step = state.prefill_pass()
+    state.prefilled_pass(step, pipe.target.model(step.input_ids, step.positions, step.cache,
+                                                  hidden_layers=step.hidden_layers, logits_rows=step.logits_rows))
+    steps = state.draft_steps(0)
+    with pytest.raises(StopIteration) as done:  # no drafter forward to wait on
+        next(steps)
+    proposal = done.value.value
+    assert proposal.size > 0 and not state.drafter_ran
+    assert sorted(state.branch_steps()) == list(range(proposal.size))
+
+
 def test_the_prefix_cache_keeps_what_fits_least_recently_used_first_out(tiny_pair):
     pipe = load(tiny_pair[0], "none", warm_up=False)
     prompts = [[1] + [10 + i] * 20 for i in range(4)]

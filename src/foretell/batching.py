@@ -236,10 +236,11 @@ class BatchEngine:
     def _draft_all(self, ready: list[Request], limits: list[int | None]) -> list:
         """Every ready request's proposal, their drafters' forwards of a shared model packed depth by depth
         (run_together). A request's draft seconds (the pre-draft rule's cost of a level) are its share of the
-        drafting: the whole drafting time split over the requests that drafted."""
+        drafting: the whole drafting time split over the requests whose drafter ran (a result-cache branch alone
+        costs no drafter forward, and would make a level look free)."""
         started = time.perf_counter()
         proposals = run_together([r.state.draft_steps(limit) for r, limit in zip(ready, limits)])
-        drafted = [(r, p) for r, p in zip(ready, proposals) if p.size]
+        drafted = [(r, p) for r, p in zip(ready, proposals) if p.size and r.state.drafter_ran]
         share = (time.perf_counter() - started) / max(1, len(drafted))
         for request, proposal in drafted:
             self.draft_seconds.record(drafter_name(request), proposal.depth, share)

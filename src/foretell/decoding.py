@@ -204,7 +204,9 @@ class Decoding:
         engine, t1 = self.engine, time.perf_counter()
         room = self.limit - (len(self.ids) - self.prompt_len)  # tokens we may still add
         n = self.sizer.draft_tokens(room, budget)
-        branch, matched = self._cache_branch(n)
+        # a batch's 0 stops the drafter's forwards; the result cache's branch costs none, and the budget weighs its
+        # nodes after drafting (branch_steps) like any other
+        branch, matched = self._cache_branch(self.sizer.draft_tokens(room) if budget == 0 else n)
         drafted = n > 0 and self.sizer.should_draft(matched)
         proposal = (yield from engine.drafter.propose_steps(self.ids, n)) if drafted else empty_proposal()
         if drafted and branch:
@@ -214,6 +216,11 @@ class Decoding:
             proposal, cache_nodes = self._pruned(proposal, cache_nodes)
         self._planned = _Planned(proposal, drafted, n, branch, matched, cache_nodes, t1, time.perf_counter())
         return proposal
+
+    @property
+    def drafter_ran(self) -> bool:
+        """Whether the planned proposal came from the drafter's forwards (not the result cache's branch alone)."""
+        return self._planned is not None and self._planned.drafted
 
     def branch_steps(self) -> dict[int, float]:
         """The planned proposal's nodes only the result cache proposed, each with the chance it is accepted where
