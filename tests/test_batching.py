@@ -244,6 +244,21 @@ def test_requests_sharing_a_prompt_in_one_batch_read_it_once(pipes):
                                             for engine in engines]
 
 
+def test_requests_do_not_wait_for_a_prompt_too_large_to_keep(pipes):
+    """The waiting above only where the first one's rows can be kept: with a prefix cache smaller than the prompt's
+    rows, three requests for one prompt all start reading it in the first pass (with room, all waited for one)."""
+    pipe = pipes["none"]
+    prompt = (PROMPTS[2] * 5)[:40]
+    row_bytes = 2 * pipe.target.model.new_cache(8).k[:, :, :, :1].numel() * 4  # float32 keys and values
+    for size, reading in ((1 << 24, [True, False, False]), (20 * row_bytes, [True, True, True])):
+        batch = pipe.batch_engine(max_batch=3, prefill_chunk=256, prefix_cache=PrefixCache(size, min_tokens=8))
+        runs = [submit(batch, prompt, GREEDY) for _ in range(3)]
+        batch.step()  # admits all three; the first pass reads prompts
+        assert [r.state.prefilled > 0 for r in batch.active] == reading
+        batch.run()
+        assert [c.tokens for c in runs] == [pipe.engine.generate(prompt, GREEDY).tokens] * 3
+
+
 def test_a_drafter_gated_off_in_a_batch_still_offers_its_result_cache_branch(pipes):
     """A batch's pre-draft 0 stops the drafter's forwards, not the result cache's branch, which costs none: the
     branch is proposed for the budget to weigh (its nodes valued by the branch's measured acceptance), and the pass

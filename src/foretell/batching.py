@@ -213,8 +213,8 @@ class BatchEngine:
         done, will serve this request's drafter too. Read once instead of side by side, the prompt also gets the
         whole prefill chunk, so neither request waits longer for its first token."""
         cache, state = self.prefix_cache, request.state
-        if cache is None or not state.reading_from_cache:
-            return False
+        if cache is None or not state.reading_from_cache or not cache.holds(len(state.ids) - 1, state.cache):
+            return False  # (a prompt too large to keep: nothing to wait for)
         layers, ids = set(state.engine.drafter_layers), state.ids
         shared = max(cache.min_tokens, len(ids) // 2, state.prefilled + cache.min_tokens)
         return any(other.state.prefilling and layers <= set(other.state.engine.drafter_layers)

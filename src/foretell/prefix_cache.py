@@ -90,6 +90,11 @@ class PrefixCache:
         self.stats.reused_tokens += length - start
         return length, {i: best.hidden[i][start:length] for i in layers}
 
+    def holds(self, tokens: int, cache: KVCache) -> bool:
+        """Whether an entry of `tokens` of `cache`'s rows fits at all (keep refuses one larger than the whole
+        cache)."""
+        return 2 * tokens * cache.k[:, :, :, :1].numel() * cache.k.element_size() <= self.max_bytes
+
     def keep(self, ids: list[int], cache: KVCache, hidden: dict[int, torch.Tensor]) -> None:
         """Keep the cache's `len(ids)` committed rows as the prefix `ids`, with the hook rows `hidden` ([len(ids),
         H] a layer). An entry the new one extends is dropped (the new one serves its requests too); one that
