@@ -24,6 +24,7 @@ from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize
 from foretell.bench.datasets import load_prompts
 from foretell.config import SpeculativeConfig
 from foretell.prefix_cache import PrefixCache
+from foretell.runtime.config import KV_DTYPES
 from foretell.types import SamplingParams
 
 
@@ -77,7 +78,7 @@ def main() -> None:
                    "request reads its whole prompt, as serve_batching.py measures by default (default: %(default)s)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quant", default="none")
-    p.add_argument("--kv-dtype", choices=("float32", "float16"), help="the target's KV cache (default: the model's)")
+    p.add_argument("--kv-dtype", choices=KV_DTYPES[1:], help="the target's KV cache (default: the model's)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--draft", help="a draft model for DRAFTER draft-model (e.g. qwen2.5-coder-0.5b)")
     p.add_argument("--draft-quant", default="auto")

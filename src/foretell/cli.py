@@ -8,6 +8,7 @@ import json
 import sys
 
 from foretell.errors import ForetellError
+from foretell.runtime.config import KV_DTYPES
 from foretell.runtime.quant import TARGET_QUANT_CHOICES, describe_target
 from foretell.spec_args import add_model_args, add_speculative_args
 
@@ -96,7 +97,7 @@ def add_bench_parser(sub) -> None:
                    help="foretell's target weights as int8 / int4 (weight-only) or gguf (the file's own blocks: Q4_0..Q8_0, Q4_K, Q5_K, Q6_K), "
                    "every foretell method, -q8 adding 8-bit activations (float32); the transformers peers stay at --dtype "
                    "(default: %(default)s)")
-    b.add_argument("--kv-dtype", choices=("float32", "float16"),
+    b.add_argument("--kv-dtype", choices=KV_DTYPES[1:],
                    help="foretell's target KV cache, every foretell method (default: the model's dtype)")
     b.add_argument("--datasets", default="spec-bench", help=f"comma list of {', '.join(DATASETS)} (default: %(default)s)")
     b.add_argument("--per-category", type=int, default=10,

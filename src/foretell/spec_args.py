@@ -9,6 +9,7 @@ from pathlib import Path
 
 from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
+from foretell.runtime.config import KV_DTYPES
 from foretell.runtime.quant import TARGET_QUANT_CHOICES
 
 # Flag -> config option, for the flags that map one to one (None = not given).
@@ -29,7 +30,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    "file ships with (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): a smaller, faster and different model, which speculation reproduces "
                    "exactly; with -q8 (float32 only) also 8-bit activations, as llama.cpp: lossy, faster "
                    "(default: %(default)s)")
-    p.add_argument("--kv-dtype", choices=("float32", "float16"),
+    p.add_argument("--kv-dtype", choices=KV_DTYPES[1:],
                    help="the target's KV cache: float16 halves what each pass reads from it (lossy, as llama.cpp's "
                    "default f16 cache; speculation still reproduces plain decoding with it exactly) (default: the "
                    "model's dtype)")

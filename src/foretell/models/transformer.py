@@ -174,14 +174,13 @@ class DecoderLayer(nn.Module):
             k, v = cache.write(layer, k, v)
             if kv_start:
                 k, v = k[:, :, kv_start:], v[:, :, kv_start:]
+        small, keys = cache is not None and T <= SMALL_STEP, None
+        if small and not kv_start:  # whole blocks of keys: one matrix shape per block rather than per key length
+            keys = k.shape[2]
+            k, v = cache.block_views(layer, keys)
         if k.dtype != q.dtype:  # a cache of another dtype (kv_dtype): its rows widened for the products
             k, v = k.to(q.dtype), v.to(q.dtype)
-        if cache is not None and T <= SMALL_STEP:
-            keys = None
-            if not kv_start:  # whole blocks of keys: one matrix shape per block rather than per key length
-                keys = k.shape[2]
-                k, v = cache.block_views(layer, keys)
-                k, v = k.to(q.dtype), v.to(q.dtype)
+        if small:
             if self.attention_fp32 and q.dtype == torch.bfloat16:
                 out = small_step_attention(q.float(), k.float(), v.float(), mask, self.scale, self.attn_softcap, keys)
                 return out.to(q.dtype)
