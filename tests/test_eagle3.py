@@ -65,7 +65,19 @@ def test_int8_head_is_exact_and_quantizes_its_layer_and_output(plain):
     assert not isinstance(make_head(plain.target.model).quantize("none").lm_head, Int8Linear)
 
 
-@pytest.mark.parametrize("quant", ["none", "int8"])
+def test_int4_head_is_exact_and_quantizes_where_its_shapes_fit(plain):
+    """draft_quant int4: the layer's projections and a draft output layer of whole 16-column groups as int4 groups of
+    32 (half int8's bytes a step), an output layer of 40 columns as int8; greedy output still plain decoding's."""
+    from foretell.runtime.quant import Int4Linear, Int8Linear
+
+    head = make_head(plain.target.model, seed=4, draft_ids=torch.arange(4, 36)).quantize("int4")
+    assert isinstance(head.lm_head, Int4Linear) and isinstance(head.midlayer.qkv_proj, Int4Linear)
+    assert head.quantize("int4").lm_head is head.lm_head  # quantizing twice changes nothing
+    assert_greedy_equals_plain(plain, plain.with_drafter(Eagle3Drafter(head)))
+    assert isinstance(make_head(plain.target.model, seed=4).quantize("int4").lm_head, Int8Linear)
+
+
+@pytest.mark.parametrize("quant", ["none", "int8", "int4"])
 def test_lean_head_steps_match_pytorch_and_decode_exactly(plain, quant):
     """The head's native step (runtime/lean_drafters.LeanEagle3Step): a chain of context rows and a tree level give
     PyTorch's outputs and logits up to rounding, and greedy decoding with it equals plain decoding."""

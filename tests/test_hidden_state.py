@@ -501,7 +501,7 @@ def test_int8_draft_keeps_greedy_exact_and_leaves_the_target_alone(plain, tmp_pa
     assert isinstance(kept.engine.drafter.draft.layer.qkv_proj, torch.nn.Linear)
 
 
-@pytest.mark.parametrize("quant", ["none", "int8"])
+@pytest.mark.parametrize("quant", ["none", "int8", "int4"])
 def test_lean_draft_steps_match_pytorch_and_decode_exactly(plain, quant):
     """The draft's native step (runtime/lean_drafters.LeanDraftLayers): context rows then a chain of its own predictions
     give PyTorch's predictions, cache and logits up to rounding (the output layer in the column kernel, its hot rows

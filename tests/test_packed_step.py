@@ -207,6 +207,31 @@ def test_a_parallel_head_on_a_target_with_8_bit_activations_drafts_in_int8(tiny_
             plain.engine.generate(prompt, GREEDY).tokens
 
 
+@pytest.mark.parametrize("draft_quant", ["auto", "int4"])
+def test_an_eagle3_head_on_a_target_with_8_bit_activations_decodes_as_plain(tiny_pair, tmp_path, draft_quant):
+    """An EAGLE-3 head on a GGUF Q4_1 target with 8-bit activations, as int8 ("auto") or int4 blocks: its lean step
+    takes the 8-bit activations (Q8X / Q4X products) and greedy output is the target's plain decoding."""
+    pytest.importorskip("gguf")
+    from test_eagle3 import make_head
+    from test_families_gguf import write_gguf
+
+    from foretell.models.eagle3 import save_eagle3_head
+    from foretell.runtime.quant import Int4Linear, Int8Linear
+
+    hf = make_hf_model("llama", 48, seed=0)
+    path = write_gguf(hf, "llama", tmp_path / "tiny-q4_1.gguf", q4_1=lambda name: name.endswith("proj.weight"))
+    plain = load(path, "none", quant="gguf-q8", warm_up=False, cache_dir=tmp_path)
+    folder = save_eagle3_head(make_head(plain.target.model, seed=3, draft_ids=torch.arange(4, 36)), tmp_path / "e3")
+    spec = SpeculativeConfig(method="eagle3", model=str(folder), draft_quant=draft_quant)
+    pipe = plain.with_speculative(spec)
+    head = pipe.engine.drafter.head
+    kind = Int4Linear if draft_quant == "int4" else Int8Linear
+    assert isinstance(head.lm_head, kind) and isinstance(head.midlayer.down_proj, kind)
+    assert head.lean is not None and head.lean.act_q8
+    for prompt in PROMPTS:
+        assert pipe.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
+
+
 @pytest.mark.parametrize("method,draft_quant", [("draft-model", "gguf-q8"), ("draft-model", "none"),
                                                 ("draft-tree", "gguf-q8")])
 def test_a_batch_packs_its_draft_models_forwards(tmp_path, method, draft_quant):

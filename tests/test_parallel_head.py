@@ -223,10 +223,16 @@ def test_save_load_round_trip(plain, tmp_path, tiny_pair):
     int8 = pipe.with_speculative(SpeculativeConfig(method='parallel-head', model=str(tmp_path / "head"),
                                                    draft_quant="int8"))
     assert isinstance(int8.engine.drafter.head.fuse, Int8Linear)
+    from foretell.runtime.quant import Int4Linear
+
+    int4 = pipe.with_speculative(SpeculativeConfig(method='parallel-head', model=str(tmp_path / "head"),
+                                                   draft_quant="int4"))
+    assert isinstance(int4.engine.drafter.head.fuse, Int4Linear)
     for prompt in PROMPTS:
         want = plain.engine.generate(prompt, GREEDY).tokens
         assert pipe.engine.generate(prompt, GREEDY).tokens == want
         assert int8.engine.generate(prompt, GREEDY).tokens == want
+        assert int4.engine.generate(prompt, GREEDY).tokens == want
 
 
 def test_lean_forward_matches_pytorch_and_decodes_exactly(plain):

@@ -74,9 +74,13 @@ def test_int8_draft_with_hot_vocab_greedy_equals_plain(tiny_pair):
 def test_unknown_quant_mode_is_a_clear_error(tiny_pair):
     target, draft = tiny_pair
     with pytest.raises(ForetellError, match="draft_quant must be one of"):
-        load(target, SpeculativeConfig(method='draft-model', model=str(draft), draft_quant="int4"))
+        load(target, SpeculativeConfig(method='draft-model', model=str(draft), draft_quant="int3"))
     with pytest.raises(ForetellError, match="draft_quant"):
         load(target, SpeculativeConfig(method="prompt-lookup", draft_quant="int8"))
+    from foretell.runtime.quant import resolve_quant
+    assert resolve_quant("int4", "cpu") == "int4"
+    with pytest.raises(ForetellError, match="int4 drafts run on CPU only"):
+        resolve_quant("int4", "cuda")
 
 
 @pytest.mark.parametrize("heads, kv_heads, T", [(4, 4, 1), (4, 2, 3), (6, 2, 5), (8, 1, 16)])

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from foretell.config import QUANT_MODES as DRAFT_QUANT_MODES
 from foretell.errors import ForetellError
 from foretell.runtime.config import KV_DTYPES
 from foretell.runtime.quant import TARGET_QUANT_CHOICES, describe_target
@@ -117,8 +118,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--tree-budget", type=int, default=24, help="draft-tree: tokens verified per pass (default: %(default)s)")
     b.add_argument("--hot-vocab", type=int, default=0,
                    help="draft-* and parallel-head* methods: draft among this many frequent tokens (lossless; 0 = all, the default)")
-    b.add_argument("--draft-quant", default="auto", choices=("auto", "int8", "none", "gguf", "gguf-q8"),
-                   help="foretell draft-* methods: draft weights as int8 (lossless); auto = int8 on CPU, bf16 kept where foretell's bf16 kernel runs; "
+    b.add_argument("--draft-quant", default="auto", choices=DRAFT_QUANT_MODES,
+                   help="foretell draft-* methods: draft weights as int8 or int4 (lossless); auto = int8 on CPU, bf16 kept where foretell's bf16 kernel runs; "
                         "gguf / gguf-q8: the draft model's GGUF blocks (draft-chain, draft-tree) (default: %(default)s)")
     b.add_argument("--branching", default="3,2,2,1,1",
                    help="draft-tree-static: children per node at each depth (default: %(default)s)")

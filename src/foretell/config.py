@@ -25,7 +25,7 @@ HEAD_METHODS = ("parallel-head", "hidden-state", "eagle3")  # without `model`: t
 # has its own reduced draft vocabulary instead (its d2t map), so hot_vocab does not apply to it.
 HOT_VOCAB_METHODS = ("draft-model", "draft-tree", "parallel-head", "hidden-state")
 LENGTH_POLICIES = ("fixed", "rejection-rate", "additive")
-QUANT_MODES = ("auto", "int8", "none", "gguf", "gguf-q8")
+QUANT_MODES = ("auto", "int8", "int4", "none", "gguf", "gguf-q8")
 GGUF_DRAFT_QUANTS = ("gguf", "gguf-q8")  # a draft model's own GGUF blocks (float / 8-bit activations)
 BUDGETS = ("fixed", "auto")
 RESULT_CACHES = ("outputs", "prompt")
@@ -214,8 +214,8 @@ class SpeculativeConfig:
         (head_tree None: as deep as the head drafts, up to 4).
     hot_vocab: draft among this many frequent tokens only (0 = all; lossless).
     draft_quant: int8 draft weights (auto = int8 on CPU, except bf16 drafts where foretell's bf16 kernel runs
-        (runtime/quant.py resolve_quant), and for a parallel head only on a target with 8-bit activations;
-        lossless: only acceptance can change). A draft model may also run its
+        (runtime/quant.py resolve_quant), and for a parallel head only on a target with 8-bit activations), or
+        int4 (groups of 32, CPU only); lossless: only acceptance can change. A draft model may also run its
         GGUF file's own blocks in the lean step: gguf, or gguf-q8 with 8-bit activations (float32 CPU).
     budget: fixed, or auto: draft length / tree size chosen each pass from this machine's measured cost curve.
     result_cache: outputs | prompt: continuations seen before (in earlier outputs; with prompt, the prompt

@@ -7,7 +7,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from foretell.config import SpeculativeConfig
+from foretell.config import QUANT_MODES as DRAFT_QUANT_MODES, SpeculativeConfig
 from foretell.errors import ForetellError
 from foretell.runtime.config import KV_DTYPES
 from foretell.runtime.quant import TARGET_QUANT_CHOICES
@@ -64,8 +64,8 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lookup-min", type=int, help="prompt-lookup: shortest n-gram matched (default 1)")
     g.add_argument("--hot-vocab", type=int,
                    help="draft only among this many frequent tokens (a smaller draft output layer; lossless; 0 = all)")
-    g.add_argument("--draft-quant", choices=("auto", "int8", "none", "gguf", "gguf-q8"),
-                   help="draft-model, draft-tree, parallel-head, hidden-state, eagle3: int8 draft weights (lossless); auto = int8 on CPU, bf16 kept where foretell's bf16 kernel runs (default; a parallel head: int8 on a target with 8-bit activations only); "
+    g.add_argument("--draft-quant", choices=DRAFT_QUANT_MODES,
+                   help="draft-model, draft-tree, parallel-head, hidden-state, eagle3: int8 or int4 draft weights (lossless); auto = int8 on CPU, bf16 kept where foretell's bf16 kernel runs (default; a parallel head: int8 on a target with 8-bit activations only); "
                         "draft-model, draft-tree: gguf / gguf-q8 run the draft's GGUF file's own blocks (gguf-q8: 8-bit activations, float32)")
     g.add_argument("--budget", choices=("fixed", "auto"),
                    help="auto: draft length / tree size from this machine's measured forward cost curve")

@@ -36,7 +36,7 @@ from foretell.models.module_folder import (
 )
 from foretell.models.transformer import RMSNorm, RotaryTables, Transformer
 from foretell.runtime.lean_drafters import LeanEagle3Step, head_lean_support
-from foretell.runtime.quant import Int8Linear, quantize_int8, resolve_quant
+from foretell.runtime.quant import draft_linear, quantize_linears, resolve_quant
 
 FOLDER_FORMAT = FolderFormat(name="foretell-eagle3", version=1, config_file="eagle3.json", what="EAGLE-3 head")
 CONFIG_FILE = FOLDER_FORMAT.config_file
@@ -220,13 +220,14 @@ class Eagle3Head(DrafterModule):
         self.t2d[ids] = True
 
     def quantize(self, mode: str) -> Eagle3Head:
-        """Store the decoder layer's projections and the draft output layer as int8 per `mode` (runtime/quant.py;
-        "auto" = int8 on CPU). Lossless for decoding (drafts only propose); inference only. The head steps once per
-        tree level, so its step time counts several times a pass; fc, run once a pass, stays as it is (it also
-        places the module: `placed_by`)."""
-        if resolve_quant(mode, self.device, self.dtype) == "int8" and not isinstance(self.lm_head, Int8Linear):
-            quantize_int8(self.midlayer)
-            self.lm_head = Int8Linear.from_weight(self.lm_head.weight)
+        """Store the decoder layer's projections and the draft output layer as int8 or int4 per `mode`
+        (runtime/quant.py; "auto" = int8 on CPU). Lossless for decoding (drafts only propose); inference only. The
+        head steps once per tree level, so its step time counts several times a pass; fc, run once a pass, stays as
+        it is (it also places the module: `placed_by`)."""
+        make = draft_linear(resolve_quant(mode, self.device, self.dtype))
+        if make is not None and type(self.lm_head) is nn.Linear:
+            quantize_linears(self.midlayer, make)
+            self.lm_head = make(self.lm_head.weight, None)
         return self
 
     def check_vocab_maps(self, source: Path | str) -> None:

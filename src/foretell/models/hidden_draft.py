@@ -37,7 +37,7 @@ from foretell.models.module_folder import (
 from foretell.models.token_info import TokenInfo
 from foretell.models.transformer import DecoderLayer, RotaryTables, Transformer, make_norm, softcap
 from foretell.runtime.lean_drafters import LayersPass, LeanDraftLayers, layers_lean_support
-from foretell.runtime.quant import quantize_int8, resolve_quant
+from foretell.runtime.quant import draft_linear, quantize_linears, resolve_quant
 
 FOLDER_FORMAT = FolderFormat(name="foretell-hidden-draft", version=1, config_file="hidden_draft.json",
                              what="hidden-state draft", run_part="draft")
@@ -217,13 +217,14 @@ class HiddenDraft(DrafterModule):
         return self.token_info(embedded)
 
     def quantize(self, mode: str) -> "HiddenDraft":
-        """Store the draft's decoder-layer projections as int8 per `mode` (runtime/quant.py; "auto" = int8
+        """Store the draft's decoder-layer projections as int8 or int4 per `mode` (runtime/quant.py; "auto" = int8
         on CPU). Lossless for decoding (drafts only propose); inference only (int8 weights do not train).
         The output layer stays as it is: its hot rows are the target's (bf16 numbers, which the lean step's column
         kernel streams as such, use_lean_step), and without a hot vocabulary it is the target's own.
         """
-        if resolve_quant(mode, self.device, self.dtype) == "int8":
-            quantize_int8(self.layer)
+        make = draft_linear(resolve_quant(mode, self.device, self.dtype))
+        if make is not None:
+            quantize_linears(self.layer, make)
         return self
 
     def forward_training(self, hidden: torch.Tensor, steps: int) -> torch.Tensor:

@@ -32,7 +32,7 @@ from foretell.models.module_folder import (
 )
 from foretell.models.transformer import DecoderLayer, RMSNorm, RotaryTables, Transformer, softcap
 from foretell.runtime.lean_drafters import LayersPass, LeanDraftLayers, layers_lean_support
-from foretell.runtime.quant import Int8Linear, quantize_int8, resolve_quant
+from foretell.runtime.quant import draft_linear, quantize_linears, resolve_quant
 
 FOLDER_FORMAT = FolderFormat(name="foretell-parallel-head", version=1, config_file="parallel_head.json", what="parallel head",
                              run_part="head")
@@ -154,13 +154,14 @@ class ParallelHead(DrafterModule):
         return reason
 
     def quantize(self, mode: str) -> "ParallelHead":
-        """Store the fuse and the decoder layers' projections as int8 per `mode` (runtime/quant.py; "auto" = int8 on
+        """Store the fuse and the decoder layers' projections as int8 or int4 per `mode` (runtime/quant.py; "auto" = int8 on
         CPU). Lossless for decoding (drafts only propose); inference only. A float32 head otherwise streams 4-byte
         weights every pass: on Qwen2.5-Coder-1.5B (one 1536-wide layer with an 8960-wide MLP, ~225 MB) that was
         most of a 25 ms draft pass. The output layer stays the target's rows."""
-        if resolve_quant(mode, self.device, self.dtype) == "int8" and not isinstance(self.fuse, Int8Linear):
-            quantize_int8(self.layers)
-            self.fuse = Int8Linear.from_weight(self.fuse.weight)
+        make = draft_linear(resolve_quant(mode, self.device, self.dtype))
+        if make is not None and type(self.fuse) is nn.Linear:
+            quantize_linears(self.layers, make)
+            self.fuse = make(self.fuse.weight, None)
         return self
 
     def set_draft_vocab(self, ids: torch.Tensor, target: Transformer, hot: HotVocab | None = None) -> None:

@@ -24,7 +24,7 @@ from foretell.errors import ForetellError
 from foretell.kernels import I8X, Q4, Q8, block_gemm, lean_module
 from foretell.runtime import wide_linear
 
-QUANT_MODES = ("none", "int8", "auto")  # drafts
+QUANT_MODES = ("none", "int8", "int4", "auto")  # drafts (int4: groups of 32, CPU only; opt-in)
 TARGET_QUANT_MODES = ("none", "int8", "int4", "gguf")  # targets: opt-in, a different model (gguf: the file's own)
 # "-q8" after a target mode also quantizes the activations entering the block projections to 8 bits, as llama.cpp
 # does (float32 CPU targets through the lean step only: runtime/lean_step.py): lossy, measured in docs/speed.md.
@@ -313,6 +313,12 @@ def select_rows(layer: nn.Module, rows: torch.Tensor) -> nn.Module:
     return own(layer, rows) if own is not None else wide_linear.dense_rows(layer, rows)
 
 
+def draft_linear(mode: str):
+    """make(weight, bias) for a drafter's projections in a resolved draft mode ("int8" or "int4"; int4 where the
+    shape takes it, else int8), or None for "none"."""
+    return {"int8": Int8Linear.from_weight, "int4": int4_or_int8}.get(mode)
+
+
 def quantize_int8(model: nn.Module) -> nn.Module:
     """Replace every nn.Linear in `model` (in place) by an Int8Linear; embeddings stay as they are.
 
@@ -368,6 +374,8 @@ def resolve_quant(mode: str, device: str | torch.device, dtype: torch.dtype | No
     that kernel were as fast at one row and up to ~2x faster at 2-8 rows (runtime/wide_linear.py)."""
     if mode not in QUANT_MODES:
         raise ForetellError(f"unknown draft quantization {mode!r}; use one of {', '.join(QUANT_MODES)}")
+    if mode == "int4" and torch.device(device).type != "cpu":
+        raise ForetellError("int4 drafts run on CPU only (foretell's int4 kernels); use int8 or auto here")
     if mode == "auto":
         if torch.device(device).type != "cpu":
             return "none"
