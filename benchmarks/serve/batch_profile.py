@@ -111,20 +111,29 @@ def main() -> None:
         for key in seconds:
             seconds[key] = 0.0
 
-        def on_chunk(chunk):
-            tokens[0] += len(chunk.tokens)
-            finished[0] += chunk.result is not None
+        submitted, first_token = {}, {}  # request number -> its submission time, its first token's
+
+        def on_chunk_of(number: int):
+            def on_chunk(chunk):
+                if chunk.tokens and number not in first_token:
+                    first_token[number] = time.perf_counter()
+                tokens[0] += len(chunk.tokens)
+                finished[0] += chunk.result is not None
+            return on_chunk
 
         start = time.perf_counter()
         while finished[0] < args.requests:
             while sent < args.requests and sent - finished[0] < args.clients:
-                batch.submit(prompts[sent % len(prompts)], SamplingParams(max_new_tokens=args.max_tokens), on_chunk,
-                             print)
+                submitted[sent] = time.perf_counter()
+                batch.submit(prompts[sent % len(prompts)], SamplingParams(max_new_tokens=args.max_tokens),
+                             on_chunk_of(sent), print)
                 sent += 1
             batch.step()
             steps += 1
         wall = time.perf_counter() - start
         split = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
+        ttft = sorted(first_token[n] - submitted[n] for n in first_token)
+        split += f"; TTFT p50 {ttft[len(ttft) // 2]:.2f} s, p90 {ttft[int(len(ttft) * 0.9)]:.2f} s" if ttft else ""
         print(f"{pipe.speculative.method} budget={budget}: {tokens[0] / wall:.1f} tokens/s, {tokens[0] / steps:.2f} "
               f"tokens/step, {batch.budget_stats.kept / steps:.2f} drafts verified a step (of "
               f"{batch.budget_stats.proposed / steps:.2f} proposed), {wall:.1f} s ({split})"

@@ -719,7 +719,7 @@ bool lean_vnni(bool on) {
 // A block's integer sums for R rows (q: each row's 32 codes of the block): sums[r] = 8 columns' int32 sums. The
 // VNNI versions are inlined where the caller has that instruction set (the *_vnni entry points below).
 // The AVX2 sums add a row's eight products as a tree, not one chain: a chain of eight dependent adds a block held
-// each row back (an in-cache 3072 x 576 product at 4 rows: 64 -> 79 GMAC/s on one Zen 3 core).
+// each row back (in-cache products of 4-64 rows: 65-69 -> 75-79 GMAC/s on one Zen 3 core, experiments/q4x_rows.py).
 template <int R>
 __attribute__((always_inline)) inline void q4x_sums_avx2(const uint8_t* block, const int8_t* const* q, __m256i* sums) {
   // 8 codes of at most 15 times |activation| <= 127, two per 16-bit lane: 8 * 2 * 15 * 127 < 2^15, and every partial
