@@ -82,7 +82,7 @@ def test_an_option_for_another_method_is_refused(method, option):
     ({"lookup_max": 1, "lookup_min": 2}, "1 <= lookup_min <= lookup_max"),
     ({"method": "draft-model", "model": "d", "hot_vocab": -1}, "hot_vocab must be >= 0"),
     ({"method": "draft-model", "model": "d", "hot_vocab": True}, "hot_vocab must be an integer"),
-    ({"method": "draft-model", "model": "d", "draft_quant": "int4"}, "draft_quant must be one of auto, int8, none"),
+    ({"method": "draft-model", "model": "d", "draft_quant": "int3"}, "draft_quant must be one of auto, int8, int4, none"),
     ({"method": "draft-model", "model": "d", "budget": "max"}, "budget must be fixed or auto"),
     ({"method": "draft-tree", "model": "d", "result_cache": "everything"}, "result_cache must be outputs, prompt or null"),
     ({"method": "draft-tree", "model": "d", "draft_gate": 1}, "draft_gate must be true or false"),

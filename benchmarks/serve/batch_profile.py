@@ -93,8 +93,9 @@ def main() -> None:
                                  hot_vocab=args.hot_vocab)
     pipe = load(args.model, spec, dtype=args.dtype, quant=args.quant, kv_dtype=args.kv_dtype)
     prompts = [pipe.encode(x["prompt"]) for x in load_prompts(["spec-bench"], args.per_category)]
-    seconds = {"forward": 0.0, "of which prompt passes": 0.0, "draft": 0.0, "settle": 0.0}
+    seconds = {"forward": 0.0, "of which prompt passes": 0.0, "draft": 0.0, "settle": 0.0, "admit": 0.0}
     timed(batching.BatchEngine, "_draft_all", seconds, "draft")
+    timed(batching.BatchEngine, "_admit", seconds, "admit")  # each admitted request's start: its KV cache
     timed(decoding.Decoding, "settle", seconds, "settle")
     timed_forward(seconds)
     policies = {"auto": lambda: BatchAwareBudget(cost=pipe.weights.target_cost()), "fixed": FixedByBatchSize,
