@@ -225,7 +225,7 @@ class Eagle3Head(DrafterModule):
         head steps once per tree level, so its step time counts several times a pass; fc, run once a pass, stays as
         it is (it also places the module: `placed_by`)."""
         make = draft_linear(resolve_quant(mode, self.device, self.dtype))
-        if make is not None and type(self.lm_head) is nn.Linear:
+        if make is not None and isinstance(self.lm_head, nn.Linear):
             quantize_linears(self.midlayer, make)
             self.lm_head = make(self.lm_head.weight, None)
         return self

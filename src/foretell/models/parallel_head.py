@@ -159,7 +159,7 @@ class ParallelHead(DrafterModule):
         weights every pass: on Qwen2.5-Coder-1.5B (one 1536-wide layer with an 8960-wide MLP, ~225 MB) that was
         most of a 25 ms draft pass. The output layer stays the target's rows."""
         make = draft_linear(resolve_quant(mode, self.device, self.dtype))
-        if make is not None and type(self.fuse) is nn.Linear:
+        if make is not None and isinstance(self.fuse, nn.Linear):
             quantize_linears(self.layers, make)
             self.fuse = make(self.fuse.weight, None)
         return self
