@@ -718,27 +718,36 @@ bool lean_vnni(bool on) {
 
 // A block's integer sums for R rows (q: each row's 32 codes of the block): sums[r] = 8 columns' int32 sums. The
 // VNNI versions are inlined where the caller has that instruction set (the *_vnni entry points below).
-// The AVX2 sums add a row's eight products as a tree, not one chain: a chain of eight dependent adds a block held
-// each row back (in-cache products of 4-64 rows: 65-69 -> 75-79 GMAC/s on one Zen 3 core, experiments/q4x_rows.py).
+
+// 128 bytes of 4-bit codes, 4 vectors each holding 8 columns' codes of inputs 4v..4v+3 (low nibbles) and
+// 16+4v..16+4v+3 (high), against each row's 32 activation codes at a[r] + offset: sums[r] = 8 columns' int32 sums (Q4X blocks, KQ4X
+// chunks). A row's eight products add as a tree, not one chain: a chain of eight dependent adds a block held each
+// row back (in-cache products of 4-64 rows: 65-69 -> 75-79 GMAC/s on one Zen 3 core, experiments/q4x_rows.py).
+template <int R>
+__attribute__((always_inline)) inline void nibble_sums_avx2(const uint8_t* codes, const int8_t* const* a,
+                                                            int64_t offset, __m256i* sums) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256i lo[4], hi[4];
+  for (int v = 0; v < 4; ++v) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 32 * v));
+    lo[v] = _mm256_and_si256(raw, low4);
+    hi[v] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+  }
+  for (int r = 0; r < R; ++r) {
+    __m256i part[4];
+    for (int v = 0; v < 4; ++v)
+      part[v] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[v], spread4(a[r] + offset + 4 * v)),
+                                 _mm256_maddubs_epi16(hi[v], spread4(a[r] + offset + 16 + 4 * v)));
+    sums[r] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(part[0], part[1]), _mm256_add_epi16(part[2], part[3])),
+                                ones);
+  }
+}
+
 template <int R>
 __attribute__((always_inline)) inline void q4x_sums_avx2(const uint8_t* block, const int8_t* const* q, __m256i* sums) {
   // 8 codes of at most 15 times |activation| <= 127, two per 16-bit lane: 8 * 2 * 15 * 127 < 2^15, and every partial
   // sum of the tree is a sum of some of those products: no overflow
-  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256i lo[4], hi[4];
-  for (int j = 0; j < 4; ++j) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * j));
-    lo[j] = _mm256_and_si256(raw, low4);
-    hi[j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-  }
-  for (int r = 0; r < R; ++r) {
-    __m256i part[4];
-    for (int j = 0; j < 4; ++j)
-      part[j] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], spread4(q[r] + 4 * j)),
-                                 _mm256_maddubs_epi16(hi[j], spread4(q[r] + 16 + 4 * j)));
-    sums[r] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(part[0], part[1]), _mm256_add_epi16(part[2], part[3])),
-                                ones);
-  }
+  nibble_sums_avx2<R>(block, q, 0, sums);
 }
 
 template <int R>
@@ -1300,22 +1309,7 @@ template <int R>
 __attribute__((always_inline)) inline void kq4x_chunk_avx2(const uint8_t* rec, int j, const int8_t* const* a,
                                                            __m256i* sums) {
   // 16 products of codes <= 15 by |activations| <= 127 per 16-bit lane: 16 * 15 * 127 < 2^15, no overflow
-  // (a tree of adds per row, as q4x_sums_avx2)
-  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256i lo[4], hi[4];
-  for (int v = 0; v < 4; ++v) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + KQ4X_CHUNK * j + 32 * v));
-    lo[v] = _mm256_and_si256(raw, low4);
-    hi[v] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-  }
-  for (int r = 0; r < R; ++r) {
-    __m256i part[4];
-    for (int v = 0; v < 4; ++v)
-      part[v] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[v], spread4(a[r] + 32 * j + 4 * v)),
-                                 _mm256_maddubs_epi16(hi[v], spread4(a[r] + 32 * j + 16 + 4 * v)));
-    sums[r] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(part[0], part[1]), _mm256_add_epi16(part[2], part[3])),
-                                ones);
-  }
+  nibble_sums_avx2<R>(rec + KQ4X_CHUNK * j, a, 32 * j, sums);
 }
 
 // Columns 8g .. 8g + 7 of R rows (m .. m + R - 1 of x) against KQ4X records (forced inline into the two entry points
