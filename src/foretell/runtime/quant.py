@@ -314,8 +314,8 @@ def select_rows(layer: nn.Module, rows: torch.Tensor) -> nn.Module:
 
 
 def draft_linear(mode: str):
-    """make(weight, bias) for a drafter's projections in a resolved draft mode ("int8" or "int4"; int4 where the
-    shape takes it, else int8), or None for "none"."""
+    """make(weight, bias) for projections in a resolved mode ("int8" or "int4"; int4 where the shape takes it, else
+    int8), or None for "none": a drafter's, or a target's (quantize_target)."""
     return {"int8": Int8Linear.from_weight, "int4": int4_or_int8}.get(mode)
 
 
@@ -357,7 +357,7 @@ def quantize_target(model: nn.Module, mode: str) -> nn.Module:
         return model
     if mode == "gguf":
         raise ForetellError("gguf quantization comes from the model's GGUF file: load the target with quant='gguf'")
-    return quantize_linears(model, Int8Linear.from_weight if mode == "int8" else int4_or_int8, f"quantizing to {mode}")
+    return quantize_linears(model, draft_linear(mode), f"quantizing to {mode}")
 
 
 def int4_or_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
