@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +32,9 @@ from foretell.bench.datasets import load_prompts
 from foretell.drafters.base import DrafterBase, empty_proposal
 from foretell.drafters.length_policy import FixedLength
 from foretell.types import Proposal, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from batch_profile import timed_forward  # noqa: E402  (a sibling script)
 
 
 class OracleDrafter(DrafterBase):
@@ -51,24 +55,6 @@ class OracleDrafter(DrafterBase):
         if max_tokens <= 0 or self.current[:n] != tokens:
             return empty_proposal()
         return Proposal(tokens=torch.tensor(self.current[n:n + max_tokens], dtype=torch.long))
-
-
-def prompt_pass_timer(seconds: dict) -> None:
-    """Add the time of every target pass to seconds["forward"] and of passes carrying a prompt chunk to
-    seconds["prompt passes"] (as batch_profile.py)."""
-    inner = batching.forward_packed
-
-    def wrapper(target, passes):
-        start = time.perf_counter()
-        try:
-            return inner(target, passes)
-        finally:
-            spent = time.perf_counter() - start
-            seconds["forward"] += spent
-            if any(p.logits_rows == slice(0, 0) for p in passes):
-                seconds["prompt passes"] += spent
-
-    batching.forward_packed = wrapper
 
 
 def serve(batch, prompts, clients: int, requests: int, max_tokens: int, seconds: dict) -> dict:
@@ -96,7 +82,7 @@ def serve(batch, prompts, clients: int, requests: int, max_tokens: int, seconds:
         steps += 1
     wall = time.perf_counter() - start
     return {"tok_s": tokens[0] / wall, "tokens_step": tokens[0] / steps, "wall": wall, "answers": answers,
-            "prompt_share": seconds["prompt passes"] / wall}
+            "prompt_share": seconds["of which prompt passes"] / wall}
 
 
 def main() -> None:
@@ -119,8 +105,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     pipe = load(args.model, "none", dtype=args.dtype, quant=args.quant)
     prompts = [pipe.encode(x["prompt"]) for x in load_prompts(["spec-bench"], args.per_category)]
-    seconds = {"forward": 0.0, "prompt passes": 0.0}
-    prompt_pass_timer(seconds)
+    seconds = {"forward": 0.0, "of which prompt passes": 0.0}
+    timed_forward(seconds)  # the time of every target pass, and of those carrying a prompt chunk
     plain_engine = pipe.plain_engine()
 
     def plain():
