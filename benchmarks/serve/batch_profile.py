@@ -1,7 +1,8 @@
 """Where a batched step's time goes, in process (no HTTP): C requests kept active on Spec-Bench prompts until N
 have finished, for each budget policy; prints tokens/s, tokens per step and the seconds spent in the target's
 packed forward (and of that, in passes carrying a prompt chunk), in drafting (BatchEngine._draft_all: every ready
-request's proposal, the drafters' forwards packed) and in verification (Decoding.settle). A diagnostic, not a test.
+request's proposal, the drafters' forwards packed) and in verification (Decoding.settle), then the time to first
+token and the waits between a request's chunks of tokens (p50, p90 / p99). A diagnostic, not a test.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/serve/batch_profile.py [DRAFTER|default|none] [--budgets auto,fixed,none]
         (fixed:N: N draft tokens a request at any batch size)
@@ -112,12 +113,18 @@ def main() -> None:
         for key in seconds:
             seconds[key] = 0.0
 
-        submitted, first_token = {}, {}  # request number -> its submission time, its first token's
+        submitted, first_token, last_token = {}, {}, {}  # request number -> its submission time, its tokens'
+        gaps: list[float] = []  # the waits between a request's chunks of tokens
 
         def on_chunk_of(number: int):
             def on_chunk(chunk):
+                now = time.perf_counter()
                 if chunk.tokens and number not in first_token:
-                    first_token[number] = time.perf_counter()
+                    first_token[number] = now
+                elif chunk.tokens:
+                    gaps.append(now - last_token[number])
+                if chunk.tokens:
+                    last_token[number] = now
                 tokens[0] += len(chunk.tokens)
                 finished[0] += chunk.result is not None
             return on_chunk
@@ -135,6 +142,9 @@ def main() -> None:
         split = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
         ttft = sorted(first_token[n] - submitted[n] for n in first_token)
         split += f"; TTFT p50 {ttft[len(ttft) // 2]:.2f} s, p90 {ttft[int(len(ttft) * 0.9)]:.2f} s" if ttft else ""
+        gaps.sort()
+        split += (f"; between chunks p50 {gaps[len(gaps) // 2] * 1e3:.0f} ms, p99 {gaps[int(len(gaps) * 0.99)] * 1e3:.0f} ms"
+                  if gaps else "")
         print(f"{pipe.speculative.method} budget={budget}: {tokens[0] / wall:.1f} tokens/s, {tokens[0] / steps:.2f} "
               f"tokens/step, {batch.budget_stats.kept / steps:.2f} drafts verified a step (of "
               f"{batch.budget_stats.proposed / steps:.2f} proposed), {wall:.1f} s ({split})"
