@@ -140,6 +140,8 @@ def main() -> None:
                    "warmed up on other prompts)")
     p.add_argument("--slot-context", type=int, default=4096, help="llama-server's KV tokens per slot (default: "
                    "%(default)s)")
+    p.add_argument("--prefill-chunk", type=int,
+                   help="prompt tokens a pass of every foretell server (default: the server's own default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/serve_batching") / time.strftime("%Y%m%d-%H%M%S"))
     args = p.parse_args()
@@ -163,7 +165,8 @@ def main() -> None:
     args.leave_share = 0.0
     def flags(name: str) -> list[str]:
         cache = [] if args.prompt_cache else NO_PREFIX_CACHE
-        return [f for flag in FORETELL_SERVERS[name] for f in (drafter if flag == "DRAFTER" else [flag])] + cache
+        chunk = ["--prefill-chunk", str(args.prefill_chunk)] if args.prefill_chunk else []
+        return [f for flag in FORETELL_SERVERS[name] for f in (drafter if flag == "DRAFTER" else [flag])] + cache + chunk
 
     def start_foretell(name: str, log: Path) -> Server:
         server = Server(name, args, flags(name), log)

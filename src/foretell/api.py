@@ -13,7 +13,7 @@ from typing import Iterator
 
 import torch
 
-from foretell.config import SpeculativeConfig, as_speculative
+from foretell.config import DEFAULT_PREFILL_CHUNK, SpeculativeConfig, as_speculative
 from foretell.drafters.base import Drafter
 from foretell.drafters.factory import DrafterWeights, build_engine, default_speculative, with_shipped_model
 from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength, make_length_policy
@@ -76,14 +76,15 @@ class Pipeline:
         spec = with_shipped_model(as_speculative(speculative), self.weights)
         return replace(self, engine=build_engine(spec, self.weights), speculative=spec)
 
-    def batch_engine(self, budget=None, max_batch: int = 16, prefill_chunk: int = 256, prefix_cache=None):
+    def batch_engine(self, budget=None, max_batch: int = 16, prefill_chunk: int | None = None, prefix_cache=None):
         """A continuous-batching engine over this target: every request gets this pipeline's configuration (its own
         drafter state, shared weights). budget: a batch_budget policy, or None (each drafter as configured);
-        prefix_cache: a prefix_cache.PrefixCache its requests share, or None."""
+        prefill_chunk: prompt tokens a pass (None: config.DEFAULT_PREFILL_CHUNK); prefix_cache: a
+        prefix_cache.PrefixCache its requests share, or None."""
         from foretell.batching import BatchEngine
 
         return BatchEngine(self.target.model, lambda: build_engine(self.speculative, self.weights), budget, max_batch,
-                           prefill_chunk, prefix_cache)
+                           prefill_chunk or DEFAULT_PREFILL_CHUNK, prefix_cache)
 
     def with_drafter(self, drafter: Drafter | None, length_policy: str | DraftLengthPolicy = "fixed",
                      gamma: int = 4) -> Pipeline:

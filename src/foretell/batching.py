@@ -23,6 +23,7 @@ import torch
 
 from foretell.batch_budget import (BatchAwareBudget, BudgetStats, Calibration, DepthAcceptance, DraftSeconds,
                                    FixedByBatchSize, chain_values, node_values)
+from foretell.config import DEFAULT_PREFILL_CHUNK
 from foretell.decoding import Decoding
 from foretell.engine import Engine
 from foretell.errors import ForetellError
@@ -80,7 +81,7 @@ def drafter_name(request: Request) -> str:
 class BatchEngine:
     def __init__(self, target, new_engine: Callable[[], Engine],
                  budget: BatchAwareBudget | FixedByBatchSize | None = None, max_batch: int = 16,
-                 prefill_chunk: int = 256, prefix_cache: PrefixCache | None = None):
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, prefix_cache: PrefixCache | None = None):
         """prefix_cache: prompt prefixes kept across the requests (prefix_cache.py); None: every prompt read in
         full."""
         if max_batch < 1 or prefill_chunk < 1:

@@ -29,6 +29,13 @@ QUANT_MODES = ("auto", "int8", "int4", "none", "gguf", "gguf-q8")
 GGUF_DRAFT_QUANTS = ("gguf", "gguf-q8")  # a draft model's own GGUF blocks (float / 8-bit activations)
 BUDGETS = ("fixed", "auto")
 RESULT_CACHES = ("outputs", "prompt")
+
+# Prompt tokens a pass reads by default. Every request decoding beside a prompt waits for that pass: on a 2-core
+# AVX2 CPU the longest waits between a request's tokens (p99) were 357 / 204 / 109 ms at chunks of 256 / 128 / 64
+# with 4 clients, for the same tokens/s; 64 doubled the median wait at 16 clients, 128 did not
+# (benchmarks/serve/prefill_chunks.sh).
+DEFAULT_PREFILL_CHUNK = 128
+
 RESAMPLE_TRIGGERS = ("unsure", "plausible", "always")
 
 

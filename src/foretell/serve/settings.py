@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from foretell.config import DEFAULT_PREFILL_CHUNK
 from foretell.errors import ForetellError
 
 
@@ -35,7 +36,7 @@ class ServeSettings:
     retry_after: int = 1
     max_batch: int = 16
     batch_budget: str = "auto"
-    prefill_chunk: int = 256
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     prefix_cache_mb: int = 512
     shutdown_timeout: float = 30.0
     header_timeout: float = 30.0
