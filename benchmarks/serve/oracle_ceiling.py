@@ -94,7 +94,8 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=24)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--per-category", type=int, default=2)
-    p.add_argument("--prefill-chunk", type=int, default=256)
+    p.add_argument("--prefill-chunk", type=int, default=256,
+                   help="prompt tokens a pass (default: %(default)s, as the recorded runs read them)")
     p.add_argument("--budgets", default="auto,fixed:1,fixed:2,fixed:4",
                    help="auto: foretell's batch-aware budget; fixed:N: N oracle tokens a request every step")
     p.add_argument("--gamma", type=int, default=8, help="the most oracle tokens a request offers the budget")
