@@ -239,11 +239,12 @@ def write_report(out: Path, results: dict) -> None:
         s = results["single_vs_batched"]
         lines += [f"One request at a time, in process: single-request engine {s['single_tokens_per_second']} tok/s, "
                   f"batching engine {s['batched_tokens_per_second']} tok/s ({s['ratio']:.3f}x).", ""]
-    lines += ["| server | clients | served | failed | tokens/s | TTFT p50 / p90 (s) | ITL p50 / p90 (ms) | tau |",
+    lines += ["| server | clients | served | failed | tokens/s | TTFT p50 / p90 (s) | ITL p50 / p90 / p99 (ms) | tau |",
               "|---|" + "---:|" * 7]
     for r in results["levels"]:
         ttft = f"{r['ttft_p50']:.2f} / {r['ttft_p90']:.2f}" if r["ttft_p50"] is not None else "–"
-        itl = f"{1000 * r['itl_p50']:.0f} / {1000 * r['itl_p90']:.0f}" if r["itl_p50"] is not None else "–"
+        itl = (" / ".join(f"{1000 * r[k]:.0f}" for k in ("itl_p50", "itl_p90", "itl_p99"))
+               if r["itl_p50"] is not None else "–")
         tau = f"{r['mean_acceptance_length']:.2f}" if r["mean_acceptance_length"] else "–"
         lines.append(f"| {r['server']} | {r['clients']} | {r['served']} | {r['failed']} | {r['tokens_per_second']:.1f} "
                      f"| {ttft} | {itl} | {tau} |")
