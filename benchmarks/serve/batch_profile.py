@@ -118,12 +118,12 @@ def main() -> None:
 
         def on_chunk_of(number: int):
             def on_chunk(chunk):
-                now = time.perf_counter()
-                if chunk.tokens and number not in first_token:
-                    first_token[number] = now
-                elif chunk.tokens:
-                    gaps.append(now - last_token[number])
                 if chunk.tokens:
+                    now = time.perf_counter()
+                    if number in last_token:
+                        gaps.append(now - last_token[number])
+                    else:
+                        first_token[number] = now
                     last_token[number] = now
                 tokens[0] += len(chunk.tokens)
                 finished[0] += chunk.result is not None

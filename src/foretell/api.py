@@ -76,15 +76,15 @@ class Pipeline:
         spec = with_shipped_model(as_speculative(speculative), self.weights)
         return replace(self, engine=build_engine(spec, self.weights), speculative=spec)
 
-    def batch_engine(self, budget=None, max_batch: int = 16, prefill_chunk: int | None = None, prefix_cache=None):
+    def batch_engine(self, budget=None, max_batch: int = 16, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                     prefix_cache=None):
         """A continuous-batching engine over this target: every request gets this pipeline's configuration (its own
         drafter state, shared weights). budget: a batch_budget policy, or None (each drafter as configured);
-        prefill_chunk: prompt tokens a pass (None: config.DEFAULT_PREFILL_CHUNK); prefix_cache: a
-        prefix_cache.PrefixCache its requests share, or None."""
+        prefill_chunk: prompt tokens a pass; prefix_cache: a prefix_cache.PrefixCache its requests share, or None."""
         from foretell.batching import BatchEngine
 
         return BatchEngine(self.target.model, lambda: build_engine(self.speculative, self.weights), budget, max_batch,
-                           prefill_chunk or DEFAULT_PREFILL_CHUNK, prefix_cache)
+                           prefill_chunk, prefix_cache)
 
     def with_drafter(self, drafter: Drafter | None, length_policy: str | DraftLengthPolicy = "fixed",
                      gamma: int = 4) -> Pipeline:
