@@ -4,6 +4,8 @@ others; long prompts are read in chunks; the budget policies."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from foretell.models.eagle3 import new_eagle3_head, save_eagle3_head
 from foretell.models.hidden_draft import new_hidden_draft, save_hidden_draft
 from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
 from foretell.prefix_cache import PrefixCache
+from foretell.result_cache import ResultCache
 from foretell.types import Proposal, SamplingParams
 
 
@@ -275,6 +278,22 @@ def test_a_drafter_gated_off_in_a_batch_still_offers_its_result_cache_branch(pip
     proposal = done.value.value
     assert proposal.size > 0 and not state.drafter_ran
     assert sorted(state.branch_steps()) == list(range(proposal.size))
+
+
+def test_concurrent_requests_each_fill_their_own_result_cache_sequence(pipes):
+    """Requests decoded in one batch commit in turns. Where their engines share one result cache, each request's
+    tokens go into its own sequence: every stored sequence is one request's prompt followed by exactly that
+    request's output (before, every commit landed in the newest request's sequence)."""
+    pipe = pipes["parallel-head"]
+    shared = ResultCache(include_prompt=True)
+    batch = pipe.batch_engine(max_batch=3)
+    prompts = [PROMPTS[0], PROMPTS[1], (PROMPTS[2] * 3)[:30]]
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (12, 20, 16)]
+    runs = [submit(batch, prompt, p, replace(pipe.with_speculative(pipe.speculative).engine, result_cache=shared))
+            for prompt, p in zip(prompts, params)]
+    batch.run()
+    assert [r.tokens for r in runs] == [pipe.engine.generate(*a).tokens for a in zip(prompts, params)]  # lossless
+    assert shared.sequences() == [list(p) + r.tokens for p, r in zip(prompts, runs)]
 
 
 def test_the_prefix_cache_keeps_what_fits_least_recently_used_first_out(tiny_pair):

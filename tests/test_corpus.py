@@ -74,8 +74,8 @@ def test_prompt_lookup_drafts_from_the_corpus_where_the_context_has_no_longer_ma
 
 def test_the_result_cache_offers_the_corpus_when_nothing_stored_matches():
     cache = ResultCache(max_ngram=3, min_ngram=2, max_branch=4, corpus=Corpus({2: {(4, 9): 9, (9, 9): 9}}))
-    cache.begin([1, 2])
-    cache.extend([1, 2, 3, 4, 5, 6])
+    seq = cache.begin([1, 2])
+    cache.extend(seq, [1, 2, 3, 4, 5, 6])
     assert cache.match([0, 3, 4], 10) == ([5, 6], 2)  # stored output first
     assert cache.match([6, 4, 9], 10) == ([9, 9, 9, 9], 2)  # the corpus, capped by max_branch
 

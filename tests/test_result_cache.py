@@ -35,13 +35,13 @@ def head_engine(plain, cache=True):
 
 def test_lookup_finds_what_followed_in_this_and_earlier_requests():
     cache = ResultCache(max_ngram=3, min_ngram=2, max_branch=4)
-    cache.begin([1, 2])  # a prompt: indexed only where the output starts
-    cache.extend([1, 2, 3, 4, 5, 6, 7])
+    seq = cache.begin([1, 2])  # a prompt: indexed only where the output starts
+    cache.extend(seq, [1, 2, 3, 4, 5, 6, 7])
     assert cache.lookup([9, 3, 4], 10) == [5, 6, 7]  # the 2-gram (3, 4)
     assert cache.lookup([9, 1, 2], 10) == [3, 4, 5, 6]  # keys may reach into the prompt; max_branch caps
     assert cache.lookup([9, 8, 7, 1], 10) == [] and cache.lookup([3], 10) == []  # no 1-gram keys
-    cache.begin([0])  # a later request sees the earlier one
-    cache.extend([0, 3, 4, 9])
+    seq = cache.begin([0])  # a later request sees the earlier one
+    cache.extend(seq, [0, 3, 4, 9])
     assert cache.lookup([5, 3, 4], 2) == [9]  # the newest occurrence wins (its continuation is still short)
     assert cache.lookup([2, 3, 4], 2) == [5, 6]  # a longer matching n-gram first
     with pytest.raises(ForetellError, match="min_ngram"):
@@ -51,23 +51,39 @@ def test_lookup_finds_what_followed_in_this_and_earlier_requests():
 def test_include_prompt_indexes_the_prompt_from_the_first_step():
     """Prompt lookup inside the tree: a prompt n-gram's continuation is a branch before any output exists."""
     outputs_only, with_prompt = ResultCache(max_ngram=2), ResultCache(max_ngram=2, include_prompt=True)
-    for cache in (outputs_only, with_prompt):
-        cache.begin([1, 2, 3, 4, 5, 2, 3])
+    seqs = [cache.begin([1, 2, 3, 4, 5, 2, 3]) for cache in (outputs_only, with_prompt)]
     assert outputs_only.lookup([1, 2, 3, 4, 5, 2, 3], 8) == []
     assert with_prompt.lookup([1, 2, 3, 4, 5, 2, 3], 8) == [4, 5, 2, 3]  # what followed (2, 3) in the prompt
-    with_prompt.extend([1, 2, 3, 4, 5, 2, 3, 9])
+    with_prompt.extend(seqs[1], [1, 2, 3, 4, 5, 2, 3, 9])
     assert with_prompt.lookup([7, 3, 9], 8) == [] and with_prompt.lookup([7, 2, 3], 8) == [9]  # newest wins
 
 
 def test_old_requests_are_dropped_past_the_token_limit():
     cache = ResultCache(max_tokens=6)
-    cache.begin([1, 2])
-    cache.extend([1, 2, 3, 4])
-    cache.begin([5, 6])
-    cache.extend([5, 6, 7, 8])  # 8 tokens stored: the first request goes at the next begin
+    seq = cache.begin([1, 2])
+    cache.extend(seq, [1, 2, 3, 4])
+    seq = cache.begin([5, 6])
+    cache.extend(seq, [5, 6, 7, 8])  # 8 tokens stored: the first request goes at the next begin
     cache.begin([9])
     assert cache.lookup([0, 1, 2], 4) == [] and cache.lookup([0, 5, 6], 4) == [7, 8]
 
+
+
+def test_interleaved_requests_each_write_into_their_own_sequence():
+    """Requests decoded together (the batching server) commit in turns: each extend lands in its own request's
+    sequence, and a request dropped meanwhile (token limit, clear) is ignored rather than written elsewhere."""
+    cache = ResultCache(max_ngram=2)
+    first, second = cache.begin([1, 2]), cache.begin([5, 6])
+    cache.extend(first, [1, 2, 3])
+    cache.extend(second, [5, 6, 7])
+    cache.extend(first, [1, 2, 3, 4])
+    assert cache.sequences() == [[1, 2, 3, 4], [5, 6, 7]]
+    assert cache.lookup([0, 2, 3], 4) == [4] and cache.lookup([0, 5, 6], 4) == [7]
+    cache.clear()
+    cache.extend(first, [1, 2, 3, 4, 8])  # forgotten: nothing stored, nothing raised
+    assert cache.sequences() == [] and cache.lookup([0, 3, 4], 4) == []
+    with pytest.raises(ForetellError, match="no request 9 was begun"):
+        cache.extend(9, [1])
 
 # --- merging into a proposal ----------------------------------------------------------------
 
@@ -244,13 +260,13 @@ def test_cache_needs_a_tree_drafter(tiny_pair, plain):
 
 def test_clear_forgets_stored_requests():
     cache = ResultCache(max_ngram=2)
-    cache.begin([1, 2])
-    cache.extend([1, 2, 3, 4, 5])
+    seq = cache.begin([1, 2])
+    cache.extend(seq, [1, 2, 3, 4, 5])
     assert cache.lookup([9, 3, 4], 4) == [5]
     cache.clear()
     assert cache.lookup([9, 3, 4], 4) == []
-    cache.begin([7, 3])
-    cache.extend([7, 3, 4, 6])
+    seq = cache.begin([7, 3])
+    cache.extend(seq, [7, 3, 4, 6])
     assert cache.lookup([9, 3, 4], 4) == [6]
 
 

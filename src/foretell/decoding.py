@@ -102,8 +102,8 @@ class Decoding:
         self.processor = engine.logits_processor(prompt_ids, params)  # None: the target's logits as they are
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs else None
         self._planned: _Planned | None = None
-        if engine.result_cache is not None:
-            engine.result_cache.begin(self.ids)
+        # This request's sequence in the result cache: its commits go there, whatever else runs beside it.
+        self.cache_sequence = engine.result_cache.begin(self.ids) if engine.result_cache is not None else None
         if engine.drafter is not None:
             engine.drafter.start(self.ids, capacity, params, self.generator)
             engine.drafter.couple(self.noise)
@@ -325,7 +325,7 @@ class Decoding:
             logprobs = logprobs[:len(new)]
             self.logprobs.extend(logprobs)
         if engine.result_cache is not None:
-            engine.result_cache.extend(self.ids)
+            engine.result_cache.extend(self.cache_sequence, self.ids)
         stats.new_tokens = len(self.ids) - self.prompt_len
         delta = self.text.update(self.ids[self.prompt_len:])
         if self.text.stopped:

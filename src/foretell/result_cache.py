@@ -94,25 +94,39 @@ class ResultCache:
         self._first += len(self._sequences)  # numbers keep growing, so no stale index entry can match
         self._sequences, self._indexed, self._index = [], [], {}
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        """A new request: its committed output will be indexed as it grows (keys may reach into the prompt)."""
+    def begin(self, prompt_ids: list[int]) -> int:
+        """A new request: its committed output will be indexed as it grows (keys may reach into the prompt).
+        Returns the request's sequence number, which its extend calls pass: requests decoded together (the
+        batching server) each write into their own sequence, never into the newest one."""
         self._sequences.append([])
         # Continuations start in the output only unless include_prompt: then the prompt is indexed too.
         self._indexed.append(0 if self.include_prompt else len(prompt_ids))
-        self.extend(list(prompt_ids))
-        self._evict()
-
-    def extend(self, committed: list[int]) -> None:
-        """The current request's committed tokens so far (prompt included)."""
-        seq = self._sequences[-1]
-        seq[len(seq):] = committed[len(seq):]
         number = self._first + len(self._sequences) - 1
+        self.extend(number, list(prompt_ids))
+        self._evict()
+        return number
+
+    def extend(self, number: int, committed: list[int]) -> None:
+        """Request `number`'s (begin's result) committed tokens so far, prompt included. A request whose sequence
+        was dropped meanwhile (token limit, clear) is no longer stored: its tokens are ignored."""
+        at = number - self._first
+        if at < 0:
+            return
+        if at >= len(self._sequences):
+            raise ForetellError(f"result cache: no request {number} was begun (the newest is "
+                                f"{self._first + len(self._sequences) - 1})")
+        seq = self._sequences[at]
+        seq[len(seq):] = committed[len(seq):]
         # Index start j (the continuation begins at seq[j]) once seq[j] exists.
-        for j in range(self._indexed[-1], len(seq)):
+        for j in range(self._indexed[at], len(seq)):
             for n in range(self.min_ngram, self.max_ngram + 1):
                 if j >= n:
                     self._index[tuple(seq[j - n : j])] = (number, j)  # the newest occurrence wins
-        self._indexed[-1] = max(self._indexed[-1], len(seq))
+        self._indexed[at] = max(self._indexed[at], len(seq))
+
+    def sequences(self) -> list[list[int]]:
+        """Copies of the stored sequences (prompt and committed output per request), the oldest first."""
+        return [list(seq) for seq in self._sequences]
 
     def lookup(self, context: list[int], max_tokens: int) -> list[int]:
         """What followed the longest indexed suffix n-gram of `context` last time ([] when none)."""
