@@ -4,6 +4,8 @@ and sampling follows its own distribution (statistical test)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -118,3 +120,21 @@ def test_compiled_steps_decode_exactly(tiny_pair):
         want = eager.engine.generate(prompt, greedy_params(16)).tokens
         assert compiled.engine.generate(prompt, greedy_params(16)).tokens == want
         assert lookup.engine.generate(prompt, greedy_params(16)).tokens == want
+
+
+def test_foretell_cost_times_the_quantized_target(tiny_pair, tmp_path, monkeypatch, capsys):
+    """`foretell cost --quant` times the target as `generate --quant` runs it, in a curve of its own (the cache key
+    names the weights and the activations), and a -q8 mode takes float32 without being told."""
+    from foretell.budget import machine_key
+    from foretell.cli import main
+
+    monkeypatch.setenv("FORETELL_CACHE", str(tmp_path / "cache"))
+    assert main(["cost", str(tiny_pair[0]), "--quant", "int4-q8", "--plot", str(tmp_path / "c.png")]) == 0
+    out = capsys.readouterr().out
+    assert "(float32, int4-q8) (lean step, 8-bit activations)" in out and "against one token: 1:1.00x" in out
+    assert main(["cost", str(tiny_pair[0]), "--quant", "int4-q8", "--dtype", "bfloat16",
+                 "--plot", str(tmp_path / "c.png")]) == 2
+    assert "--dtype float32" in capsys.readouterr().err
+    keys = [machine_key(load(tiny_pair[0], "none", quant=q, warm_up=False).target.model, "tiny")
+            for q in ("none", "int4", "int4-q8")]
+    assert len({json.dumps(k, sort_keys=True) for k in keys}) == 3

@@ -48,9 +48,12 @@ class CostCurve:
 
 
 def weight_format(model: Transformer) -> str:
+    from foretell.runtime.gguf_quant import BlockQ8Linear, GGUFLinear
     from foretell.runtime.quant import Int4Linear, Int8Linear
 
     kinds = {type(m) for m in model.modules()}
+    if GGUFLinear in kinds or BlockQ8Linear in kinds:
+        return "gguf"  # a GGUF file's own blocks (quant="gguf")
     return "int4" if Int4Linear in kinds else "int8" if Int8Linear in kinds else "dense"
 
 

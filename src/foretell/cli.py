@@ -59,8 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the model presets and whether their packages are installed")
     cost = sub.add_parser("cost", help="measure (or read the cached) forward cost curve of models and plot it")
     cost.add_argument("models", nargs="+", help="presets, .gguf files or HF folders")
-    cost.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+    cost.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                      help="(default: float32 with a -q8 --quant, else bfloat16)")
     cost.add_argument("--device", default="cpu")
+    cost.add_argument("--quant", default="none", choices=TARGET_QUANT_CHOICES,
+                      help="the target's weights as `generate --quant` runs them: int8 / int4 / gguf (the file's "
+                           "blocks), -q8 adding 8-bit activations (float32) (default: %(default)s)")
     cost.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     cost.add_argument("--plot", default="cost_curve.png", help="PNG to write (default: %(default)s)")
     add_bench_parser(sub)
@@ -229,33 +233,37 @@ def cmd_models(args) -> None:
 def cmd_cost(args) -> None:
     import torch
 
+    from foretell.api import load
     from foretell.budget import cost_curve, plot_cost_curve
-    from foretell.models.loading import load_model
-    from foretell.runtime.config import RuntimeConfig
-    from foretell.runtime.prepare import prepare
-    from foretell.runtime.wide_linear import bf16_rows_of, kernel_rows_of
+    from foretell.runtime.wide_linear import bf16_rows_of, kernel_rows_of, wide_rows_of
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    args.dtype = args.dtype or ("float32" if args.quant.endswith("-q8") else "bfloat16")
+    if args.quant.endswith("-q8") and args.dtype != "float32":
+        raise ForetellError(f"--quant {args.quant} (8-bit activations) runs float32 targets: add --dtype float32")
     curves = {}
     for name in args.models:
-        loaded = load_model(name, args.dtype, args.device)
-        # as `load` runs it: bf16 where it is emulated as float32 activations over the bf16 weights, else wide passes
-        prepared = prepare(loaded.model, RuntimeConfig(device=args.device, dtype=args.dtype))
-        as_float32, wide = prepared.bf16_as_float32, prepared.wide_rows
-        # Where bf16 is emulated, say which products the wide passes use (runtime/wide_linear.py).
-        kernel = kernel_rows_of(loaded.model)
-        paths = f" ({f'bf16 kernel for 2..{kernel} rows, ' if kernel else ''}fp32 from {wide} rows)" if wide else ""
-        if loaded.model.lean is not None:
-            bf16_lean = "bf16 products on AMX" if loaded.model.lean.amx else "float32 activations"
-            paths += f" (lean step, bf16 weights, {bf16_lean})" if as_float32 else " (lean step)"
-        bf16_rows = bf16_rows_of(loaded.model)
+        # the target made ready as `load` (and so generate, bench, serve) runs it, without a drafter
+        pipe = load(name, "none", dtype=args.dtype, device=args.device, quant=args.quant, warm_up=False)
+        model = pipe.target.model
+        paths = ""
+        wide, kernel, bf16_rows = wide_rows_of(model), kernel_rows_of(model), bf16_rows_of(model)
+        if wide:  # bf16 emulated: which products the wide passes use (runtime/wide_linear.py)
+            paths += f" ({f'bf16 kernel for 2..{kernel} rows, ' if kernel else ''}fp32 from {wide} rows)"
+        if model.lean is not None:
+            lean = model.lean
+            paths += (" (lean step, 8-bit activations)" if lean.act_q8 else
+                      " (lean step, bf16 weights, bf16 products on AMX)" if lean.amx else
+                      " (lean step, bf16 weights, float32 activations)" if lean.streams_bf16 else " (lean step)")
         if bf16_rows:
             paths += f" (bf16 products from {bf16_rows} rows)"
-        curves[f"{name} ({args.dtype})"] = curve = cost_curve(loaded.model, name)
-        del loaded
+        label = f"{name} ({args.dtype}{'' if args.quant == 'none' else ', ' + args.quant})"
+        curves[label] = curve = cost_curve(model, name)
+        del pipe, model
         cells = " ".join(f"{n}:{s * 1000:.1f}" for n, s in zip(curve.sizes, curve.seconds))
-        print(f"{name} {args.dtype}{paths}, ms per forward by tokens (context {curve.context}): {cells}")
+        print(f"{label}{paths}, ms per forward by tokens (context {curve.context}): {cells}")
+        print(f"  against one token: " + " ".join(f"{n}:{curve(n) / curve(1):.2f}x" for n in curve.sizes))
     plot_cost_curve(curves, args.plot)
     print(f"plot: {args.plot}")
 
