@@ -226,6 +226,9 @@ def test_python_api_speculation_off(pipeline):
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 BAD = [  # (what is wrong, route, fields): the field named first is the one the 400 must name
     ("bias key not a token id", CHAT, {"logit_bias": {"w5": 2}}),
+    ("bias key a superscript digit", CHAT, {"logit_bias": {"\u00b2": 5}}),  # str.isdigit takes it, int() does not
+    ("bias key in Arabic-Indic digits", COMPLETIONS, {"logit_bias": {"\u0663": 1}}),
+    ("bias key past int()'s digit limit", CHAT, {"logit_bias": {"9" * 5000: 1}}),
     ("bias above 100", CHAT, {"logit_bias": {"5": 101}}),
     ("bias token past the vocabulary", CHAT, {"logit_bias": {"48": 1}}),
     ("presence penalty above 2", CHAT, {"presence_penalty": 2.5}),

@@ -101,6 +101,31 @@ def test_error_messages_name_the_problem(server):
     assert "less than or equal to 16" in assert_openai_error(httpx.post(server + CHAT, json=chat(n=17)), 400)["message"]
 
 
+def said(choice: dict) -> tuple:
+    """A response choice's output: its message (chat) or text, and why it ended."""
+    return choice.get("message", choice.get("text")), choice["finish_reason"]
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_null_means_the_default_as_in_openai(server, path):
+    """OpenAI's API takes null for every optional field (its SDKs send unset fields so): each one null at once is
+    the request without them, e.g. n null = one choice and stream null = one JSON response."""
+    from foretell.serve.protocol import ChatCompletionRequest, CompletionRequest
+
+    model = ChatCompletionRequest if path == CHAT else CompletionRequest
+    nulls = {f.alias or name: None for name, f in model.model_fields.items() if not f.is_required()}
+    assert {"n", "stream", "stream_options", "speculative", "logit_bias", "seed"} <= set(nulls)
+    base = (chat() if path == CHAT else {"model": MODEL, "prompt": "w5 w6", "max_tokens": 4}) | {"temperature": 0}
+    r = httpx.post(server + path, json={**nulls, **base})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json", r.text
+    without = httpx.post(server + path, json=base).json()["choices"]
+    assert len(without) == 1 and [said(c) for c in r.json()["choices"]] == [said(c) for c in without]
+    options = {"include_usage": None, "continuous_usage_stats": None}
+    streamed = httpx.post(server + path, json={**base, "stream": True, "stream_options": options})
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    assert '"usage":{' not in streamed.text.replace(" ", "")  # include_usage null = false
+
+
 NAMED_FIELDS = {  # checks across fields, and pydantic's own: each 400 names the field in `param`
     "n": (CHAT, chat(n=0)),
     "stream_options": (CHAT, chat(stream_options={"include_usage": True})),
@@ -170,7 +195,8 @@ def test_api_key(pipeline):
 def test_settings_are_checked():
     for bad in (dict(max_queue=0), dict(request_timeout=0), dict(max_body_bytes=10), dict(api_key="two words"),
                 dict(max_batch=0), dict(batch_budget="some"), dict(prefill_chunk=0), dict(shutdown_timeout=-1),
-                dict(header_timeout=0), dict(keep_alive_timeout=float("nan")), dict(prefix_cache_mb=-1)):
+                dict(header_timeout=0), dict(body_timeout=-1), dict(keep_alive_timeout=float("nan")),
+                dict(prefix_cache_mb=-1)):
         with pytest.raises(ForetellError):
             ServeSettings(**bad)
 
@@ -288,7 +314,8 @@ def test_serve_help_says_what_the_server_does(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert exited.value.code == 0
     assert "batches them continuously" in text and "one at a time" not in text
-    assert "--header-timeout" in text and "--keep-alive-timeout" in text and "error event, then [DONE]" in text
+    assert "--header-timeout" in text and "--body-timeout" in text and "--keep-alive-timeout" in text
+    assert "error event, then [DONE]" in text
 
 
 def test_the_model_loads_on_a_thread_that_passes():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -119,6 +120,34 @@ def test_header_timeout_closes_connections_that_never_finish_their_headers(pipel
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 60
         for sock in (silent, partial, later):
             sock.close()
+
+
+def test_body_timeout_answers_a_body_that_trickles_in_and_closes_it(pipeline):
+    """A request whose head came whole but whose body comes a byte at a time is answered 408 and closed once
+    --body-timeout has passed, however steadily the bytes keep coming (the header timeout no longer applies)."""
+    settings = ServeSettings(body_timeout=0.5, header_timeout=60, keep_alive_timeout=60)  # only the body's can act
+    with serving(create_app(pipeline, MODEL, settings)) as (_, url), connect(url) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 200\r\n\r\n")
+        sock.settimeout(0.1)
+        started, answer = time.monotonic(), b""
+        while time.monotonic() - started < 10:  # 200 bytes at 0.1 s each would take 20 s
+            try:
+                sock.sendall(b" ")
+                part = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if not part:
+                break
+            answer += part
+        took = time.monotonic() - started
+        assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout" in answer, answer
+        assert b"connection: close" in answer.lower() and took < 5
+        sock.settimeout(5)
+        assert closed_by_server(sock)
+        assert httpx.get(url + "/health").status_code == 200
 
 
 def test_keep_alive_timeout_closes_idle_connections(pipeline):

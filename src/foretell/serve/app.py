@@ -119,13 +119,13 @@ class Routes:
         return self._card()
 
     async def completions(self, request: Request) -> Response:
-        req = await parse(request, CompletionRequest, self.settings.max_body_bytes)
+        req = await parse(request, CompletionRequest, self.settings)
         self._check_model(req.model)
         ids = self.pipeline.encode(req.text, chat=False)
         return await self._generate(request, req, ids, COMPLETION_DEFAULT_TOKENS, CompletionShape, "prompt")
 
     async def chat_completions(self, request: Request) -> Response:
-        req = await parse(request, ChatCompletionRequest, self.settings.max_body_bytes)
+        req = await parse(request, ChatCompletionRequest, self.settings)
         self._check_model(req.model)
         if not getattr(self.pipeline.tokenizer, "chat_template", None):
             raise invalid("this model has no chat template: use /v1/completions with a raw prompt")
@@ -173,11 +173,22 @@ class Routes:
         return JSONResponse(shape.response(results).model_dump())
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 past `limit` bytes without reading (or keeping) the rest."""
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The request body, refused with 413 past `limit` bytes without reading (or keeping) the rest, and with 408
+    (the connection then closed) when it has not all come `timeout` seconds after the route began reading it: a
+    client trickling its body a byte at a time would otherwise hold a connection and a task for ever, as the
+    header timeout ends once the head is whole."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise too_large(int(declared), limit)
+    try:
+        return await asyncio.wait_for(_read_body(request, limit), timeout)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive whole within {timeout:g} s (--body-timeout); send it "
+                       "at once", code="body_timeout", headers={"Connection": "close"}) from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     body = bytearray()
     try:
         async for part in request.stream():
@@ -207,9 +218,9 @@ def require_json(request: Request) -> None:
                        code="unsupported_media_type")
 
 
-async def parse(request: Request, model: type[BaseModel], limit: int):
+async def parse(request: Request, model: type[BaseModel], settings: ServeSettings):
     require_json(request)
-    body = await read_body(request, limit)
+    body = await read_body(request, settings.max_body_bytes, settings.body_timeout)
     try:
         return model.model_validate_json(body)
     except ValidationError as e:

@@ -61,6 +61,9 @@ def add_serve_parser(sub) -> None:
     g.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
                    help="seconds a connection may take to send a request's line and headers; slower ones are "
                    "closed (default: %(default)s)")
+    g.add_argument("--body-timeout", type=float, default=defaults.body_timeout,
+                   help="seconds a request's body may take to arrive once its headers have; slower ones are "
+                   "answered 408 and closed (default: %(default)s)")
     g.add_argument("--keep-alive-timeout", type=float, default=defaults.keep_alive_timeout,
                    help="seconds an idle connection stays open between requests (default: %(default)s)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
@@ -89,7 +92,7 @@ def run_serve(args: argparse.Namespace) -> None:
                              batch_budget=args.batch_budget, prefill_chunk=args.prefill_chunk,
                              prefix_cache_mb=args.prefix_cache_mb,
                              shutdown_timeout=args.shutdown_timeout, header_timeout=args.header_timeout,
-                             keep_alive_timeout=args.keep_alive_timeout)
+                             body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout)
     if not 0 <= args.port <= 65535:
         raise ForetellError(f"--port must be in 0..65535, got {args.port}")
     spec, why = speculative_from_args(args, args.model)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from foretell.errors import ForetellError
 from foretell.types import ResponseFormat, SamplingParams
@@ -20,6 +21,7 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_STOP_STRINGS = 16
 MAX_CHOICES = 16  # n: each choice is a request of its own in the batch
 MAX_TOP_LOGPROBS = 20
+MAX_TOKEN_ID_DIGITS = 9  # past any vocabulary, and short of int()'s limit on digits
 
 # OpenAI fields this server does not implement -> the values that mean "off", which it accepts.
 NEUTRAL: dict[str, tuple] = {
@@ -78,10 +80,21 @@ def field_of(error: dict) -> str | None:
     return getattr((error.get("ctx") or {}).get("error"), "param", None)
 
 
+def null_is_default(model: type[BaseModel], value: Any, info: ValidationInfo) -> Any:
+    """OpenAI's API takes null for an optional field and reads it as the field's default (its SDKs and many
+    clients send every field, unset ones as null): a field whose default is not None reads null so too."""
+    return model.model_fields[info.field_name].default if value is None else value
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's option; accepted, usage still comes once at the end
+
+    @field_validator("include_usage", "continuous_usage_stats", mode="before")
+    @classmethod
+    def _null(cls, value, info):
+        return null_is_default(cls, value, info)
 
 
 class _GenerationRequest(BaseModel):
@@ -109,12 +122,20 @@ class _GenerationRequest(BaseModel):
     # seed, else rejection. Named apart from the method `sampling`, which it would shadow.
     sampling_rule: Literal["coupled", "rejection"] | None = Field(None, alias="sampling")
 
+    @field_validator("stream", "n", "speculative", mode="before")
+    @classmethod
+    def _null(cls, value, info):
+        return null_is_default(cls, value, info)
+
     @field_validator("logit_bias")
     @classmethod
     def _token_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
         for key, value in (bias or {}).items():
-            if not key.isdigit():
-                raise ValueError(f"keys are token ids (non-negative integers as strings), got {key!r}")
+            # str.isdigit alone takes "²" or "٣", which int() then refuses; a token id has a handful of digits
+            if not (key.isascii() and key.isdigit() and len(key) <= MAX_TOKEN_ID_DIGITS):
+                shown = repr(key) if len(key) <= 24 else f"{key[:12]!r}... ({len(key)} characters)"
+                raise ValueError(f"keys are token ids (non-negative integers written in ASCII digits, at most "
+                                 f"{MAX_TOKEN_ID_DIGITS} of them), got {shown}")
             if not -100.0 <= value <= 100.0:
                 raise ValueError(f"values must be in [-100, 100], got {value} for token {key}")
         return bias

@@ -26,6 +26,8 @@ class ServeSettings:
     header_timeout: seconds a connection may take to send a request's line and headers, counted from its opening
         or from the end of its previous response; past it the connection is closed (a client that never
         finishes its headers holds no connection for long).
+    body_timeout: seconds a request's body may take to arrive whole once the route reads it; past it the request is
+        answered 408 and its connection closed (a client that trickles its body holds no connection for long).
     keep_alive_timeout: seconds an idle connection is kept open between requests.
     """
 
@@ -40,6 +42,7 @@ class ServeSettings:
     prefix_cache_mb: int = 512
     shutdown_timeout: float = 30.0
     header_timeout: float = 30.0
+    body_timeout: float = 60.0
     keep_alive_timeout: float = 5.0
 
     def __post_init__(self):
@@ -59,7 +62,8 @@ class ServeSettings:
             raise ForetellError(f"--batch-budget must be auto, fixed or none, got {self.batch_budget!r}")
         if not self.shutdown_timeout >= 0:
             raise ForetellError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
-        for flag, seconds in (("--header-timeout", self.header_timeout), ("--keep-alive-timeout", self.keep_alive_timeout)):
+        for flag, seconds in (("--header-timeout", self.header_timeout), ("--body-timeout", self.body_timeout),
+                              ("--keep-alive-timeout", self.keep_alive_timeout)):
             if not seconds > 0:
                 raise ForetellError(f"{flag} must be > 0 seconds, got {seconds}")
         if self.retry_after < 0:
