@@ -222,6 +222,66 @@ def test_a_tree_node_drafts_what_its_path_drafts_as_a_chain(plain):
     torch.testing.assert_close(tree.draft_prob[walked], chain.draft_prob[: len(walked)], rtol=1e-5, atol=1e-6)
 
 
+def _grown(limit: int, width: int, depth: int, prune: bool, seed: int = 0):
+    """An EAGLE-2 growth over synthetic children (each node's children fixed by its path), expanding per
+    worth_expanding or every one of the level's `width` best; the nodes and the number of rows expanded."""
+    import random
+
+    from foretell.drafters.eagle_tree import _Nodes
+
+    def children(path):
+        rng = random.Random(f"{seed}-{path}")
+        weights = sorted((rng.random() ** 3 for _ in range(width)), reverse=True)
+        return [w / (sum(weights) + rng.random()) for w in weights], [rng.randrange(50) for _ in weights]
+
+    nodes, paths, rows = _Nodes(), {-1: ()}, 0
+    probs, columns = children(())
+    level = nodes.add_top(-1, probs, columns)
+    for node in level:
+        paths[node] = (nodes.columns[node],)
+    for _ in range(depth - 1):
+        expand = (nodes.worth_expanding(level, width, limit) if prune
+                  else sorted(level, key=nodes.rank)[:width])
+        rows += len(expand)
+        level = []
+        for node in expand:
+            probs, columns = children(paths[node])
+            for child in nodes.add_top(node, probs, columns):
+                paths[child] = paths[node] + (nodes.columns[child],)
+                level.append(child)
+    return nodes, rows
+
+
+@pytest.mark.parametrize("limit,width", [(1, 4), (3, 4), (8, 4), (5, 2), (64, 3)])
+def test_growth_skips_only_nodes_that_cannot_be_proposed(limit, width):
+    """A node already outside the `limit` best stays out with all its descendants: not expanding it leaves the
+    proposal (best(limit)) as it is, and saves its head rows."""
+    saved = 0
+    for seed in range(20):
+        full, full_rows = _grown(limit, width, 6, prune=False, seed=seed)
+        pruned, pruned_rows = _grown(limit, width, 6, prune=True, seed=seed)
+        best_full = [(full.columns[i], full.depths[i], full.scores[i]) for i in full.best(limit)]
+        best_pruned = [(pruned.columns[i], pruned.depths[i], pruned.scores[i]) for i in pruned.best(limit)]
+        assert best_pruned == best_full
+        assert pruned_rows <= full_rows
+        saved += full_rows - pruned_rows
+    assert saved > 0 if limit < 64 else saved == 0
+
+
+def test_pruned_growth_proposes_what_full_growth_does(plain, monkeypatch):
+    from foretell.drafters.eagle_tree import _Nodes
+
+    shape = EagleTreeShape(depth=5, width=3, max_nodes=6)
+    pruned = recorded_proposals(with_eagle(plain, shape), PROMPTS[1], GREEDY)
+    monkeypatch.setattr(_Nodes, "worth_expanding", lambda self, level, width, limit:
+                        sorted(level, key=self.rank)[:width])
+    full = recorded_proposals(with_eagle(plain, shape), PROMPTS[1], GREEDY)
+    assert len(pruned) == len(full) > 3
+    for a, b in zip(pruned, full):
+        assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+        torch.testing.assert_close(a.draft_prob, b.draft_prob)
+
+
 def test_draft_vocabulary_maps(plain):
     head = make_head(plain.target.model)
     assert torch.equal(head.vocab_ids, DRAFT_IDS)

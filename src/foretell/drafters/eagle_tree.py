@@ -71,11 +71,25 @@ class _Nodes:
             added.append(len(self.columns) - 1)
         return added
 
+    def rank(self, i: int) -> tuple[float, int, int]:
+        """Node i's place in `best`'s order (lower first)."""
+        return -self.scores[i], self.depths[i], i
+
     def best(self, limit: int) -> list[int]:
         """The `limit` best nodes, best first; parents precede children (a child's score never exceeds its
         parent's, and ties go to the shallower, then earlier node), so every prefix is closed under ancestors."""
-        order = sorted(range(len(self.columns)), key=lambda i: (-self.scores[i], self.depths[i], i))
-        return order[:limit]
+        return sorted(range(len(self.columns)), key=self.rank)[:limit]
+
+    def worth_expanding(self, level: list[int], width: int, limit: int) -> list[int]:
+        """EAGLE-2's `width` best nodes of the newest level, less those already outside the `limit` best nodes
+        of the tree: nodes only join a tree, and a child ranks after its parent, so such a node and all its
+        descendants stay out of best(limit), and its head row would be drafted for nothing. The proposal
+        (best(limit)) is the same as with every one expanded."""
+        expand = sorted(level, key=self.rank)[:width]
+        if len(self.columns) <= limit or not expand:
+            return expand
+        cutoff = sorted(self.rank(i) for i in range(len(self.columns)))[limit - 1]
+        return [i for i in expand if self.rank(i) <= cutoff]
 
 
 class Eagle3Drafter(HookedTreeDrafter):
@@ -110,7 +124,7 @@ class Eagle3Drafter(HookedTreeDrafter):
         t0 = time.perf_counter()
         root_state, root_logits = yield from self._feed_context(tokens)
         level_times = [time.perf_counter()]  # depth 1 is ready; _grow adds the time of each next level
-        nodes = yield from self._grow(root_state, root_logits, depth, len(tokens) - 2, level_times)
+        nodes = yield from self._grow(root_state, root_logits, depth, len(tokens) - 2, level_times, grow)
         keep = nodes.best(grow)
         if self.schedule is not None:
             keep = keep[: self._schedule([nodes.scores[i] for i in keep], self._parents(nodes, keep), t0,
@@ -132,10 +146,11 @@ class Eagle3Drafter(HookedTreeDrafter):
         return out[-1], logits[-1:]
 
     def _grow(self, root_state: torch.Tensor, root_logits: torch.Tensor, depth: int, last_row: int,
-              level_times: list[float]) -> Generator[HeadStepPass, Any, _Nodes]:
-        """EAGLE-2: expand the best `width` nodes of each new level, one head step per level. last_row: the
-        position of the last committed row (the one that drafted depth 1); a depth-d node's row sits d after it.
-        Appends to level_times when each new level is ready (the scheduler charges a tree its levels' time)."""
+              level_times: list[float], limit: int) -> Generator[HeadStepPass, Any, _Nodes]:
+        """EAGLE-2: expand the best `width` nodes of each new level that can still be among the `limit` proposed
+        (_Nodes.worth_expanding), one head step per level. last_row: the position of the last committed row (the
+        one that drafted depth 1); a depth-d node's row sits d after it. Appends to level_times when each new
+        level is ready (the scheduler charges a tree its levels' time)."""
         nodes = _Nodes()
         context = self.cache.length
         width = self.shape.width
@@ -143,7 +158,7 @@ class Eagle3Drafter(HookedTreeDrafter):
         level = nodes.add_top(-1, probs[0], columns[0])
         states = {-1: root_state}  # node -> the output of its own row (its children's parent state)
         for _ in range(depth - 1):
-            expand = sorted(level, key=lambda i: (-nodes.scores[i], i))[:width]
+            expand = nodes.worth_expanding(level, width, limit)
             if not expand:
                 break
             outputs, logits = yield from self._step_nodes(nodes, expand, states, last_row)
