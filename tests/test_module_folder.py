@@ -81,3 +81,48 @@ def test_non_finite_weights_are_refused_naming_the_file_and_tensor(kind, bad, ta
     save_file(state, str(folder / WEIGHTS_FILE))
     with pytest.raises(ForetellError, match=f"{folder / WEIGHTS_FILE} holds NaN or infinite values \\(in {name}\\)"):
         load_module(folder, target)
+
+
+FLAGS = {"parallel head": "--head", "hidden-state draft": "--hidden-draft", "EAGLE-3 head": "--eagle"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_finished_run_of_another_kind_says_what_it_holds_and_which_flag_takes_it(kind, target, tiny_pair, tmp_path):
+    """`--eagle RUN` where RUN is a finished parallel-head run once said the head "is not saved yet: rerun its
+    foretell train command"; every loader now names the kind the folder holds and the flag that takes it."""
+    new, save, _, _ = KINDS[kind]
+    method, part = METHODS[kind]
+    save(new(target), tmp_path / "run" / part)
+    (tmp_path / "run" / "train").mkdir()
+    (tmp_path / "run" / "train" / "job.json").write_text("{}")
+    for other, (_, _, load_other, _) in KINDS.items():
+        if other == kind:
+            continue
+        wanted = f"holds a {kind} .*, not a {other}: pass it with {FLAGS[kind]} \\(--drafter {method}\\)"
+        for folder in (tmp_path / "run", tmp_path / "run" / part):
+            with pytest.raises(ForetellError, match=wanted) as refused:
+                load_other(folder, target)
+            assert "not saved yet" not in str(refused.value)
+        with pytest.raises(ForetellError, match=wanted):  # as the CLI's flag builds it
+            load(tiny_pair[0], SpeculativeConfig(method=METHODS[other][0], model=str(tmp_path / "run")), warm_up=False)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_eval_draft_given_a_head_says_it_measures_draft_models_and_where_the_heads_figures_are(
+        kind, target, tiny_pair, tmp_path, capsys):
+    """eval-draft on a head's run folder failed deep in loading a tokenizer; it now names the kind, the report
+    its training run writes (OUT/eval.json) and the flag that decodes with it, before loading anything."""
+    from foretell.cli import main
+
+    new, save, _, _ = KINDS[kind]
+    method, part = METHODS[kind]
+    save(new(target), tmp_path / "run" / part)
+    argv = ["eval-draft", "--target", str(tiny_pair[0]), "--draft", str(tmp_path / "run")]
+    assert main(argv) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"holds a {kind}" in error and "eval-draft measures draft models" in error
+    assert f"goes to {tmp_path / 'run' / 'eval.json'} when its `foretell train {method}` run finishes" in error
+    assert f"--drafter {method} {FLAGS[kind]}" in error and "Traceback" not in error
+    (tmp_path / "run" / "eval.json").write_text("{}")
+    assert main([*argv[:-1], str(tmp_path / "run" / part)]) == 2  # the module's own folder: the same answer
+    assert f"held-out acceptance is in {tmp_path / 'run' / 'eval.json'}" in " ".join(capsys.readouterr().err.split())

@@ -91,9 +91,13 @@ def test_only_the_head_trains(trained):
     assert all(not torch.equal(saved[k], untrained[k]) for k in ("fuse.weight", "mask_embedding"))
 
 
-def test_resumed_run_matches_an_uninterrupted_one(setup, tmp_path):
+def test_resumed_run_matches_an_uninterrupted_one(setup, tmp_path, capsys):
     assert_resume_repeats_the_run(run_parallel_head, lambda out: config(setup, out), tmp_path, "head")
     assert [r["step"] for r in read_log(tmp_path / "split")] == [1, 2, 3, 4, 5, 6]
+    said = capsys.readouterr().out
+    checkpoint = tmp_path / "split" / "train" / "checkpoint.pt"
+    assert said.count("resuming") == 1  # the rerun says it continues, and from where; the first runs do not
+    assert f"resuming parallel head from its checkpoint {checkpoint} at step 3 of 6" in said
     # Other settings in the same folder are refused rather than mixed into the run.
     with pytest.raises(ForetellError, match="other settings \\(--lr was 0.003, now 0.01\\); rerun with --no-resume"):
         run_parallel_head(config(setup, tmp_path / "split", lr=1e-2))
@@ -216,7 +220,11 @@ def test_a_changed_setting_is_refused_before_any_write_naming_the_option(setup, 
         assert named in error and "rerun with --no-resume to start over there" in error, error
         assert files_of(out) == before  # nothing written, nothing touched
     assert main(first) == 0 and "already trained" in capsys.readouterr().out
+    capsys.readouterr()
     assert main(base + ["--seq-len", "24", "--steps", "2", "--no-resume"]) == 0
+    said = " ".join(capsys.readouterr().out.split())  # what --no-resume replaces, said before it does
+    assert f"--no-resume: the earlier run's finished training (2 steps) in {out / 'train'} is removed" in said
+    assert f"--no-resume: the head saved earlier in {out / 'head'} is replaced when this run finishes" in said
     assert json.loads((out / "data" / "data.json").read_text())["seq_len"] == 24
     assert np.load(out / "features" / "features.npy", mmap_mode="r").shape[1] == 24
     assert json.loads((out / "train" / "job.json").read_text())["data"]["seq_len"] == 24

@@ -32,13 +32,13 @@ from foretell.models.config import ModelConfig
 from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
 from foretell.models.rope import RopeScaling
 from foretell.models.module_folder import (
-    FolderFormat, read_config, save_module, saved_folder,
+    EAGLE3_FORMAT, read_config, save_module, saved_folder,
 )
 from foretell.models.transformer import RMSNorm, RotaryTables, Transformer
 from foretell.runtime.lean_drafters import LeanEagle3Step, head_lean_support
 from foretell.runtime.quant import draft_linear, quantize_linears, resolve_quant
 
-FOLDER_FORMAT = FolderFormat(name="foretell-eagle3", version=1, config_file="eagle3.json", what="EAGLE-3 head")
+FOLDER_FORMAT = EAGLE3_FORMAT
 CONFIG_FILE = FOLDER_FORMAT.config_file
 DEFAULT_DRAFT_VOCAB = 8192  # draft vocabulary of `foretell train eagle3` (EAGLE-3 uses 32000 of Llama 3's 128K)
 

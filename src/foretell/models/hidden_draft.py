@@ -32,15 +32,14 @@ from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
 from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
 from foretell.models.module_folder import (
-    WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module, saved_folder,
+    WEIGHTS_FILE, HIDDEN_DRAFT_FORMAT, load_weights, read_config, save_module, saved_folder,
 )
 from foretell.models.token_info import TokenInfo
 from foretell.models.transformer import DecoderLayer, RotaryTables, Transformer, make_norm, softcap
 from foretell.runtime.lean_drafters import LayersPass, LeanDraftLayers, layers_lean_support
 from foretell.runtime.quant import draft_linear, quantize_linears, resolve_quant
 
-FOLDER_FORMAT = FolderFormat(name="foretell-hidden-draft", version=1, config_file="hidden_draft.json",
-                             what="hidden-state draft", run_part="draft")
+FOLDER_FORMAT = HIDDEN_DRAFT_FORMAT
 FORMAT, FORMAT_VERSION, CONFIG_FILE = FOLDER_FORMAT.name, FOLDER_FORMAT.version, FOLDER_FORMAT.config_file
 
 

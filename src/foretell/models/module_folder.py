@@ -54,6 +54,33 @@ class FolderFormat:
     config_file: str  # e.g. "parallel_head.json"
     what: str  # how errors name it, e.g. "parallel head"
     run_part: str = "head"  # the subfolder of a training run's folder that `foretell train KIND --out RUN` saves it in
+    method: str = ""  # the speculative method that drafts with it, e.g. "parallel-head"
+    flag: str = ""  # the CLI flag that takes its folder, e.g. "--head"
+
+
+# The kinds of trained drafter folders, here in one place so an error about one kind can recognise the others.
+PARALLEL_HEAD_FORMAT = FolderFormat("foretell-parallel-head", 1, "parallel_head.json", "parallel head", "head",
+                                    "parallel-head", "--head")
+HIDDEN_DRAFT_FORMAT = FolderFormat("foretell-hidden-draft", 1, "hidden_draft.json", "hidden-state draft", "draft",
+                                   "hidden-state", "--hidden-draft")
+EAGLE3_FORMAT = FolderFormat("foretell-eagle3", 1, "eagle3.json", "EAGLE-3 head", "head", "eagle3", "--eagle")
+FORMATS = (PARALLEL_HEAD_FORMAT, HIDDEN_DRAFT_FORMAT, EAGLE3_FORMAT)
+
+
+def saved_kind(folder: str | Path) -> tuple[FolderFormat, Path] | None:
+    """The kind of trained drafter `folder` holds and the folder holding its config file: `folder` itself, or the
+    subfolder a training run saves it in (RUN/head, RUN/draft); None when it holds none of them."""
+    folder = Path(folder)
+    for fmt in FORMATS:
+        for where in (folder, folder / fmt.run_part):
+            if (where / fmt.config_file).is_file():
+                return fmt, where
+    return None
+
+
+def run_folder_of(module_folder: Path, fmt: FolderFormat) -> Path:
+    """The training run's --out folder a saved module lives in (RUN for RUN/head), or the folder itself."""
+    return module_folder.parent if module_folder.name == fmt.run_part else module_folder
 
 
 def saved_folder(folder: str | Path, fmt: FolderFormat) -> Path:
@@ -69,6 +96,11 @@ def saved_folder(folder: str | Path, fmt: FolderFormat) -> Path:
 def not_saved_here(folder: Path, fmt: FolderFormat) -> str:
     """Why `folder` (a folder without the config file) holds no saved module, and where one would be."""
     inner = folder / fmt.run_part
+    other = saved_kind(folder)
+    if other is not None and other[0] != fmt:
+        kind, where = other
+        return (f"{folder} holds a {kind.what} ({where / kind.config_file}), not a {fmt.what}: pass it with "
+                f"{kind.flag} (--drafter {kind.method}); {fmt.flag} takes a {fmt.what}'s folder")
     if (folder / "train" / "job.json").is_file():
         return (f"{folder} is a training run whose {fmt.what} is not saved yet ({inner} has no {fmt.config_file}): "
                 "rerun its `foretell train` command to finish training")

@@ -28,14 +28,13 @@ from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
 from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
 from foretell.models.module_folder import (
-    WEIGHTS_FILE, FolderFormat, load_weights, read_config, save_module, saved_folder,
+    WEIGHTS_FILE, PARALLEL_HEAD_FORMAT, load_weights, read_config, save_module, saved_folder,
 )
 from foretell.models.transformer import DecoderLayer, RMSNorm, RotaryTables, Transformer, softcap
 from foretell.runtime.lean_drafters import LayersPass, LeanDraftLayers, layers_lean_support
 from foretell.runtime.quant import draft_linear, quantize_linears, resolve_quant
 
-FOLDER_FORMAT = FolderFormat(name="foretell-parallel-head", version=1, config_file="parallel_head.json", what="parallel head",
-                             run_part="head")
+FOLDER_FORMAT = PARALLEL_HEAD_FORMAT
 FORMAT, FORMAT_VERSION, CONFIG_FILE = FOLDER_FORMAT.name, FOLDER_FORMAT.version, FOLDER_FORMAT.config_file
 
 

@@ -149,6 +149,25 @@ def parse_drafts(specs: list[str]) -> dict[str, Path]:
     return drafts
 
 
+def refuse_a_trained_head(path: Path) -> None:
+    """eval-draft measures draft models; a head (or hidden-state draft) folder would fail deep in loading a
+    tokenizer. Say what the folder is, where its own figures are, and how to decode with it."""
+    from foretell.models.module_folder import run_folder_of, saved_kind
+
+    found = saved_kind(path)
+    if found is None:
+        return
+    kind, where = found
+    report = run_folder_of(where, kind) / "eval.json"
+    figures = (f"Its held-out acceptance is in {report}" if report.is_file() else
+               f"Its held-out acceptance goes to {report} when its `foretell train {kind.method}` run finishes "
+               "(with --eval-sequences above 0)")
+    raise ForetellError(f"--draft {path} holds a {kind.what} ({where / kind.config_file}), not a draft model: "
+                        "eval-draft measures draft models (Hugging Face folders, e.g. an adaspec run's "
+                        f"OUT/draft/model). {figures}; to decode with it: foretell generate --drafter {kind.method} "
+                        f"{kind.flag} {path}")
+
+
 def cmd_eval_draft(args) -> None:
     import torch
 
@@ -167,7 +186,10 @@ def cmd_eval_draft(args) -> None:
                        args.temperature, args.seed, args.dtype,
                        prompt_source=None if args.prompts_from == "data" else args.prompts_from,
                        decode_temperature=args.decode_temperature)
-    rows = compare_drafts(args.target, parse_drafts(args.draft), args.data, opts)
+    drafts = parse_drafts(args.draft)
+    for path in drafts.values():
+        refuse_a_trained_head(path)
+    rows = compare_drafts(args.target, drafts, args.data, opts)
     print(format_table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

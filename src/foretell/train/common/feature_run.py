@@ -281,11 +281,13 @@ def train_or_load(cfg, settings: dict, what: str, load, train_new, save, evaluat
     from foretell.train.common.run_folder import DONE, SettingsJob, open_job_folder
 
     job = SettingsJob(cfg.out / "train", cfg.resume, json.loads(json.dumps(settings, default=str)))
+    folder = cfg.out / what
+    if not cfg.resume and (folder / "model.safetensors").is_file() and (ctx is None or ctx.is_main):
+        print(f"foretell train: --no-resume: the {what} saved earlier in {folder} is replaced when this run finishes")
     if ctx is None:
         open_job_folder(job)
     else:  # one process checks (or clears) and writes the folder, the others wait: they raced on job.json
         ctx.main_only(open_job_folder, job)
-    folder = cfg.out / what
     if (job.out / DONE).is_file() and folder.is_dir():
         print(f"foretell train: the {what} in {folder} is already trained, skipping")
         module = load(folder)

@@ -38,10 +38,24 @@ def differences(saved, wanted, path: str = "") -> list[tuple[str, object, object
     return [] if saved == wanted else [(path, saved, wanted)]
 
 
+def earlier_run(folder: Path) -> str:
+    """What --no-resume removes from a training folder, in words: a finished run or its checkpoint."""
+    try:
+        steps = json.loads((folder / DONE).read_text()).get("steps")
+    except (OSError, ValueError, AttributeError):
+        steps = None
+    if steps is not None:
+        return f"the earlier run's finished training ({steps} steps)"
+    if (folder / DONE).is_file():
+        return "the earlier run's finished result"
+    return "the earlier run's checkpoint and log" if any(folder.iterdir()) else "nothing yet"
+
+
 def open_job_folder(job) -> None:
     """Ready job.out for job (anything with out, resume and fingerprint()). A folder holding a job
     made with other settings is an error (resuming it would mix two runs); --no-resume clears it."""
     if not job.resume and job.out.exists():
+        print(f"foretell train: --no-resume: {earlier_run(job.out)} in {job.out} is removed; starting over")
         shutil.rmtree(job.out)
     job.out.mkdir(parents=True, exist_ok=True)
     path = job.out / JOB

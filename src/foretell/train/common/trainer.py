@@ -166,6 +166,9 @@ class TrainingRun:
         self.checkpoint, self.log = out / CHECKPOINT, out / LOG
         resuming = resume and self.checkpoint.is_file()
         self.start = load_checkpoint(self.checkpoint, module, self.optimizer, self.scheduler, cfg) if resuming else 0
+        if resuming and ctx.is_main:  # say so: a rerun that quietly continued looks like a new run
+            print(f"foretell train: resuming {desc} from its checkpoint {self.checkpoint} at step {self.start} of "
+                  f"{cfg.steps} (--no-resume starts over)")
         self.end = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
         self.bar = None
 
