@@ -214,19 +214,29 @@ def test_shipped_drafters_fit_the_budget_and_match_their_checksums():
     assert len(by_class) == len(set(by_class)), "one default drafter per target on each class of CPU"
 
 
-def test_run_sh_default_is_the_shipped_drafter_and_exact_in_fp32(capsys):
-    """What ./run.sh does on a fresh clone: generate on SmolLM2 with no drafter chosen. It picks the shipped
-    default drafter (this CPU's class's, where the bench ranked them on one), and in fp32 its greedy text is plain
-    decoding's, token for token."""
+def test_run_sh_default_is_the_shipped_drafter_and_exact_on_the_fast_path(capsys):
+    """What ./run.sh does on a fresh clone: generate on SmolLM2 with no drafter chosen, on the fast path (the
+    file's blocks, 8-bit activations). It picks the shipped default drafter (this CPU's class's, where the bench
+    ranked them on one), its greedy text is plain decoding's on that path, token for token, and it says which
+    path it ran and what that changes."""
+    from pathlib import Path
+
     from foretell.cli import main
-    from foretell.kernels import cpu_class
+    from foretell.kernels import cpu_class, lean_decode
     from foretell.models.shipped import default_shipped
 
     default = default_shipped("smollm2-135m", cpu=cpu_class())
     if default is None:
         pytest.skip("no drafter shipped for smollm2-135m yet")
-    args = ["generate", "Summarize in two sentences why the sky is blue.", "--dtype", "float32",
-            "--max-new-tokens", "48", "--json"]
+    fast_path = ["--quant", "gguf-q8", "--dtype", "float32"]
+    assert " ".join(fast_path) in (Path(__file__).parents[1] / "run.sh").read_text()
+    if lean_decode() is None:
+        fast_path = ["--dtype", "float32"]  # 8-bit activations run in the lean kernels only
+    args = ["generate", "Summarize in two sentences why the sky is blue.", *fast_path, "--max-new-tokens", "48"]
+
+    assert main([*args, "--max-new-tokens", "8"]) == 0
+    assert "[path: " in capsys.readouterr().err
+    args.append("--json")
 
     def run(*extra):
         assert main([*args, *extra]) == 0

@@ -180,6 +180,32 @@ def cmd_generate(args) -> None:
         print()
         weights = describe_target(args.quant, args.dtype, pipe.target.model)
         print(f"[{args.model}, drafter {spec.method}, {weights}] {result.stats.summary()}", file=sys.stderr)
+        note = path_note(args.model, args.quant, args.device)
+        if note:
+            print(f"[{note}]", file=sys.stderr)
+
+
+# What each way of running a GGUF model changes; gguf-q8 decoded fastest on every CPU class foretell measured
+# (benchmarks/bench/decode_paths.py; docs/speed.md#decoding-paths).
+PATH_NOTES = {
+    "none": "exact: the model's weights, float32 (or bf16) arithmetic. Faster here: --quant gguf-q8 --dtype float32 "
+            "(the file's own blocks, 8-bit activations as llama.cpp computes: a slightly different model)",
+    "gguf": "the file's own blocks with float32 activations: its exact weights. Faster here: --quant gguf-q8 "
+            "(8-bit activations as llama.cpp computes: a slightly different model)",
+    "gguf-q8": "the fastest path: the file's own blocks with 8-bit activations, as llama.cpp computes (a slightly "
+               "different model than --quant none's exact weights; speculation reproduces it exactly)",
+}
+
+
+def path_note(model: str, quant: str, device: str) -> str | None:
+    """generate's last line for a model that ships as a GGUF file, run on CPU: what its path changes, and the faster
+    one where there is one (docs/speed.md#decoding-paths)."""
+    from foretell.models.presets import PRESETS
+
+    ships_gguf = str(model) in PRESETS or str(model).endswith(".gguf")  # every preset is a GGUF file
+    if device != "cpu" or quant not in PATH_NOTES or not ships_gguf:
+        return None
+    return f"path: {PATH_NOTES[quant]}"
 
 
 def response_format(json_object: bool, schema_file: str | None):
