@@ -4,11 +4,13 @@
 # Source: the llama.cpp tree vendored in the llama-cpp-python sdist, a pinned release on the package index, so
 # nothing but pip reaches the network. Built static (no shared libraries to find) into .venv/bin: about 10 minutes
 # on 2 cores. The native build (-march=native, what a user building here gets) is kept when a llama-bench smoke test
-# passes; on some AMX CPUs it dies with SIGILL in prompt processing, so then it is rebuilt with exactly the x86
-# extensions /proc/cpuinfo lists and AMX off. The build kept and its flags go to .venv/share/foretell-llama-cpp.json,
-# which the benchmarks record.
+# passes, else it is rebuilt with exactly the x86 extensions /proc/cpuinfo lists and AMX off. On a CPU with AMX
+# (amx_int8) the native attempt is skipped: this llama.cpp's AMX int8 kernel dies there (see amx_skip below), so
+# only the AVX-512 build is made. The build kept and its cmake flags go to .venv/share/foretell-llama-cpp.json,
+# which the benchmarks record beside their llama.cpp results.
 #   bash scripts/install_llama_cpp.sh        then: foretell bench --methods plain,llama-cpp ...
-#   FORCE=1 rebuilds; LLAMA_CPP_BUILD=portable skips the native attempt; JOBS=N compile jobs (default: all cores).
+#   FORCE=1 rebuilds; LLAMA_CPP_BUILD=auto (default) | native (try native even on AMX) | portable (skip native);
+#   JOBS=N compile jobs (default: all cores); PLAN_ONLY=1 prints the build it would make and its flags, then exits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=0.3.36  # llama-cpp-python release whose vendored llama.cpp is built
@@ -17,6 +19,40 @@ INFO=.venv/share/foretell-llama-cpp.json
 JOBS=${JOBS:-$(nproc)}
 say() { echo "install_llama_cpp: $*" >&2; }
 die() { say "error: $*"; exit 1; }
+
+CPUINFO=${CPUINFO:-/proc/cpuinfo}  # where the CPU's extensions are read (a test points it at a fixture)
+cpu_flags() { echo " $(grep -m1 '^flags' "$CPUINFO" | cut -d: -f2) "; }
+
+portable_flags() {  # the x86 extensions this CPU has, each as its GGML option; AMX always off
+  local have flag option
+  have=$(cpu_flags)
+  echo -DGGML_NATIVE=OFF
+  for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+              avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    flag=${pair%%:*} option=${pair#*:}
+    if [[ $have == *" $flag "* ]]; then echo "-DGGML_$option=ON"; else echo "-DGGML_$option=OFF"; fi
+  done
+  echo -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF | tr ' ' '\n'
+}
+
+amx_skip="this CPU has AMX (amx_int8 in $CPUINFO), so the native build is skipped: the llama.cpp vendored in \
+llama-cpp-python $VERSION dies with SIGILL in prompt processing there, in its own AMX int8 kernel (a tileloadd in \
+tinygemm_kernel_amx<block_q8_1, block_q4_1>), even when Linux has granted the process the tile permission \
+(arch_prctl ARCH_REQ_XCOMP_PERM): a bug of that llama.cpp version, not a missing permission. Building once with this \
+CPU's extensions up to AVX-512 and AMX off: that AVX-512 build is the peer foretell is measured against. \
+LLAMA_CPP_BUILD=native tries the native build anyway."
+BUILD=${LLAMA_CPP_BUILD:-auto} why=
+case $BUILD in
+  auto) if [[ $(cpu_flags) == *" amx_int8 "* ]]; then BUILD=portable why=$amx_skip; else BUILD=native; fi ;;
+  native|portable) ;;
+  *) die "LLAMA_CPP_BUILD is auto, native or portable, not '$BUILD'" ;;
+esac
+if [ "${PLAN_ONLY:-0}" = 1 ]; then  # nothing is built or installed
+  [ -z "$why" ] || say "$why"
+  echo "build: $BUILD"
+  if [ "$BUILD" = portable ]; then portable_flags; else echo -DGGML_NATIVE=ON; fi
+  exit 0
+fi
 
 bash scripts/setup.sh
 GGUF=$(.venv/bin/python -c "from foretell.models.presets import PRESETS, locate_single_gguf
@@ -60,18 +96,6 @@ COMMON=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=O
         -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF)  # loopback HTTP only; the web UI would be fetched
 NATIVE=(-DGGML_NATIVE=ON)
 
-portable_flags() {  # the x86 extensions this CPU has, each as its GGML option; AMX always off
-  local have flag option
-  have=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
-  echo -DGGML_NATIVE=OFF
-  for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
-              avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
-    flag=${pair%%:*} option=${pair#*:}
-    if [[ $have == *" $flag "* ]]; then echo "-DGGML_$option=ON"; else echo "-DGGML_$option=OFF"; fi
-  done
-  echo -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF | tr ' ' '\n'
-}
-
 build() {  # $1: build name; the rest: its cmake flags. Prints the folder holding the binaries.
   local name=$1 dir=$WORK/build-$1 log=$WORK/build-$1.log
   shift
@@ -87,7 +111,8 @@ build() {  # $1: build name; the rest: its cmake flags. Prints the folder holdin
 }
 
 kept= flags=()
-if [ "${LLAMA_CPP_BUILD:-native}" = native ]; then
+[ -z "$why" ] || say "$why"
+if [ "$BUILD" = native ]; then
   out=$(build native "${NATIVE[@]}")
   say "smoke test: llama-bench -p 64 -n 8 on $(basename "$GGUF")"
   if smoke "$out" >&2; then

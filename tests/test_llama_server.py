@@ -14,6 +14,7 @@ from foretell.bench import llama_server, methods
 from foretell.bench.llama_server import (LlamaServer, ServerConfig, completion_request, find_binary, parse_completion,
                                          server_command)
 from foretell.bench.methods import LlamaServerMethod, MethodOptions, Models, build_methods, make_llama_server
+from foretell.bench.runner import SUMMARY, RunConfig, run_bench
 from foretell.errors import ForetellError
 
 # A /completion reply of llama-server (llama-cpp-python 0.3.36's llama.cpp, native build) on SmolLM2-135M,
@@ -26,6 +27,8 @@ REPLY = {
                 "predicted_per_token_ms": 9.290714285714285, "predicted_per_second": 107.63435073422005},
 }
 # The same with a draft model: timings carry draft_n and draft_n_accepted.
+BUILD = {"version": "0.3.36", "build": "portable", "cmake_flags": ["-DGGML_NATIVE=OFF", "-DGGML_AVX512=ON",
+                                                                   "-DGGML_AMX_INT8=OFF"]}
 DRAFT_REPLY = {**REPLY, "tokens": [5, 6, 7, 8, 9, 10, 11, 12, 13, 14],
                "timings": {**REPLY["timings"], "predicted_n": 10, "draft_n": 9, "draft_n_accepted": 6}}
 
@@ -164,14 +167,20 @@ def test_method_against_a_stand_in_server(stand_in, tmp_path):
     exe, _, seen = stand_in
     server = LlamaServer(exe, ServerConfig(gguf(tmp_path / "t.gguf"), threads=1, draft=gguf(tmp_path / "d.gguf")))
     try:
-        method = LlamaServerMethod("llama-cpp-draft", server, MethodOptions(temperature=0.5, seed=7), stop_ids={12})
+        method = LlamaServerMethod("llama-cpp-draft", server, MethodOptions(temperature=0.5, seed=7), stop_ids={12},
+                                   build=BUILD)
         tokens, stats = method.run([4, 5, 6], 10)
         assert tokens == [5, 6, 7, 8, 9, 10, 11] and stats["tau"] == 2.5
         assert method.memory_bytes() > 0
+        # a bench run records the peer's command line and build, its cmake flags included, beside its rows
+        prompt = {"dataset": "d", "id": 1, "category": "c", "prompt": "w"}
+        run_bench([prompt], [method], lambda text: [4, 5, 6], RunConfig(tmp_path / "bench", 10, progress=False))
+        peer = json.loads((tmp_path / "bench" / SUMMARY).read_text())["peers"]["llama-cpp-draft"]
+        assert peer["build"]["cmake_flags"] == BUILD["cmake_flags"] and "-md" in peer["command"]
     finally:
         server.stop()
     assert server.proc.returncode is not None  # stopped
-    sent = json.loads(seen.read_text())
+    sent = json.loads(seen.read_text().splitlines()[0])  # the method's own request (the bench's follow)
     assert sent["path"] == "/completion" and sent["argv"][sent["argv"].index("-md") + 1] == str(tmp_path / "d.gguf")
     assert sent["body"]["prompt"] == [4, 5, 6] and sent["body"]["seed"] == 7 and sent["body"]["temperature"] == 0.5
 
@@ -202,7 +211,7 @@ needs_binaries = pytest.mark.skipif(BINARY is None or BENCH is None or smollm2_g
 @needs_binaries
 def test_real_llama_server_decodes_token_ids_greedily():
     with LlamaServer(BINARY, ServerConfig(smollm2_gguf(), threads=1, slot_context=256)) as server:
-        method = LlamaServerMethod("llama-cpp", server, MethodOptions(), stop_ids=set())
+        method = LlamaServerMethod("llama-cpp", server, MethodOptions(), stop_ids=set(), build=llama_server.build_info())
         prompt = server.post("/tokenize", {"content": "The capital of France is"})["tokens"]
         first, stats = method.run(prompt, 6)
         again, _ = method.run(prompt, 6)

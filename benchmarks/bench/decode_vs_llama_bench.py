@@ -45,6 +45,14 @@ def foretell_once(engine, prompt_ids: list[int], tokens: int) -> float:
     return stats.target_passes / stats.decode_seconds
 
 
+def build_line(build: dict) -> str:
+    """The llama.cpp build in words, with the cmake flags the install script recorded."""
+    if not build:
+        return "build not recorded (not installed by scripts/install_llama_cpp.sh)"
+    return (f"{build.get('build', 'unknown')} build of llama-cpp-python {build.get('version', '?')}'s llama.cpp "
+            f"({' '.join(build.get('cmake_flags', []))})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -96,6 +104,7 @@ def main() -> None:
              f"`{' '.join(sys.argv)}`", "",
              f"{args.tokens} tokens a round, {args.threads} threads, foretell `--quant {args.quant} --dtype "
              f"{args.dtype}`, llama-bench on `{gguf.name}`; the two alternate which goes first.", "",
+             f"llama-bench: {build_line(summary['llama_build'])}.", "",
              "| round | foretell tok/s | llama-bench tok/s | ratio |", "|---:|---:|---:|---:|"]
     lines += [f"| {i + 1} | {r['foretell']:.2f} | {r['llama_bench']:.2f} | {r['ratio']:.3f} |"
               for i, r in enumerate(pairs)]

@@ -204,11 +204,13 @@ class LlamaServerMethod:
     """llama.cpp's own llama-server on the model's GGUF file (its own quantized weights), one process for the
     whole bench: each prompt goes to /completion as foretell's token ids, prompt caching off."""
 
-    def __init__(self, name: str, server: LlamaServer, opts: MethodOptions, stop_ids: set[int]):
+    def __init__(self, name: str, server: LlamaServer, opts: MethodOptions, stop_ids: set[int], build: dict):
         self.name = name
         self.server = server
         self.opts = opts
         self.stop_ids = stop_ids
+        # what the run records of this peer (bench.json): the install script's build record, cmake flags included
+        self.peer = {"command": server.command[1:], "build": build}
 
     def run(self, prompt_ids, max_new_tokens):
         body = completion_request(prompt_ids, max_new_tokens, self.opts.temperature, self.opts.seed)
@@ -242,7 +244,7 @@ def make_llama_server(models: Models, opts: MethodOptions, draft: bool = False):
     info = build_info()
     print(f"foretell bench: {name}: {' '.join(server.command[1:])} ({info.get('build', 'unknown')} build "
           f"{' '.join(info.get('cmake_flags', []))})", file=sys.stderr)
-    return LlamaServerMethod(name, server, opts, models.pipeline().engine.stop_ids)
+    return LlamaServerMethod(name, server, opts, models.pipeline().engine.stop_ids, info)
 
 
 class LlamaCppPythonMethod:

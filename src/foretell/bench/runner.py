@@ -138,6 +138,9 @@ def run_bench(prompts: list[dict], methods: list, encode: Callable[[str], list[i
             bar.update()
     summary["peak_rss_mb"] = round(max(summary.get("peak_rss_mb", 0.0), peak_rss_mb()), 1)
     summary["cpu_class"] = cpu_class()  # what benchmarks/ship/default_drafter.py files the ranking under
+    peers = {m.name: m.peer for m in methods if getattr(m, "peer", None)}  # llama.cpp's command line and build
+    if peers:
+        summary["peers"] = peers
     (cfg.out_dir / SUMMARY).write_text(json.dumps(summary, indent=2))
     return path
 
