@@ -4,7 +4,7 @@
 
 The peak: a loop of independent AVX-512 VNNI dot products (vpdpbusd, 256- and 512-bit; 32 and 64 multiply-adds an
 instruction) on each of --threads threads at once, nothing else. The kernel: foretell's Q4X product with 8-bit
-activations (what a GGUF Q4 target's verification rows run, kernels/lean_decode.cpp `group_q4x_vnni`) over
+activations (what a GGUF Q4 target's verification rows run, kernels/lean/interleaved.h `group_q4x_vnni`) over
 SmolLM2-135M's and Qwen2.5-Coder-1.5B's projection shapes at 1 to 16 rows (random weights, small enough to stay
 in cache when repeated: the arithmetic's cost, not the memory's). A pass past ~4 rows costs its rows' dot
 products: where the kernel is near the peak, more rows a pass cannot get cheaper on this CPU (docs/serving.md).

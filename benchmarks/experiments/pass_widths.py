@@ -7,7 +7,7 @@ over the same context, on one model and weight format (the lean step where the t
 Each width is timed `--repeats` times, the widths interleaved so machine noise hits them alike; the pass's new
 slots are taken back after each (the cache's length restored), so every pass sees the same context. Prints ms a
 pass (median) and its ratio to the narrowest pass. --prefetch: the lean kernels' prefetch distances to compare
-(groups of 8 columns fetched ahead, kernels/lean_decode.cpp `lean_prefetch`; 0: the hardware prefetcher alone),
+(groups of 8 columns fetched ahead, kernels/lean/interleaved.h `lean_prefetch`; 0: the hardware prefetcher alone),
 switched pass by pass, the first the reference; their logits must be equal (the arithmetic does not change).
 """
 

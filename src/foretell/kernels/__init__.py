@@ -2,7 +2,8 @@
 
 bf16_gemm.cpp: bf16 weights times a few fp32 rows on x86 CPUs with AVX2, for CPUs without a native bf16 matrix
 multiply (runtime/wide_linear.py decides where it pays).
-lean_decode.cpp: a whole one-token decode step of a Llama-shaped model in one call (runtime/lean_step.py).
+lean_decode.cpp: a whole one-token decode step of a Llama-shaped model in one call (runtime/lean_step.py); its
+parts are the headers in lean/ (one a weight kind or instruction set; lean_decode.cpp's opening comment lists them).
 Building needs a C++ compiler and ninja; where either is
 missing, or the CPU is not x86 with AVX2, foretell says so once and uses PyTorch's products. FORETELL_NO_KERNELS=1
 turns the kernels off (A/B runs).
@@ -78,9 +79,29 @@ def block_gemm():
     return None if module is None else module.block_gemm
 
 
+# The headers each kernel's .cpp includes, by folder (kernels/lean/*.h for lean_decode.cpp)
+HEADERS = {"lean_decode": "lean"}
+
+
+def source_files(name: str) -> list[Path]:
+    """kernels/NAME.cpp and every header it includes."""
+    headers = sorted((FOLDER / HEADERS[name]).glob("*.h")) if name in HEADERS else []
+    return [FOLDER / f"{name}.cpp", *headers]
+
+
+def source_key(name: str) -> str:
+    """A key of kernels/NAME.cpp, its headers (each named) and torch's version: a change to any of them builds anew."""
+    cpp, *headers = source_files(name)
+    digest = hashlib.sha256(cpp.read_bytes())
+    for header in headers:
+        digest.update(header.relative_to(FOLDER).as_posix().encode() + b"\0" + header.read_bytes())
+    digest.update(torch.__version__.encode())
+    return digest.hexdigest()[:12]
+
+
 def build_folder(name: str) -> tuple[Path, str]:
-    """Where kernels/NAME.cpp is built, and the key of its source and torch version that names the folder."""
-    key = hashlib.sha256((FOLDER / f"{name}.cpp").read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    """Where kernels/NAME.cpp is built, and the key of its sources and torch version that names the folder."""
+    key = source_key(name)
     return default_cache_dir() / "kernels" / f"{name}-{key}", key
 
 
@@ -95,8 +116,8 @@ def clear_stale_lock(folder: Path) -> None:
 
 
 def build(name: str, what: str, fallback: str):
-    """kernels/NAME.cpp compiled for this CPU (cached by source and torch version), or None, said once, where it
-    cannot be built or used here."""
+    """kernels/NAME.cpp compiled for this CPU (cached by its sources and torch version), or None, said once, where it
+    cannot be built or used here. The .cpp includes its headers by relative path (lean_decode.cpp: "lean/...")."""
     if not kernels_allowed():
         return None
     source = FOLDER / f"{name}.cpp"

@@ -31,7 +31,7 @@ Q8_0_BLOCK_BYTES = 34  # fp16 d, 32 int8 codes
 # The block types GGUFLinear runs (their ggml numbers: lean_decode.cpp's GGUF kind reads them so)
 BLOCK_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 DENSE_TYPES = ("F32", "F16", "BF16")  # not blocks: their layers stay dense
-MAX_PARTS = 8  # the parts of one GGUF projection the kernel takes (lean_decode.cpp's GGUF_MAX_PARTS)
+MAX_PARTS = 8  # the parts of one GGUF projection the kernel takes (kernels/lean/common.h's GGUF_MAX_PARTS)
 
 
 def q4_1_codes(raw: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

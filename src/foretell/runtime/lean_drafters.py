@@ -59,7 +59,7 @@ def drafter_lean_support(module, norms, projections) -> str | None:
 
 def column_product(layer: nn.Module):
     """(block_gemm, kind, packed weight, scales) where `layer` packs to the column kernel (bf16 numbers or int8, no
-    bias), else None: a few rows through it cost little more than one (kernels/lean_decode.cpp, group_x16)."""
+    bias), else None: a few rows through it cost little more than one (kernels/lean/columns.h, group_x16)."""
     try:
         kind, main, scales, bias = packed_projection(layer, interleave=False)
     except ValueError:  # a layer type the kernel does not read: PyTorch's product serves it
