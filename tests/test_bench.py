@@ -67,7 +67,7 @@ def config(out_dir, **kw):
 def test_rows_for_every_pair_and_greedy_equal(bench_setup, tmp_path):
     prompts, methods, encode, _, _ = bench_setup
     rows = read_rows(run_bench(prompts, methods, encode, config(tmp_path)))
-    assert {row_key(r) for r in rows} == {("spec-bench", str(p["id"]), m) for p in prompts for m in FORETELL_METHODS}
+    assert {row_key(r) for r in rows} == {("spec-bench", str(p["id"]), 0, m) for p in prompts for m in FORETELL_METHODS}
     assert [r["method"] for r in rows[: len(methods)]] == FORETELL_METHODS  # interleaved, plain first
     assert {r["category"] for r in rows} == {"mt_bench", "qa"}
     for r in rows:

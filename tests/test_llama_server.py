@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from foretell.bench import llama_server, methods
-from foretell.bench.llama_server import (LlamaServer, ServerConfig, completion_request, find_binary, parse_completion,
-                                         server_command)
+from foretell.bench.llama_server import (PEER_CONFIGS, LlamaServer, ServerConfig, completion_request, find_binary,
+                                         parse_completion, pick_draft_flags, server_command)
 from foretell.bench.methods import LlamaServerMethod, MethodOptions, Models, build_methods, make_llama_server
 from foretell.bench.runner import SUMMARY, RunConfig, run_bench
 from foretell.errors import ForetellError
@@ -100,7 +100,8 @@ def test_reasons_for_missing_gguf_files(tmp_path, monkeypatch):
     monkeypatch.setattr(methods, "find_binary", lambda name: tmp_path / name)
     assert "no GGUF file on disk" in make_llama_server(Models(str(tmp_path)), MethodOptions())
     models = Models(str(gguf(tmp_path / "t.gguf")), draft=str(tmp_path / "gone.gguf"))
-    assert "no GGUF file on disk for the draft" in make_llama_server(models, MethodOptions(), draft=True)
+    draft_cfg = next(c for c in PEER_CONFIGS if c.draft)
+    assert "no GGUF file on disk for the draft" in make_llama_server(models, MethodOptions(), draft_cfg)
 
 
 def test_chunked_preset_gguf_is_assembled_once(tmp_path, monkeypatch):
@@ -123,10 +124,17 @@ def test_chunked_preset_gguf_is_assembled_once(tmp_path, monkeypatch):
 
 
 STAND_IN = """#!{python}
-# A stand-in llama-server: answers /health and every POST with a fixed reply, and logs what it was sent.
+# A stand-in llama-server: answers /health and every POST with a fixed reply, and logs what it was sent. --help
+# lists the draft flags in an older spelling; every start is logged (its arguments) to the launches file.
 import json, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 args = sys.argv[1:]
+if args == ["--help"]:
+    print("--spec-type [none|ngram-simple|draft-simple]  speculative type\\n--draft-max, --draft-n N   drafted tokens\\n"
+          "--draft-min, --draft-n-min N\\n--draft-p-min P   minimum draft probability")
+    sys.exit(0)
+with open({launches!r}, "a") as f:
+    f.write(json.dumps(args) + "\\n")
 if "--fail" in open({reply!r}).read():
     sys.exit("error: invalid argument: --bogus")
 
@@ -158,7 +166,8 @@ HTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Handler).serve_fo
 def stand_in(tmp_path):
     reply, seen, exe = tmp_path / "reply.json", tmp_path / "seen.jsonl", tmp_path / "llama-server"
     reply.write_text(json.dumps(DRAFT_REPLY))
-    exe.write_text(STAND_IN.format(python=sys.executable, reply=str(reply), seen=str(seen)))
+    exe.write_text(STAND_IN.format(python=sys.executable, reply=str(reply), seen=str(seen),
+                                   launches=str(tmp_path / "launches.jsonl")))
     exe.chmod(0o755)
     return exe, reply, seen
 
@@ -226,3 +235,128 @@ def test_real_llama_bench_runs():
     out = subprocess.run([str(BENCH), "-m", str(smollm2_gguf()), "-p", "16", "-n", "4", "-r", "1", "-t", "1",
                           "-o", "json"], capture_output=True, text=True, timeout=120, check=True)
     assert all(row["avg_ts"] > 0 for row in json.loads(out.stdout))
+
+
+# --- every llama.cpp configuration (PEER_CONFIGS): flags, spelling, bench methods, runs, warm-up, caches ---------
+
+NEW_HELP = "--spec-type TYPE\n--spec-draft-n-max N\n--spec-draft-n-min N\n--spec-draft-p-min P\n--draft-max N (deprecated)"
+OLD_HELP = "-md, --model-draft FNAME\n--draft-max, --draft, --draft-n N\n--draft-min, --draft-n-min N\n--draft-p-min P"
+
+
+def test_draft_flags_follow_the_installed_spelling():
+    assert pick_draft_flags(NEW_HELP) == {"draft_max": "--spec-draft-n-max", "draft_min": "--spec-draft-n-min",
+                                          "draft_p_min": "--spec-draft-p-min"}  # the newest spelling listed wins
+    assert pick_draft_flags(OLD_HELP) == {"draft_max": "--draft-max", "draft_min": "--draft-min",
+                                          "draft_p_min": "--draft-p-min"}
+    assert pick_draft_flags("--draft-max-tokens N\n--model-draft F") == {}  # whole flags only
+
+
+def test_every_peer_configuration_has_its_flags(tmp_path):
+    target, draft = gguf(tmp_path / "t.gguf"), gguf(tmp_path / "d.gguf")
+    names = [c.name for c in PEER_CONFIGS]
+    assert len(set(names)) == len(names) and names[:2] == ["plain", "ngram"]
+    sweep = [c for c in PEER_CONFIGS if c.draft]
+    assert 4 <= len(sweep) <= 6 and sweep[0].name == "draft" and not sweep[0].server_config(target, draft).draft_knobs()
+    flags = pick_draft_flags(NEW_HELP)
+    for c in PEER_CONFIGS:
+        cmd = server_command(tmp_path / "llama-server", c.server_config(target, draft, threads=2), 9000, flags)
+        value = lambda flag: cmd[cmd.index(flag) + 1] if flag in cmd else None  # noqa: E731
+        assert ("-md" in cmd) == c.draft and value("-md") in (None, str(draft))
+        assert value("--spec-type") == ("draft-simple" if c.draft else c.spec_type)
+        assert value("--spec-draft-n-max") == (None if c.draft_max is None else str(c.draft_max))
+        assert value("--spec-draft-n-min") == (None if c.draft_min is None else str(c.draft_min))
+        assert value("--spec-draft-p-min") == (None if c.draft_p_min is None else f"{c.draft_p_min:g}")
+        assert "--no-cache-prompt" in cmd and value("--cache-ram") == "0"  # caches off unless asked for
+        assert ("no drafting" in c.describe()) == (c.name == "plain")
+    with pytest.raises(ForetellError, match="lists no flag for draft_p_min"):
+        server_command(tmp_path / "llama-server", sweep[1].server_config(target, draft), 1, {"draft_max": "--draft-max",
+                                                                                             "draft_min": "--draft-min"})
+    with pytest.raises(ForetellError, match="need a draft model"):
+        ServerConfig(target, draft_max=4)
+
+
+def test_a_draft_sweep_configuration_starts_with_the_binary_s_own_flags(stand_in, tmp_path):
+    exe, _, _ = stand_in
+    c = next(c for c in PEER_CONFIGS if c.draft_min)
+    with LlamaServer(exe, c.server_config(gguf(tmp_path / "t.gguf"), gguf(tmp_path / "d.gguf"), threads=1)) as server:
+        pass
+    argv = json.loads((tmp_path / "launches.jsonl").read_text().splitlines()[0])  # as the process received them
+    assert argv == server.command[1:]
+    assert argv[argv.index("--draft-max") + 1] == str(c.draft_max)  # the stand-in's --help spells them the old way
+    assert argv[argv.index("--draft-min") + 1] == str(c.draft_min)
+    assert argv[argv.index("--draft-p-min") + 1] == f"{c.draft_p_min:g}"
+
+
+def test_bench_names_every_llama_configuration():
+    names = [methods.llama_method_name(c) for c in PEER_CONFIGS]
+    assert names[:3] == ["llama-cpp", "llama-cpp-ngram", "llama-cpp-draft"]  # the names earlier runs used
+    assert all(n in methods.PEERS for n in names)
+    assert {n for n in names if methods.PEERS[n].needs == "draft"} == {methods.llama_method_name(c) for c in PEER_CONFIGS
+                                                                        if c.draft}
+    warned = []
+    assert methods.expand_llama_all(["plain", "llama-cpp-all"], False, warned.append) == ["plain", "llama-cpp",
+                                                                                          "llama-cpp-ngram"]
+    assert "without --draft" in warned[0]
+    assert methods.expand_llama_all(["llama-cpp", "llama-cpp-all"], True) == names  # none twice
+    assert methods.has_llama_peer(["plain", "llama-cpp-ngram"]) and methods.has_llama_peer(["llama-cpp-all"])
+    assert not methods.has_llama_peer(["plain", "llama-cpp-python", "hf-plain"])
+
+
+class Recording:
+    """A method that records the prompts it is given and its resets, in one shared log."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def run(self, prompt_ids, max_new_tokens):
+        self.log.append((self.name, "run", tuple(prompt_ids)))
+        return [1] * max_new_tokens, {"tau": 1.0, "target_passes": max_new_tokens}
+
+    def reset(self):
+        self.log.append((self.name, "reset", None))
+
+    def memory_bytes(self):
+        return 1
+
+
+@pytest.mark.parametrize("caches", [False, True])
+def test_bench_runs_warm_up_outside_the_measured_prompts_and_resets_per_request(tmp_path, caches):
+    from foretell.bench.runner import WARMUP_PROMPT, read_rows
+
+    log: list = []
+    prompts = [{"dataset": "d", "id": i, "category": "c", "prompt": f"prompt {i}"} for i in range(2)]
+    encode = lambda text: [len(text), sum(map(ord, text)) % 1000]  # noqa: E731 (distinct ids per text)
+    rows = read_rows(run_bench(prompts, [Recording("plain", log), Recording("llama-cpp", log)], encode,
+                               RunConfig(tmp_path, 4, warmup_tokens=2, progress=False, runs=3, caches=caches)))
+    assert len(rows) == 3 * 2 * 2 and sorted({r["run"] for r in rows}) == [0, 1, 2]
+    runs = [entry for entry in log if entry[1] == "run"]
+    warm, timed = runs[:2], runs[2:]
+    assert {ids for _, _, ids in warm} == {tuple(encode(WARMUP_PROMPT))}
+    assert WARMUP_PROMPT not in {p["prompt"] for p in prompts}
+    assert not {ids for _, _, ids in timed} & {tuple(encode(WARMUP_PROMPT))}  # the warm-up prompt is never measured
+    resets = sum(1 for entry in log if entry[1] == "reset")
+    assert resets == 2 + (0 if caches else len(timed))  # after each warm-up; before every timed request unless caches
+    assert all(r["greedy_equal_to_plain"] for r in rows)  # each run's rows compare with that run's plain
+
+
+def test_bench_report_gives_each_side_s_best_by_median(tmp_path):
+    from foretell.bench.report import best_section
+
+    def row(method, run, tokens, seconds, pid=0):
+        return {"dataset": "d", "id": pid, "category": "c", "method": method, "run": run, "new_tokens": tokens,
+                "seconds": seconds}
+
+    # draft-chain's best run (30 tok/s) beats prompt-lookup's, but its median (10) does not (20)
+    rows = [row("draft-chain", 0, 30, 1), row("draft-chain", 1, 10, 1), row("draft-chain", 2, 10, 1),
+            row("prompt-lookup", 0, 20, 1), row("prompt-lookup", 1, 20, 1), row("prompt-lookup", 2, 21, 1),
+            row("llama-cpp", 0, 8, 1), row("llama-cpp", 1, 8, 1), row("llama-cpp", 2, 8, 1),
+            row("llama-cpp-draft-n4-p0.75", 0, 10, 1), row("llama-cpp-draft-n4-p0.75", 1, 11, 1),
+            row("llama-cpp-draft-n4-p0.75", 2, 5, 1), row("hf-plain", 0, 100, 1)]
+    text = "\n".join(best_section(rows, {"settings": {"caches": False},
+                                         "peers": {"llama-cpp": {"configuration": "no drafting", "command": ["-m", "x"],
+                                                                 "build": BUILD}}}))
+    assert "| 1 request | foretell | prompt-lookup (best) | 20.00 | 20.00, 20.00, 21.00 |" in text
+    assert "| 1 request | llama.cpp | llama-cpp-draft-n4-p0.75 (best) | 10.00 | 10.00, 11.00, 5.00 |" in text
+    assert "| 1 request | prompt-lookup (20.00) | llama-cpp-draft-n4-p0.75 (10.00) | 2.000 |" in text
+    assert "hf-plain" not in text and "off on both sides" in text and "-DGGML_AVX512=ON" in text
+    assert best_section([r for r in rows if not r["method"].startswith("llama")], {}) == []  # no peer: no section

@@ -278,12 +278,11 @@ def test_bench_warm_up_leaves_nothing_for_the_timed_run(plain, tmp_path):
     spec = SpeculativeConfig(method="parallel-head", model=head_folder(plain, tmp_path / "head"),
                              head_tree=HeadTreeShape(max_nodes=8), result_cache="outputs")
     method = ForetellMethod("parallel-head-cache", plain, spec, MethodOptions())
-    prompt = {"prompt": "p", "dataset": "d", "id": 0}
     ids = PROMPTS[0]
     counts = lambda stats: {k: v for k, v in stats.items() if not k.endswith("_seconds")}  # noqa: E731 (not timings)
     fresh = method.run(ids, 24)[1]
     method.reset()
-    warm_up([(prompt, method)], lambda _: ids, RunConfig(Path("unused"), warmup_tokens=24, max_new_tokens=24))
+    warm_up([method], lambda _: ids, RunConfig(Path("unused"), warmup_tokens=24, max_new_tokens=24))
     assert counts(method.run(ids, 24)[1]) == counts(fresh)  # without the reset it hits the first run's output
     assert method.run(ids, 24)[1]["cache_useful"] > fresh["cache_useful"]
 

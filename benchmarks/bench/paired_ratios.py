@@ -1,6 +1,7 @@
 """Per-prompt paired speed ratios of a `foretell bench` run: for each method against a reference method, the
 ratio of tokens/s on each prompt both ran, as median and geometric mean beside the ratio of totals; and the
-reference's tokens/s over one data set (to hold a server's figure on the same prompts against).
+reference's tokens/s over one data set (to hold a server's figure on the same prompts against). With --runs, a
+prompt's rows pair run by run (each run its own pair).
 
     .venv/bin/python benchmarks/bench/paired_ratios.py runs/bench/RUN [--reference plain]
 """
@@ -15,8 +16,8 @@ from pathlib import Path
 
 
 def paired(rows: list[dict], method: str, reference: str) -> dict:
-    mine = {(r["dataset"], r["id"]): r for r in rows if r["method"] == method}
-    ref = {(r["dataset"], r["id"]): r for r in rows if r["method"] == reference}
+    mine = {(r["dataset"], r["id"], r.get("run", 0)): r for r in rows if r["method"] == method}
+    ref = {(r["dataset"], r["id"], r.get("run", 0)): r for r in rows if r["method"] == reference}
     keys = sorted(set(mine) & set(ref), key=str)
     ratios = [mine[k]["tokens_per_s"] / ref[k]["tokens_per_s"] for k in keys]
     total = (sum(mine[k]["new_tokens"] for k in keys) / sum(mine[k]["seconds"] for k in keys)) / (

@@ -135,6 +135,14 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="skip (prompt, method) pairs already in OUT/results.jsonl (default: on); --no-resume starts over")
     b.add_argument("--threads", type=int, help="torch CPU threads, also llama.cpp's (default: torch's choice)")
+    b.add_argument("--runs", type=int,
+                   help="interleaved passes over every (prompt, method); the report takes each method's median over "
+                   "them and, with a llama-cpp* method, each side's best (default: 3 with a llama-cpp* method, else 1)")
+    b.add_argument("--caches", action=argparse.BooleanOptionalAction,
+                   help="keep caches that carry answers across requests: foretell's result cache keeps earlier "
+                   "requests' outputs (the M-cache / M-lookup variants, drafters configured with one), llama-server "
+                   "keeps its prompt cache. --no-caches resets every method before each request (default: off with a "
+                   "llama-cpp* method, so neither side is helped by earlier answers; else on)")
 
 
 def cmd_generate(args) -> None:
@@ -316,7 +324,8 @@ def cmd_bench(args) -> None:
     import torch
 
     from foretell.bench.datasets import load_prompts
-    from foretell.bench.methods import MethodOptions, Models, build_methods, default_methods, sampling
+    from foretell.bench.methods import (MethodOptions, Models, build_methods, default_methods, has_llama_peer,
+                                        sampling)
     from foretell.bench.report import write_report
     from foretell.bench.runner import RunConfig, run_bench
     from foretell.text import encode_prompt
@@ -331,14 +340,19 @@ def cmd_bench(args) -> None:
         branching = tuple(int(b) for b in args.branching.split(","))
     except ValueError:
         raise ForetellError(f"--branching takes comma-separated integers, got {args.branching!r}") from None
+    configs = spec_config_files(args.spec_config)
+    chosen = names(args.methods) if args.methods else ["plain"] if configs else default_methods(bool(args.draft))
+    peer = has_llama_peer(chosen)  # against llama.cpp: each side's best from a median of runs, no caches by default
+    runs = args.runs if args.runs is not None else 3 if peer else 1
+    caches = args.caches if args.caches is not None else not peer
+    if runs < 1:
+        raise ForetellError(f"--runs must be >= 1, got {runs}")
     opts = MethodOptions(gamma=args.gamma, tree_depth=args.tree_depth, tree_topk=args.tree_topk,
                          tree_budget=args.tree_budget, tree_branching=branching,
                          temperature=args.temperature, seed=args.seed, sampling=args.sampling, threads=args.threads,
-                         hot_vocab=args.hot_vocab)
+                         hot_vocab=args.hot_vocab, caches=caches)
     models = Models(args.model, args.draft, args.dtype, draft_quant=args.draft_quant, head=args.head,
                     hidden_draft=args.hidden_draft, eagle=args.eagle, quant=args.quant, kv_dtype=args.kv_dtype)
-    configs = spec_config_files(args.spec_config)
-    chosen = names(args.methods) if args.methods else ["plain"] if configs else default_methods(bool(args.draft))
     methods = build_methods(chosen, models, opts, warn=lambda msg: print(msg, file=sys.stderr), configs=configs)
     tokenizer = models.pipeline().tokenizer
     chat = bool(getattr(tokenizer, "chat_template", None))
@@ -352,7 +366,11 @@ def cmd_bench(args) -> None:
         settings["eagle"] = args.eagle
     if args.temperature > 0:  # foretell's rule for sampled tokens: rows made under another rule are not resumed
         settings["sampling"] = "coupled" if sampling(opts, 1).coupled else "rejection"
-    cfg = RunConfig(out, args.max_new_tokens, greedy=args.temperature == 0, resume=args.resume,
+    if runs > 1:  # the same: only when not the old behaviour
+        settings["runs"] = runs
+    if not caches:
+        settings["caches"] = False
+    cfg = RunConfig(out, args.max_new_tokens, greedy=args.temperature == 0, resume=args.resume, runs=runs, caches=caches,
                     settings={**settings, "chat": chat, **({"spec_configs": {n: c.to_dict() for n, c in configs.items()}}
                                                            if configs else {})})
     run_bench(prompts, methods, lambda text: encode_prompt(tokenizer, text, chat), cfg)

@@ -3,12 +3,19 @@
 
 scripts/install_llama_cpp.sh builds the binaries into the venv's bin and records the build it kept (native, or
 explicit instruction-set flags) in the venv's share/foretell-llama-cpp.json.
+
+PEER_CONFIGS lists, in one place, every llama.cpp configuration the comparisons run (foretell bench's llama-cpp*
+methods, benchmarks/serve/serve_batching.py): plain, n-gram drafting from the context, and `-md DRAFT` at
+llama.cpp's defaults and a small sweep of draft length / minimum / probability floor, so that each comparison
+can pick llama.cpp's best configuration rather than one untuned one.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -68,6 +75,9 @@ class ServerConfig:
     draft: Path | None = None  # -md: llama.cpp's speculative decoding with this draft GGUF
     spec_type: str | None = None  # --spec-type: ngram-simple (drafts from the context); with a draft, draft-simple
     prompt_cache: bool = False  # off: every request processes its whole prompt, as foretell's engine does
+    draft_max: int | None = None  # with a draft: most tokens drafted a step (None: llama.cpp's default)
+    draft_min: int | None = None  # with a draft: fewest tokens a draft must have to be verified
+    draft_p_min: float | None = None  # with a draft: drafting stops below this draft probability
     alias: str = "m"  # the model name its OpenAI endpoints answer to
 
     def __post_init__(self):
@@ -78,9 +88,88 @@ class ServerConfig:
         for what, value in (("slots", self.slots), ("slot_context", self.slot_context), ("threads", self.threads)):
             if value is not None and value < 1:
                 raise ForetellError(f"llama-server {what} must be >= 1, got {value}")
+        if self.draft is None and self.draft_knobs():
+            raise ForetellError("llama-server draft_max / draft_min / draft_p_min need a draft model (-md)")
+
+    def draft_knobs(self) -> dict[str, float | int]:
+        """The draft settings given (DRAFT_FLAGS keys -> value), in a fixed order."""
+        values = {"draft_max": self.draft_max, "draft_min": self.draft_min, "draft_p_min": self.draft_p_min}
+        return {k: v for k, v in values.items() if v is not None}
 
 
-def server_command(binary: Path, cfg: ServerConfig, port: int) -> list[str]:
+# Each draft setting's flag, as llama.cpp has spelt it over time (newest first): the first one the installed
+# llama-server's --help lists is used, so the command line fits the build the install script made.
+DRAFT_FLAGS = {
+    "draft_max": ("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft"),
+    "draft_min": ("--spec-draft-n-min", "--draft-min", "--draft-n-min"),
+    "draft_p_min": ("--spec-draft-p-min", "--draft-p-min"),
+}
+
+
+def pick_draft_flags(help_text: str) -> dict[str, str]:
+    """DRAFT_FLAGS key -> the spelling a llama-server --help text lists (keys it lists none of are left out)."""
+    listed = set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", help_text))
+    return {key: next(f for f in names if f in listed) for key, names in DRAFT_FLAGS.items()
+            if any(f in listed for f in names)}
+
+
+@functools.lru_cache(maxsize=8)
+def _help_text(binary: str, mtime: float) -> str:
+    try:
+        out = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ForetellError(f"could not run {binary} --help to read its draft flags: {e}") from None
+    return out.stdout + out.stderr
+
+
+def draft_flags(binary: Path) -> dict[str, str]:
+    """The installed llama-server's spelling of each draft setting (read from its --help once per binary)."""
+    return pick_draft_flags(_help_text(str(binary), Path(binary).stat().st_mtime))
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """One llama.cpp configuration a comparison runs: `name` (the row's suffix), its --spec-type, whether it
+    drafts with -md (the comparison's draft GGUF) and the draft settings it sets (None: llama.cpp's default)."""
+
+    name: str
+    spec_type: str | None = None
+    draft: bool = False
+    draft_max: int | None = None
+    draft_min: int | None = None
+    draft_p_min: float | None = None
+
+    def server_config(self, model: Path, draft: Path | None = None, **rest) -> ServerConfig:
+        """This configuration on `model` (and `draft` when it drafts), with ServerConfig's other fields."""
+        return ServerConfig(model, draft=draft if self.draft else None, spec_type=self.spec_type,
+                            draft_max=self.draft_max, draft_min=self.draft_min, draft_p_min=self.draft_p_min, **rest)
+
+    def describe(self) -> str:
+        """The configuration in llama-server's terms, for reports."""
+        if not self.draft:
+            return f"--spec-type {self.spec_type} (its default sizes)" if self.spec_type else "no drafting"
+        knobs = [f"{k.replace('_', '-')} {v:g}" for k, v in (("draft_max", self.draft_max), ("draft_min", self.draft_min),
+                                                             ("p_min", self.draft_p_min)) if v is not None]
+        return "-md DRAFT, " + (", ".join(knobs) if knobs else "llama.cpp's default draft settings")
+
+
+# Every llama.cpp configuration the comparisons run, in one place. The draft sweep is small on purpose (each
+# configuration costs a full pass over the prompts): short drafts (4, 8) at the usual probability floor 0.75, and
+# more permissive ones (p-min 0.5, at least 2 tokens a draft) at 8 and 16, beside llama.cpp's own defaults.
+PEER_CONFIGS = (
+    PeerConfig("plain"),
+    PeerConfig("ngram", spec_type="ngram-simple"),
+    PeerConfig("draft", draft=True),
+    PeerConfig("draft-n4-p0.75", draft=True, draft_max=4, draft_min=0, draft_p_min=0.75),
+    PeerConfig("draft-n8-p0.75", draft=True, draft_max=8, draft_min=0, draft_p_min=0.75),
+    PeerConfig("draft-n8-min2-p0.5", draft=True, draft_max=8, draft_min=2, draft_p_min=0.5),
+    PeerConfig("draft-n16-min2-p0.5", draft=True, draft_max=16, draft_min=2, draft_p_min=0.5),
+)
+
+
+def server_command(binary: Path, cfg: ServerConfig, port: int, flags: dict[str, str] | None = None) -> list[str]:
+    """The command line. `flags`: DRAFT_FLAGS key -> spelling (None: read from the binary's --help, only when the
+    config sets a draft setting)."""
     # -c is the whole KV cache, which llama-server splits evenly among the -np slots.
     cmd = [str(binary), "-m", str(cfg.model), "--host", "127.0.0.1", "--port", str(port), "--alias", cfg.alias,
            "-np", str(cfg.slots), "-c", str(cfg.slot_context * cfg.slots), "--no-webui"]
@@ -93,6 +182,16 @@ def server_command(binary: Path, cfg: ServerConfig, port: int) -> list[str]:
         spec_type = spec_type or "draft-simple"
     if spec_type is not None:
         cmd += ["--spec-type", spec_type]
+    knobs = cfg.draft_knobs()
+    if knobs:
+        flags = draft_flags(binary) if flags is None else flags
+        missing = sorted(set(knobs) - set(flags))
+        if missing:
+            raise ForetellError(f"{binary} lists no flag for {', '.join(missing)} in its --help (looked for "
+                                f"{', '.join(f for k in missing for f in DRAFT_FLAGS[k])}); rebuild it with "
+                                f"`{INSTALL_COMMAND}` or leave those settings at llama.cpp's defaults")
+        for key, value in knobs.items():
+            cmd += [flags[key], f"{value:g}"]
     if not cfg.prompt_cache:  # neither the slot's last prompt nor the RAM cache may shorten the next prefill
         cmd += ["--no-cache-prompt", "--cache-ram", "0"]
     return cmd
@@ -230,3 +329,13 @@ def parse_completion(reply: dict, stop_ids: set[int]) -> tuple[list[int], dict]:
         "prompt_tokens": t["prompt_n"], "prefill_seconds": t["prompt_ms"] / 1000,
         "decode_seconds": t["predicted_ms"] / 1000,  # llama.cpp's own clock: the first token is the prefill's
     }
+
+
+def peer_configs(names: list[str] | None = None, draft: bool = True) -> list[PeerConfig]:
+    """PEER_CONFIGS by name (None: all), without the -md ones when there is no draft model."""
+    known = {c.name: c for c in PEER_CONFIGS}
+    unknown = sorted(set(names or ()) - set(known))
+    if unknown:
+        raise ForetellError(f"unknown llama.cpp configuration(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    chosen = [known[n] for n in names] if names is not None else list(PEER_CONFIGS)
+    return [c for c in chosen if draft or not c.draft]

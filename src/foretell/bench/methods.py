@@ -20,8 +20,8 @@ from typing import Callable, Protocol
 import torch
 
 from foretell.api import Pipeline, load
-from foretell.bench.llama_server import (INSTALL_COMMAND, LlamaServer, ServerConfig, build_info, completion_request,
-                                         find_binary, missing_binary, parse_completion, peer_gguf)
+from foretell.bench.llama_server import (INSTALL_COMMAND, PEER_CONFIGS, LlamaServer, PeerConfig, build_info,
+                                         completion_request, find_binary, missing_binary, parse_completion, peer_gguf)
 from foretell.bench.runner import MONITOR_KEYS
 from foretell.config import HiddenStateOptions, SpeculativeConfig, TreeShape
 from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB
@@ -54,6 +54,7 @@ class MethodOptions:
     sampling: str | None = None  # foretell's rule for sampled tokens (SamplingParams.sampling; None: its default)
     threads: int | None = None  # llama.cpp threads
     hot_vocab: int = 0  # draft-model and parallel-head methods: draft among this many frequent tokens (0 = all)
+    caches: bool = False  # llama-server's prompt cache on (foretell's result caches: the runner's reset per request)
 
     def __post_init__(self):
         if not 1 <= self.gamma <= 16:
@@ -202,7 +203,7 @@ def hf_kv_bytes(model, seq_len: int) -> int:
 
 class LlamaServerMethod:
     """llama.cpp's own llama-server on the model's GGUF file (its own quantized weights), one process for the
-    whole bench: each prompt goes to /completion as foretell's token ids, prompt caching off."""
+    whole bench: each prompt goes to /completion as foretell's token ids, prompt caching off unless --caches."""
 
     def __init__(self, name: str, server: LlamaServer, opts: MethodOptions, stop_ids: set[int], build: dict):
         self.name = name
@@ -214,37 +215,49 @@ class LlamaServerMethod:
 
     def run(self, prompt_ids, max_new_tokens):
         body = completion_request(prompt_ids, max_new_tokens, self.opts.temperature, self.opts.seed)
+        body["cache_prompt"] = self.opts.caches
         return parse_completion(self.server.post("/completion", body), self.stop_ids)
 
     def reset(self) -> None:
-        pass  # no prompt cache: nothing outlives a request
+        pass  # without --caches no prompt cache: nothing outlives a request (with it, the server's cache stays)
 
     def memory_bytes(self) -> int:
         return self.server.rss_bytes()  # weights, KV cache and buffers of the server process
 
 
-def make_llama_server(models: Models, opts: MethodOptions, draft: bool = False):
-    """llama-server on the target's GGUF (with -md the draft's: llama.cpp's own speculative decoding), started
-    now and stopped when the bench's process ends; a string saying why when it cannot run."""
+def llama_method_name(cfg: PeerConfig) -> str:
+    """The bench's method name of a llama.cpp configuration: llama-cpp, llama-cpp-ngram, llama-cpp-draft, ..."""
+    return "llama-cpp" if cfg.name == "plain" else f"llama-cpp-{cfg.name}"
+
+
+LLAMA_ALL = "llama-cpp-all"  # every configuration in PEER_CONFIGS (the -md ones with --draft)
+
+
+def make_llama_server(models: Models, opts: MethodOptions, cfg: PeerConfig = PEER_CONFIGS[0]):
+    """llama-server on the target's GGUF in configuration `cfg` (with -md the draft's GGUF: llama.cpp's own
+    speculative decoding), started now and stopped when the bench's process ends; a string saying why when it
+    cannot run."""
     binary = find_binary("llama-server")
     if binary is None:
         return missing_binary("llama-server")
     target = peer_gguf(models.target)
     if target is None:
         return f"no GGUF file on disk for {models.target!r} (llama.cpp runs GGUF files: give --model a .gguf)"
-    draft_gguf = peer_gguf(models.draft) if draft and models.draft else None
-    if draft and draft_gguf is None:
+    draft_gguf = peer_gguf(models.draft) if cfg.draft and models.draft else None
+    if cfg.draft and draft_gguf is None:
         return f"no GGUF file on disk for the draft {models.draft!r} (give --draft a .gguf or a GGUF preset)"
-    name = "llama-cpp-draft" if draft else "llama-cpp"
-    cfg = ServerConfig(target, threads=opts.threads, draft=draft_gguf)
+    name = llama_method_name(cfg)
     try:
-        server = LlamaServer(binary, cfg)
+        server = LlamaServer(binary, cfg.server_config(target, draft_gguf, threads=opts.threads,
+                                                       prompt_cache=opts.caches))
     except ForetellError as e:
         return str(e)
     info = build_info()
     print(f"foretell bench: {name}: {' '.join(server.command[1:])} ({info.get('build', 'unknown')} build "
           f"{' '.join(info.get('cmake_flags', []))})", file=sys.stderr)
-    return LlamaServerMethod(name, server, opts, models.pipeline().engine.stop_ids, info)
+    method = LlamaServerMethod(name, server, opts, models.pipeline().engine.stop_ids, info)
+    method.peer["configuration"] = cfg.describe()
+    return method
 
 
 class LlamaCppPythonMethod:
@@ -380,11 +393,13 @@ PEERS: dict[str, PeerSpec] = {
                             "transformers assisted generation (its own draft-length schedule)", "draft"),
     "hf-prompt-lookup": PeerSpec(lambda m, o: HFMethod("hf-prompt-lookup", m, o, prompt_lookup_num_tokens=o.gamma),
                                  "transformers prompt lookup (--gamma tokens)"),
-    "llama-cpp": PeerSpec(make_llama_server, "llama.cpp's own llama-server on the GGUF file, -np 1, --threads "
-                          f"(`{INSTALL_COMMAND}` builds it)"),
-    "llama-cpp-draft": PeerSpec(lambda m, o: make_llama_server(m, o, draft=True),
-                                "llama-server with -md, the draft's GGUF (--spec-type draft-simple): llama.cpp's "
-                                "own speculative decoding, its default draft length", "draft"),
+    # llama.cpp's configurations (llama_server.PEER_CONFIGS): llama-cpp, llama-cpp-ngram, llama-cpp-draft[-...]
+    **{llama_method_name(c): PeerSpec(lambda m, o, c=c: make_llama_server(m, o, c),
+                                      "llama.cpp's own llama-server on the GGUF file, -np 1, --threads, "
+                                      + c.describe().replace("DRAFT", "the draft's GGUF")
+                                      + (f" (`{INSTALL_COMMAND}` builds it)" if c.name == "plain" else ""),
+                                      "draft" if c.draft else None)
+       for c in PEER_CONFIGS},
     "llama-cpp-python": PeerSpec(make_llama_cpp_python, "llama-cpp-python, the Python binding (older figures' "
                                  "peer), if installed"),
 }
@@ -434,12 +449,31 @@ def default_methods(has_draft: bool) -> list[str]:
     return ["plain", "prompt-lookup", "hf-plain", "hf-prompt-lookup"]
 
 
+def expand_llama_all(names: list[str], has_draft: bool, warn=print) -> list[str]:
+    """LLAMA_ALL in a method list -> every llama.cpp configuration (the -md ones only with a draft model)."""
+    if LLAMA_ALL not in names:
+        return names
+    if not has_draft:
+        warn(f"foretell bench: {LLAMA_ALL} without --draft: no llama-server -md configurations")
+    every = [llama_method_name(c) for c in PEER_CONFIGS if has_draft or not c.draft]
+    out: list[str] = []
+    for n in names:
+        out += [m for m in every if m not in names and m not in out] if n == LLAMA_ALL else [n]
+    return out
+
+
+def has_llama_peer(names: list[str]) -> bool:
+    """Whether a method list runs llama.cpp's llama-server (then each side's best is reported, from --runs)."""
+    return any(n == LLAMA_ALL or n in PEERS and n.startswith("llama-cpp") and n != "llama-cpp-python" for n in names)
+
+
 def build_methods(names: list[str], models: Models, opts: MethodOptions, warn=print,
                   configs: dict[str, SpeculativeConfig] | None = None) -> list:
     """Methods in the given order, then one per configuration in `configs` (name -> config, from
     --spec-config files). Every configuration is checked before any weights load; unavailable peers are
     skipped with a message via `warn`."""
     configs = dict(configs or {})
+    names = expand_llama_all(names, bool(models.draft), warn)
     clash = sorted(set(configs) & set(names))
     if clash:
         raise ForetellError(f"--spec-config name(s) {', '.join(clash)} repeat a method name; rename them")

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from foretell.bench.best import median_by_config
 from foretell.bench.runner import RESULTS, SUMMARY, read_rows
 from foretell.errors import ForetellError
 
@@ -244,6 +245,47 @@ def budget_section(overall: list[MethodSummary], default_budget: int | None) -> 
     return lines
 
 
+def side_of(method: str) -> str:
+    """Which tool a method's row measures: llama.cpp's llama-server, its Python binding, transformers, or foretell."""
+    if method.startswith("llama-cpp-python"):
+        return "llama-cpp-python"
+    if method.startswith("llama-cpp"):
+        return "llama.cpp"
+    return "transformers" if method.startswith("hf-") else "foretell"
+
+
+def best_section(rows: list[dict], summary: dict) -> list[str]:
+    """With llama-server methods in the run: every method's tokens/s in each run (its total over the run's rows),
+    the median over runs, each side's best configuration and foretell best / llama.cpp best."""
+    from foretell.bench.best import markdown
+
+    if not any(side_of(r["method"]) == "llama.cpp" for r in rows):
+        return []
+    per_run: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        if side_of(r["method"]) in ("foretell", "llama.cpp"):
+            per_run.setdefault((r["method"], r.get("run", 0)), []).append(r)
+    runs = [{"config": method, "level": "1 request", "side": side_of(method), "run": run, "tok/s": throughput(rs)}
+            for (method, run), rs in sorted(per_run.items(), key=lambda kv: kv[0][1])]
+    entries = median_by_config(runs, "tok/s")
+    caches = (summary.get("settings") or {}).get("caches", True)
+    lines = ["## Each side at its best (all prompts)", "",
+             "Tokens/s of each method over all prompts in each run, the median over runs, and each side's best by that "
+             "median. Caches that carry answers across requests: " + (
+                 "off on both sides (every method reset before each request; llama-server without its prompt cache)."
+                 if caches is False else "on (foretell's result caches keep earlier requests' outputs; llama-server "
+                 "keeps its prompt cache)."), ""]
+    lines += markdown(entries, "foretell", "llama.cpp", unit="tok/s", level_name="level")
+    peers = summary.get("peers") or {}
+    if peers:
+        lines += ["", "llama.cpp configurations:"]
+        for name, peer in peers.items():
+            build = peer.get("build") or {}
+            lines.append(f"- {name}: {peer.get('configuration', '')} (`llama-server {' '.join(peer.get('command', []))}`; "
+                         f"{build.get('build', 'unknown')} build {' '.join(build.get('cmake_flags', []))})")
+    return lines + [""]
+
+
 def write_report(out_dir: Path) -> Path:
     """Write report.md, speedup.png and acceptance.png into out_dir; return report.md."""
     out_dir = Path(out_dir)
@@ -261,6 +303,7 @@ def write_report(out_dir: Path) -> Path:
     for name, summaries in groups.items():
         parts += [f"## {name}", "", markdown_table(summaries), ""]
     parts += budget_section(groups[OVERALL], (summary.get("settings") or {}).get("tree_budget"))
+    parts += best_section(rows, summary)
     parts += ["Pass rate: share of target passes with drafts that accepted at least one draft token; wasted: "
               "draft tokens the target verified but did not accept, over all it verified (JetSpec's monitoring). "
               "Draft / verify ms a pass: the drafter's time and the target's verification time per target pass "

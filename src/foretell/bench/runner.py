@@ -4,6 +4,12 @@ Interleaving (prompt 1: every method, prompt 2: every method, ...) spreads slow 
 machine (thermal, other load) over all methods alike instead of penalising whichever ran last.
 Rows are appended as soon as they exist, so an interrupted run loses at most one row and a
 second run with the same output folder only computes the missing pairs.
+
+With runs > 1 the whole interleaved pass is repeated (row field `run`), so a comparison can take each method's
+median over runs. Unless caches are on, every method is reset before each timed request (foretell's result cache
+forgets earlier requests' outputs; llama-server keeps no prompt cache anyway), so no request, the same prompt in a
+later run included, is drafted from an earlier one's answer. The untimed warm-up uses WARMUP_PROMPT, a prompt
+outside every dataset, never a measured one.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ MONITOR_KEYS = ("draft_passes", "passes_with_accepted", "draft_tokens_verified",
                 "cache_steps", "cache_hits", "cache_useful", "draft_seconds", "verify_seconds", "prompt_tokens",
                 "prefill_seconds")
 SUMMARY = "bench.json"
+# The warm-up's prompt: in no dataset, so the warm-up never sees a measured prompt.
+WARMUP_PROMPT = "Name the three primary colours of light, then say in one sentence why the sky looks blue."
 
 
 @dataclass(frozen=True)
@@ -37,10 +45,12 @@ class RunConfig:
     warmup_tokens: int = 16  # the untimed warm-up generation per method
     settings: dict = field(default_factory=dict)  # what produced the rows; a resumed run must match
     progress: bool = True
+    runs: int = 1  # interleaved passes over every (prompt, method); rows carry their run number
+    caches: bool = False  # keep caches that carry answers across requests (else reset every method per request)
 
 
-def row_key(row: dict) -> tuple[str, str, str]:
-    return row["dataset"], str(row["id"]), row["method"]
+def row_key(row: dict) -> tuple[str, str, int, str]:
+    return row["dataset"], str(row["id"]), row.get("run", 0), row["method"]
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -82,9 +92,10 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def make_row(prompt: dict, method, tokens: list[int], stats: dict, seconds: float, plain_tokens) -> dict:
+def make_row(prompt: dict, method, tokens: list[int], stats: dict, seconds: float, plain_tokens, run: int = 0) -> dict:
     return {
         "dataset": prompt["dataset"], "id": prompt["id"], "category": prompt["category"], "method": method.name,
+        "run": run,
         "new_tokens": len(tokens), "seconds": round(seconds, 4),
         "tokens_per_s": round(len(tokens) / seconds, 3) if seconds else 0.0,
         "tau": round(stats["tau"], 4) if stats.get("tau") is not None else None,
@@ -114,24 +125,27 @@ def run_bench(prompts: list[dict], methods: list, encode: Callable[[str], list[i
     path = cfg.out_dir / RESULTS
     done = {row_key(r): r for r in read_rows(path)}
     methods = order_methods(methods)
-    todo = [(p, m) for p in prompts for m in methods if (p["dataset"], str(p["id"]), m.name) not in done]
+    todo = [(run, p, m) for run in range(cfg.runs) for p in prompts for m in methods
+            if (p["dataset"], str(p["id"]), run, m.name) not in done]
     if todo:
-        warm_up(todo, encode, cfg)
+        warm_up([m for _, _, m in todo], encode, cfg)
     with open(path, "a") as out, tqdm(total=len(todo), desc="bench", unit="run", file=sys.stderr,
                                       disable=not cfg.progress) as bar:
         cache: dict[tuple, list[int]] = {}
-        for prompt, method in todo:
+        for run, prompt, method in todo:
             key = (prompt["dataset"], str(prompt["id"]))
             if key not in cache:
                 cache[key] = encode(prompt["prompt"])
             ids = cache[key]
-            bar.set_postfix_str(f"{prompt['dataset']}/{prompt['id']} {method.name}")
+            bar.set_postfix_str(f"{prompt['dataset']}/{prompt['id']} {method.name}" + (f" run {run}" if run else ""))
+            if not cfg.caches:
+                method.reset()  # nothing an earlier request left (its outputs in a result cache) may draft this one
             t0 = time.perf_counter()
             tokens, stats = method.run(ids, cfg.max_new_tokens)
             seconds = time.perf_counter() - t0
-            plain = {"tokens": tokens} if method.name == "plain" else done.get((*key, "plain"))
+            plain = {"tokens": tokens} if method.name == "plain" else done.get((*key, run, "plain"))
             plain_tokens = plain["tokens"] if plain is not None and cfg.greedy else None
-            row = make_row(prompt, method, tokens, stats, seconds, plain_tokens)
+            row = make_row(prompt, method, tokens, stats, seconds, plain_tokens, run)
             done[row_key(row)] = row
             out.write(json.dumps(row) + "\n")
             out.flush()  # the row survives an interruption
@@ -145,11 +159,13 @@ def run_bench(prompts: list[dict], methods: list, encode: Callable[[str], list[i
     return path
 
 
-def warm_up(todo: list[tuple[dict, object]], encode, cfg: RunConfig) -> None:
-    """One short untimed run per pending method: first-call costs (allocation, kernels) stay out of the timings."""
+def warm_up(methods: list, encode, cfg: RunConfig) -> None:
+    """One short untimed run per pending method, on WARMUP_PROMPT (no measured prompt): first-call costs
+    (allocation, kernels) stay out of the timings."""
     seen = set()
-    for prompt, method in todo:
+    ids = encode(WARMUP_PROMPT)
+    for method in methods:
         if method.name not in seen:
             seen.add(method.name)
-            method.run(encode(prompt["prompt"]), min(cfg.warmup_tokens, cfg.max_new_tokens))
+            method.run(ids, min(cfg.warmup_tokens, cfg.max_new_tokens))
             method.reset()  # the warm-up's output must not help the timed runs
