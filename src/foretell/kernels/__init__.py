@@ -24,7 +24,8 @@ from foretell.paths import default_cache_dir
 
 FOLDER = Path(__file__).parent
 
-# The kinds of packed weights lean_decode.cpp reads (its numbering; the layouts: runtime/lean_step.py)
+# The kinds of packed weights lean_decode.cpp reads (its numbering, a row each in lean/kinds.h; the layouts:
+# runtime/lean_step.py)
 Q4, Q8, F32 = 0, 1, 2  # Q4_1 blocks (int4), Q8_0 blocks (int8), dense fp32
 Q4X, Q8X = 3, 4  # the same blocks with 8 output columns interleaved, for 8-bit activations
 BF16, BF16X = 5, 6  # a dense weight of bf16 numbers as bf16; BF16X: 16 output columns interleaved

@@ -32,28 +32,30 @@
 //         part's (ggml type, rows); the parts' rows follow one another (a fused q, k, v may mix Q4_K and Q6_K, as
 //         llama.cpp's Q4_K_M files do). Types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (lean/gguf_blocks.h)
 //
-// The source is one translation unit: this file includes lean/*.h in order and binds the Python functions.
+// The source is one translation unit: this file includes lean/*.h in order and binds the Python functions. A kind
+// of weight is a header (its layout, products and packer) and a row of kinds.h's table (its tensors' unpacking and
+// its product); an instruction set's separate path is a header, switched on where the CPU has it.
 //   common.h          the kinds, Proj, vector helpers, splitting a pass's rows into compile-time sizes
 //   act_q8.h          8-bit activations (RowsQ8, RowsQ8K)
 //   rows.h            Q4, Q8, F32, BF16: an output column a row of weights
-//   columns.h         BF16X, I8X on AVX2
-//   columns_avx512.h  BF16X, I8X on AVX-512
-//   amx.h             BF16A on AMX tiles
-//   vnni.h            AVX-512 VNNI's switch (the VNNI sums sit beside each kind's AVX2 ones)
+//   columns_avx512.h  BF16X, I8X on AVX-512 (lean_avx512)
+//   columns.h         BF16X, I8X (AVX2, or AVX-512 where it is on)
+//   amx.h             BF16A on AMX tiles (lean_amx)
+//   vnni.h            AVX-512 VNNI's switch (lean_vnni; the VNNI sums sit beside each kind's AVX2 ones)
 //   interleaved.h     Q4X, Q8X, and the interleaved kinds' prefetch
 //   gguf_blocks.h     GGUF block types and their rows
 //   kquants.h         K-quant rows with Q8_K activations, and the interleaved K-quants' packer
 //   kq4x.h, kq6x.h    KQ4X, KQ6X
 //   gguf.h            the GGUF kind
-//   products.h        a projection's tensors as a Proj, and its product by kind
+//   kinds.h           the table of kinds: a projection's tensors as a Proj, and its product
 //   attention.h       attention over a cache
 //   pass.h            the pass itself (run_pass)
 
 #include "lean/common.h"
 #include "lean/act_q8.h"
 #include "lean/rows.h"
-#include "lean/columns.h"
 #include "lean/columns_avx512.h"
+#include "lean/columns.h"
 #include "lean/amx.h"
 #include "lean/vnni.h"
 #include "lean/interleaved.h"
@@ -62,7 +64,7 @@
 #include "lean/kq4x.h"
 #include "lean/kq6x.h"
 #include "lean/gguf.h"
-#include "lean/products.h"
+#include "lean/kinds.h"
 #include "lean/attention.h"
 #include "lean/pass.h"
 
@@ -129,13 +131,12 @@ std::vector<torch::Tensor> lean_decode_packed(torch::Tensor x, torch::Tensor cos
 // per-row arithmetic.
 torch::Tensor block_gemm(torch::Tensor x, int64_t kind, torch::Tensor codes, torch::Tensor scales, bool act_q8) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x float32 [M, K] expected");
-  TORCH_CHECK(kind == Q4 || kind == Q8 || kind == Q4X || kind == Q8X || kind == BF16 || kind == BF16X || kind == I8X ||
-                  kind == BF16A || kind == GGUF || kind == KQ4X || kind == KQ6X,
+  TORCH_CHECK(is_kind(kind) && KINDS[kind].block_gemm,
               "Q4 or Q8 blocks, GGUF blocks, a bf16 weight or interleaved int8 columns expected");
   x = x.contiguous();
   const std::vector<torch::Tensor> parts = {codes.contiguous(), scales.contiguous(), torch::empty({0})};
   Proj p = proj_of(kind, parts, 0);
-  TORCH_CHECK(x.size(1) == p.K && (p.K % 32 == 0 || kind == BF16 || kind == BF16X || kind == I8X),
+  TORCH_CHECK(x.size(1) == p.K && p.K % KINDS[kind].inputs == 0,
               "x's width does not match the weight");
   const int64_t M = x.size(0);
   auto y = torch::empty({M, p.N}, x.options());

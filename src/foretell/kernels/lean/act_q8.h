@@ -51,6 +51,16 @@ void quantize_q8(const float* x, int64_t K, int8_t* q, float* d, float* d_sum) {
   }
 }
 
+// x [M, K]'s rows quantized into xq, each in blocks of 32
+void quantize_rows(const float* x, int64_t M, int64_t K, RowsQ8& xq) {
+  const int64_t blocks = K / 32;
+  xq.codes.resize(M * K);
+  xq.d.resize(M * blocks);
+  xq.d_sum.resize(M * blocks);
+  for (int64_t r = 0; r < M; ++r)
+    quantize_q8(x + r * K, K, xq.codes.data() + r * K, xq.d.data() + r * blocks, xq.d_sum.data() + r * blocks);
+}
+
 // K-quant projections' 8-bit activations, as llama.cpp's Q8_K: one scale per 256 inputs (d = max |x| / 127), so a
 // K-quant block's 256 integer products sum as integers before one float step, and each 32's code sum (the mins'
 // term, summed against the block's 8 mins as integers too). Coarser than the 32-input blocks above; the same for a
@@ -67,6 +77,13 @@ void quantize_q8k(const float* x, int64_t K, int8_t* q, float* d, int16_t* sums)
     for (int j = 0; j < 8; ++j) sums[8 * b + j] = int16_t(codes32(x + 256 * b + 32 * j, inv, q + 256 * b + 32 * j));
     d[b] = top / 127.f;
   }
+}
+
+// x [M, K]'s rows quantized into xk as Q8_K
+void quantize_rows(const float* x, int64_t M, int64_t K, RowsQ8K& xk) {
+  xk.codes.resize(M * K), xk.d.resize(M * (K / 256)), xk.sums.resize(M * (K / 32));
+  for (int64_t r = 0; r < M; ++r)
+    quantize_q8k(x + r * K, K, xk.codes.data() + r * K, xk.d.data() + r * (K / 256), xk.sums.data() + r * (K / 32));
 }
 
 }  // namespace

@@ -217,4 +217,18 @@ bool lean_amx(bool) { return false; }
 void gemm_amx(const Proj&, const float*, int64_t, float*) { TORCH_CHECK(false, "built without AMX intrinsics"); }
 #endif
 
+// y [M, N] = x [M, K] W^T (+ bias) for BF16A (on AMX only: lean_amx(False) turns BF16A products off)
+void gemm_bf16a(const Proj& p, const float* x, int64_t M, float* y, float*, bool) {
+  TORCH_CHECK(amx_on, "BF16A weights need AMX, which is off here: pack them as BF16X (lean_step.amx_tiles)");
+  gemm_amx(p, x, M, y);
+}
+
+void unpack_bf16a(Proj& p, const torch::Tensor& main, const torch::Tensor&) {  // [N / 16, K / 2, 32]
+  TORCH_CHECK(main.dim() == 3 && main.size(2) == 32, "AMX-tiled bf16 weight's shape");
+  p.N = main.size(0) * 16;
+  p.K = main.size(1) * 2;
+  TORCH_CHECK(p.K % 32 == 0, "AMX tiles take inputs in chunks of 32");
+  p.half = reinterpret_cast<const uint16_t*>(main.data_ptr<at::BFloat16>());
+}
+
 }  // namespace

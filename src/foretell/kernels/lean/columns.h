@@ -2,6 +2,7 @@
 #pragma once
 
 #include "common.h"
+#include "columns_avx512.h"
 
 namespace {
 
@@ -56,6 +57,45 @@ void group_x16(const Proj& p, int64_t g, const float* x, float* y, int64_t y_str
     _mm256_storeu_ps(y + r * y_stride + 16 * g, lo[r]);
     _mm256_storeu_ps(y + r * y_stride + 16 * g + 8, hi[r]);
   }
+}
+
+// y [M, N] = x [M, K] W^T (+ bias) for BF16X or I8X (INT8) columns: groups of 16 columns over torch's threads, x's
+// rows in passes of at most 6 (AVX2) or 16 (AVX-512, columns_avx512.h)
+template <bool INT8>
+void gemm_columns(const Proj& p, const float* x, int64_t M, float* y, float*, bool) {
+  const uint8_t* base = INT8 ? p.codes : reinterpret_cast<const uint8_t*>(p.half);
+  const int64_t group_bytes = p.K * (INT8 ? 16 : 32);
+  at::parallel_for(0, p.N / 16, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const void* next = g + 1 < p.N / 16 ? base + (g + 1) * group_bytes : nullptr;
+      if (avx512_on)
+        in_passes<16>(M, [&](auto R, int64_t m) {
+          group_x16_avx512<decltype(R)::value, INT8>(p, g, x + m * p.K, y + m * p.N, p.N, next);
+        });
+      else
+        in_passes<6>(M, [&](auto R, int64_t m) {
+          group_x16<decltype(R)::value, INT8>(p, g, x + m * p.K, y + m * p.N, p.N, next);
+        });
+      if (p.bias)
+        for (int64_t r = 0; r < M; ++r)
+          for (int64_t n = 16 * g; n < 16 * g + 16; ++n) y[r * p.N + n] += p.bias[n];
+    }
+  });
+}
+
+void unpack_bf16x(Proj& p, const torch::Tensor& main, const torch::Tensor&) {  // [N / 16, K, 16]
+  TORCH_CHECK(main.dim() == 3 && main.size(2) == 16, "interleaved bf16 weight's shape");
+  p.N = main.size(0) * 16;
+  p.K = main.size(1);
+  p.half = reinterpret_cast<const uint16_t*>(main.data_ptr<at::BFloat16>());
+}
+
+void unpack_i8x(Proj& p, const torch::Tensor& main, const torch::Tensor& scales) {  // [N / 16, K, 16]
+  TORCH_CHECK(main.dim() == 3 && main.size(2) == 16, "interleaved int8 weight's shape");
+  p.N = main.size(0) * 16;
+  p.K = main.size(1);
+  p.codes = reinterpret_cast<const uint8_t*>(main.data_ptr<int8_t>());
+  p.scales = scales.data_ptr<float>();
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 
 namespace {
 
+// The projection kinds, numbered as kernels/__init__.py numbers them; kinds.h has a row for each
 enum Kind : int64_t { Q4 = 0, Q8 = 1, F32 = 2, Q4X = 3, Q8X = 4, BF16 = 5, BF16X = 6, I8X = 7, BF16A = 8, GGUF = 9,
                       KQ4X = 10, KQ6X = 11 };
 

@@ -9,22 +9,20 @@
 namespace {
 
 // y [M, N] = x [M, K] W^T (+ bias) for GGUF blocks: output rows over torch's threads, each in its part's type, x's
-// rows 4 at a time (K-quants: 8); q8: 8-bit activations, xq: x's codes in blocks of 32 (for the parts that are not
-// K-quants)
+// rows 4 at a time (K-quants: 8); q8: 8-bit activations, x's codes in blocks of 32 (xq, for the parts that are not
+// K-quants) or as Q8_K (xk, for the K-quants)
 bool is_kquant(int64_t type) { return type == GQ4_K || type == GQ5_K || type == GQ6_K; }
 
 bool all_kquant(const Proj& p) {
   return std::all_of(p.parts, p.parts + p.n_parts, [](const GgufPart& part) { return is_kquant(part.type); });
 }
 
-void gemm_gguf(const Proj& p, const float* x, int64_t M, float* y, const RowsQ8* xq, bool q8) {
+void gemm_gguf(const Proj& p, const float* x, int64_t M, float* y, float*, bool q8) {
+  RowsQ8 xq;
+  if (q8 && !all_kquant(p)) quantize_rows(x, M, p.K, xq);
   RowsQ8K xk;  // K-quant parts' activations (Q8_K)
-  if (q8 && std::any_of(p.parts, p.parts + p.n_parts, [](const GgufPart& part) { return is_kquant(part.type); })) {
-    xk.codes.resize(M * p.K), xk.d.resize(M * (p.K / 256)), xk.sums.resize(M * (p.K / 32));
-    for (int64_t r = 0; r < M; ++r)
-      quantize_q8k(x + r * p.K, p.K, xk.codes.data() + r * p.K, xk.d.data() + r * (p.K / 256),
-                   xk.sums.data() + r * (p.K / 32));
-  }
+  if (q8 && std::any_of(p.parts, p.parts + p.n_parts, [](const GgufPart& part) { return is_kquant(part.type); }))
+    quantize_rows(x, M, p.K, xk);
   at::parallel_for(0, p.N, 32, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const GgufPart& part = p.part_of(n);
@@ -38,7 +36,7 @@ void gemm_gguf(const Proj& p, const float* x, int64_t M, float* y, const RowsQ8*
             });
           else
             in_fours(M, [&](auto R, int64_t m) {
-              rows_gguf_q8<type, decltype(R)::value>(row, p.K, *xq, m, y + m * p.N, p.N, n);
+              rows_gguf_q8<type, decltype(R)::value>(row, p.K, xq, m, y + m * p.N, p.N, n);
             });
         } else
           in_fours(M, [&](auto R, int64_t m) {

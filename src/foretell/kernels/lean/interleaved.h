@@ -4,6 +4,7 @@
 
 #include "common.h"
 #include "act_q8.h"
+#include "vnni.h"
 
 namespace {
 
@@ -181,6 +182,40 @@ template <int R>
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) void group_q8x_vnni(
     const Proj& p, int64_t g, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
   group_qx<R, false, true>(p, g, x, m, y, y_stride);
+}
+
+// y [M, N] = x [M, K] W^T (+ bias) for Q4X (Q4) or Q8X blocks, x's rows quantized in blocks of 32: groups of 8
+// columns over torch's threads, x's rows 8 at a time (VNNI) or 4
+template <bool Q4>
+void gemm_interleaved(const Proj& p, const float* x, int64_t M, float* y, float*, bool act_q8) {
+  TORCH_CHECK(act_q8, "interleaved blocks run with 8-bit activations only");
+  RowsQ8 xq;
+  quantize_rows(x, M, p.K, xq);
+  at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      if (vnni_on && Q4)
+        in_eights(M, [&](auto R, int64_t m) { group_q4x_vnni<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
+      else if (vnni_on)
+        in_eights(M, [&](auto R, int64_t m) { group_q8x_vnni<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
+      else if (Q4)
+        in_fours(M, [&](auto R, int64_t m) { group_q4x<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
+      else
+        in_fours(M, [&](auto R, int64_t m) { group_q8x<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
+      if (p.bias)
+        for (int64_t r = 0; r < M; ++r)
+          for (int64_t n = 8 * g; n < 8 * g + 8; ++n) y[r * p.N + n] += p.bias[n];
+    }
+  });
+}
+
+// Q4X / Q8X blocks: codes [N / 8, K / 32, 128 or 256], scales as lean_decode.cpp's top says
+template <bool Q4>
+void unpack_interleaved(Proj& p, const torch::Tensor& main, const torch::Tensor& scales) {
+  TORCH_CHECK(main.dim() == 3 && main.size(2) == (Q4 ? 128 : 256), "interleaved blocks' shape");
+  p.N = main.size(0) * 8;
+  p.K = main.size(1) * 32;
+  p.codes = static_cast<const uint8_t*>(main.data_ptr());
+  p.scales = scales.data_ptr<float>();
 }
 
 }  // namespace

@@ -126,4 +126,28 @@ void group_kq4x_avx2(const uint8_t* records, int64_t K, int64_t g, int64_t group
   group_kq4x<R, false>(records, K, g, groups, x, m, y, y_stride);
 }
 
+// y [M, N] = x [M, K] W^T (+ bias) for KQ4X records: x quantized as Q8_K, 8 columns at a time over torch's threads,
+// x's rows 8 at a time
+void gemm_kq4x(const Proj& p, const float* x, int64_t M, float* y, float*, bool act_q8) {
+  TORCH_CHECK(act_q8, "KQ4X / KQ6X blocks run with 8-bit activations only");
+  RowsQ8K xk;
+  quantize_rows(x, M, p.K, xk);
+  at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      in_eights(M, [&](auto R, int64_t m) {
+        constexpr int rows = decltype(R)::value;
+        if (vnni_on)
+          group_kq4x_vnni<rows>(p.codes, p.K, g, p.N / 8, xk, m, y + m * p.N, p.N);
+        else
+          group_kq4x_avx2<rows>(p.codes, p.K, g, p.N / 8, xk, m, y + m * p.N, p.N);
+      });
+      if (p.bias)
+        for (int64_t r = 0; r < M; ++r)
+          for (int64_t n = 8 * g; n < 8 * g + 8; ++n) y[r * p.N + n] += p.bias[n];
+    }
+  });
+}
+
+void unpack_kq4x(Proj& p, const torch::Tensor& main, const torch::Tensor&) { unpack_records(p, main, KQ4X_BYTES); }
+
 }  // namespace

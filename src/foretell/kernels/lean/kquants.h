@@ -102,4 +102,13 @@ torch::Tensor interleaved_records(const torch::Tensor& bytes, int64_t N, int64_t
   return out;
 }
 
+// A projection's interleaved K-quant records [N / 8, K / 256, record_bytes] (KQ4X, KQ6X)
+void unpack_records(Proj& p, const torch::Tensor& main, int64_t record_bytes) {
+  TORCH_CHECK(main.dim() == 3 && main.size(2) == record_bytes && main.scalar_type() == at::kByte,
+              "KQ4X / KQ6X records' shape");
+  p.N = main.size(0) * 8;
+  p.K = main.size(1) * 256;
+  p.codes = main.data_ptr<uint8_t>();
+}
+
 }  // namespace

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "common.h"
-#include "products.h"
+#include "kinds.h"
 #include "attention.h"
 
 namespace {

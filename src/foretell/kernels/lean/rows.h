@@ -115,12 +115,12 @@ void rows_bf16(const Proj& p, int64_t n, const float* x, float* y, int64_t y_str
   }
 }
 
-template <int R>
+template <int64_t KIND, int R>
 void rows(const Proj& p, int64_t n, const float* x, const float* x_sums, float* y, int64_t y_stride) {
-  if (p.kind == Q4) return rows_q4<R>(p, n, x, x_sums, y, y_stride);
-  if (p.kind == Q8) return rows_q8<R>(p, n, x, y, y_stride);
-  if (p.kind == BF16) return rows_bf16<R>(p, n, x, y, y_stride);
-  for (int r = 0; r < R; ++r) y[r * y_stride + n] = row_f32(p, n, x + r * p.K);
+  if constexpr (KIND == Q4) return rows_q4<R>(p, n, x, x_sums, y, y_stride);
+  else if constexpr (KIND == Q8) return rows_q8<R>(p, n, x, y, y_stride);
+  else if constexpr (KIND == BF16) return rows_bf16<R>(p, n, x, y, y_stride);
+  else for (int r = 0; r < R; ++r) y[r * y_stride + n] = row_f32(p, n, x + r * p.K);
 }
 
 // the 8 partial int32 sums of a block's 32 products (u: 0..255, s: -127..127), as floats
@@ -170,10 +170,59 @@ void rows_q8_q8(const Proj& p, int64_t n, const RowsQ8& x, int64_t m, float* y, 
   for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]);
 }
 
-template <int R>
+template <int64_t KIND, int R>
 void rows_q8act(const Proj& p, int64_t n, const RowsQ8& x, int64_t m, float* y, int64_t y_stride) {
-  if (p.kind == Q4) return rows_q4_q8<R>(p, n, x, m, y, y_stride);
-  return rows_q8_q8<R>(p, n, x, m, y, y_stride);
+  if constexpr (KIND == Q4) return rows_q4_q8<R>(p, n, x, m, y, y_stride);
+  else return rows_q8_q8<R>(p, n, x, m, y, y_stride);
+}
+
+// y [M, N] = x [M, K] W^T (+ bias) for a weight of rows (KIND Q4, Q8, F32 or BF16), output rows spread over torch's
+// threads, x's rows 4 at a time. x_sums: scratch of M * K / 32 floats. act_q8: 8-bit activations for the blocks
+// (Q4, Q8; act_q8.h), F32 and BF16 multiply fp32 ones whatever it says.
+template <int64_t KIND>
+void gemm_rows(const Proj& p, const float* x, int64_t M, float* y, float* x_sums, bool act_q8) {
+  constexpr bool BLOCKS = KIND == Q4 || KIND == Q8;
+  const bool q8 = BLOCKS && act_q8;
+  RowsQ8 xq;
+  if (q8) quantize_rows(x, M, p.K, xq);
+  else if (KIND == Q4)
+    for (int64_t r = 0; r < M; ++r) block_sums(x + r * p.K, p.K, x_sums + r * (p.K / 32));
+  at::parallel_for(0, p.N, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      if (q8) {
+        if constexpr (BLOCKS)
+          in_fours(M, [&](auto R, int64_t m) { rows_q8act<KIND, decltype(R)::value>(p, n, xq, m, y + m * p.N, p.N); });
+      } else
+        in_fours(M, [&](auto R, int64_t m) {
+          rows<KIND, decltype(R)::value>(p, n, x + m * p.K, x_sums + m * (p.K / 32), y + m * p.N, p.N);
+        });
+      if (p.bias)
+        for (int64_t r = 0; r < M; ++r) y[r * p.N + n] += p.bias[n];
+    }
+  });
+}
+
+// The kinds' tensors (main: [N, ...], scales: as the layouts at lean_decode.cpp's top say)
+void unpack_q4(Proj& p, const torch::Tensor& main, const torch::Tensor& scales) {
+  p.K = main.size(1) * 2;
+  p.codes = main.data_ptr<uint8_t>();
+  p.scales = scales.data_ptr<float>();
+}
+
+void unpack_q8(Proj& p, const torch::Tensor& main, const torch::Tensor& scales) {
+  p.K = main.size(1);
+  p.codes = reinterpret_cast<const uint8_t*>(main.data_ptr<int8_t>());
+  p.scales = scales.data_ptr<float>();
+}
+
+void unpack_f32(Proj& p, const torch::Tensor& main, const torch::Tensor&) {
+  p.K = main.size(1);
+  p.dense = main.data_ptr<float>();
+}
+
+void unpack_bf16(Proj& p, const torch::Tensor& main, const torch::Tensor&) {
+  p.K = main.size(1);
+  p.half = reinterpret_cast<const uint16_t*>(main.data_ptr<at::BFloat16>());
 }
 
 }  // namespace
