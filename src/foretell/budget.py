@@ -102,17 +102,18 @@ def measure_cost_curve(
     ids = torch.randint(0, model.config.vocab_size, (context + max(sizes),), generator=g).to(device)
     model(ids[:context], torch.arange(context, device=device), cache)
     cache.commit_prefix(context)
-    seconds = []
-    for n in sizes:
-        positions = torch.arange(context, context + n, device=device)
-        times = []
-        for _ in range(repeats + 1):  # the first run warms up this shape
+    # the sizes in turns, round after round (the first warms each shape up), so a burst of load on the machine
+    # slows every size alike instead of bending the curve at the sizes it hit
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats + 1):
+        for n in sizes:
+            positions = torch.arange(context, context + n, device=device)
             _sync(device)
             t = time.perf_counter()
             model(ids[context : context + n], positions, cache)
             _sync(device)
-            times.append(time.perf_counter() - t)
-        seconds.append(sorted(times[1:])[len(times[1:]) // 2])
+            times[n].append(time.perf_counter() - t)
+    seconds = [sorted(times[n][1:])[len(times[n][1:]) // 2] for n in sizes]
     return CostCurve(list(sizes), seconds, context, key or {})
 
 
