@@ -22,6 +22,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Callable
 
+from foretell.sizing_model import best_prefix
 from foretell.types import Proposal
 
 
@@ -131,8 +132,6 @@ class BatchAwareBudget:
         drafting): what each of request i's nodes costs to draft, one level of its drafter."""
         b = len(values)
         fixed = self.per_request * b
-        gain, tokens, drafting = float(b), b, 0.0  # every request produces one token per pass without drafts
-        best, best_taken = gain / (self.pass_cost(tokens) + fixed), 0
         # Nodes best first across requests, by value per second of drafting and verifying it (values never grow
         # along a path, so a node comes after its ancestors; ties keep proposal order). The whole order is scored
         # and its best prefix kept, not stopped at the first node that does not pay: a cost curve with steps can
@@ -142,16 +141,19 @@ class BatchAwareBudget:
         heap = [(-v[0] / (drafts[i] + token), i, 0) for i, v in enumerate(values) if v]
         heapq.heapify(heap)
         order: list[int] = []
+        taken: list[float] = []  # the values in that order
+        drafting = [0.0]  # drafting[n]: seconds drafting the first n nodes of the order
         while heap:
             _, i, j = heapq.heappop(heap)
             order.append(i)
-            gain, tokens = gain + values[i][j], tokens + 1
-            drafting += drafts[i]
-            rate = gain / (self.pass_cost(tokens) + fixed + drafting)
-            if rate > best:
-                best, best_taken = rate, len(order)
+            taken.append(values[i][j])
+            drafting.append(drafting[-1] + drafts[i])
             if j + 1 < len(values[i]):
                 heapq.heappush(heap, (-values[i][j + 1] / (drafts[i] + token), i, j + 1))
+        # Every request produces one token per pass without drafts (start = b); a pass of n nodes carries b + n
+        # tokens and costs the curve there plus each request's fixed share.
+        best_taken = best_prefix(taken, drafting.__getitem__, lambda rows: self.pass_cost(b - 1 + rows) + fixed,
+                                 start=float(b)).n
         caps = [0] * b
         for i in order[:best_taken]:
             caps[i] += 1

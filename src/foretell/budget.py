@@ -6,6 +6,8 @@ best draft length / tree size is not a constant. We measure the forward time cur
 (model, dtype, machine), cache it, and pick the size maximising expected tokens per second:
 
     rate(n) = expected_tokens(n) / (draft_seconds(n) + verify_seconds(n + 1))
+
+(the one chooser of that, for every sizing policy, is sizing_model.best_prefix).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 from foretell.models.transformer import RUNTIME_VERSION, Transformer
 from foretell.runtime.wide_linear import bf16_rows_of, kernel_rows_of, wide_rows_of
+from foretell.sizing_model import best_prefix
 
 DEFAULT_SIZES = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -166,33 +169,33 @@ def expected_chain_tokens(acceptance: list[float], gamma: int) -> float:
 
     acceptance[i] is the chance draft i+1 passes given draft i passed; the last entry repeats.
     """
-    total, reach = 1.0, 1.0
-    for i in range(gamma):
-        reach *= acceptance[min(i, len(acceptance) - 1)] if acceptance else 0.0
+    total = 1.0
+    for reach in chain_reach(acceptance, gamma):
         total += reach
     return total
 
 
+def chain_reach(acceptance: list[float], gamma: int) -> list[float]:
+    """prod_{i<k} a_i for k = 1..gamma: the chance draft k is reached and accepted (expected_chain_tokens' terms)."""
+    values, reach = [], 1.0
+    for i in range(gamma):
+        reach *= acceptance[min(i, len(acceptance) - 1)] if acceptance else 0.0
+        values.append(reach)
+    return values
+
+
 def best_chain_length(acceptance: list[float], target: CostCurve, draft_step_seconds: float, max_gamma: int) -> int:
-    """The draft length with the highest expected tokens per second (0 = do not draft)."""
-    rates = [
-        expected_chain_tokens(acceptance, g) / (g * draft_step_seconds + target(g + 1)) for g in range(max_gamma + 1)
-    ]
-    return max(range(len(rates)), key=rates.__getitem__)
+    """The draft length with the highest expected tokens per second (0 = do not draft; ties: the shorter)."""
+    return best_prefix(chain_reach(acceptance, max_gamma), lambda g: g * draft_step_seconds, target).n
 
 
 def best_tree_size(node_values: list[float], target: CostCurve, draft_seconds: float, min_size: int = 1) -> int:
     """Given the values (estimated acceptance probabilities) of candidate nodes sorted best first,
-    the number to verify that maximises (1 + sum of kept values) / (draft + verify time)."""
-    best_n, best_rate, expected = min_size, -1.0, 1.0
-    for n, v in enumerate(node_values, start=1):
-        expected += v
-        if n < min_size:
-            continue
-        rate = expected / (draft_seconds + target(n + 1))
-        if rate > best_rate:
-            best_n, best_rate = n, rate
-    return best_n
+    the number to verify that maximises (1 + sum of kept values) / (draft + verify time): at least min_size
+    (n = 0 is no candidate here)."""
+    chosen = best_prefix(node_values, draft_seconds, target, min_size=max(min_size, 1), floor=-1.0)
+    # min_size < 1 (no caller's): sizes from 1 are still the only candidates, min_size the answer when none beats -1
+    return chosen.n if chosen.rate > -1.0 and node_values else min_size
 
 
 @dataclass

@@ -57,7 +57,9 @@ class _Situation:
     skips_in_row: int = 0
 
     def rates(self) -> tuple[float, float] | None:
-        """(tokens/s with the drafter, without), or None while something is unmeasured."""
+        """(tokens/s with the drafter, without), or None while something is unmeasured. Not the sizing chooser
+        (sizing_model.best_prefix): these are tokens over measured seconds of whole passes, with and without the
+        drafter, not node values over a cost curve, and should_draft breaks ties toward drafting (>=)."""
         parts = (self.without.value, self.gain.value, self.seconds_with.value, self.seconds_without.value)
         if any(x is None for x in parts):
             return None

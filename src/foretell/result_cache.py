@@ -22,6 +22,7 @@ import torch
 
 from foretell.corpus import Corpus
 from foretell.errors import ForetellError
+from foretell.sizing_model import best_of_prefixes
 from foretell.tree import chain_parents, children_lists
 from foretell.types import Proposal
 
@@ -49,15 +50,14 @@ class BranchSizer:
         """Branch tokens to keep: branch (its length), tree_nodes / tree_tokens (the tree's size and expected
         tokens), verify_seconds(tokens) (the scheduler's corrected cost curve), draft_seconds (already spent)."""
         q = self.acceptance
-        best, best_rate = 0, tree_tokens / (draft_seconds + verify_seconds(tree_nodes + 1))
-        gain, reach = 0.0, 1.0
-        for k in range(1, branch + 1):
+        # expected[k] = tree_tokens + the branch's k-token gain, summed apart from tree_tokens as before (not the
+        # chooser's running sum from tree_tokens): the rates keep their last bit.
+        expected, gain, reach = [tree_tokens], 0.0, 1.0
+        for _ in range(branch):
             reach *= q
             gain += reach
-            rate = (tree_tokens + gain) / (draft_seconds + verify_seconds(tree_nodes + 1 + k))
-            if rate > best_rate:
-                best, best_rate = k, rate
-        return best
+            expected.append(tree_tokens + gain)
+        return best_of_prefixes(expected, draft_seconds, lambda rows: verify_seconds(tree_nodes + rows)).n
 
     def record(self, offered: int, accepted: int) -> None:
         """One pass's branch: `offered` nodes only the branch proposed, `accepted` of them on the accepted path."""

@@ -25,6 +25,7 @@ from foretell.config import TreeShape
 from foretell.coupled import draft_ranking
 from foretell.drafters.base import run_alone
 from foretell.drafters.draft_model import DraftModelDrafter
+from foretell.sizing_model import rate
 from foretell.tree import path_to
 from foretell.types import Proposal, SamplingParams
 
@@ -106,17 +107,19 @@ class DraftTreeDrafter(DraftModelDrafter):
     def _best_rate(self, grown: _Growth, draft_seconds: float) -> tuple[int, float]:
         values = self._values(grown)[: self.shape.total_tokens]
         n = best_tree_size(values, self.target_cost, draft_seconds)
-        return n, (1.0 + sum(values[:n])) / (draft_seconds + self.target_cost(n + 1))
+        # 1 + sum(...) rather than the chooser's running sum, as before: the rate keeps its last bit
+        return n, rate(1.0 + sum(values[:n]), draft_seconds, self.target_cost, n + 1)
 
     def _worth_another_level(self, grown: _Growth, chosen: list[int], t0: float) -> bool:
         """Grow deeper only if the best next-level gain beats the current expected rate."""
         elapsed = time.perf_counter() - t0
-        n, rate = self._best_rate(grown, elapsed)
+        n, best = self._best_rate(grown, elapsed)
         level_seconds = self._level_seconds if self._level_seconds is not None else elapsed
         # Children of the expanded nodes can add at most the expanded nodes' own values.
         gain = sum(math.exp(grown.scores[c]) for c in chosen)
-        optimistic = (1.0 + sum(self._values(grown)[:n]) + gain) / (elapsed + level_seconds + self.target_cost(n + len(chosen) + 1))
-        return optimistic > rate
+        optimistic = rate(1.0 + sum(self._values(grown)[:n]) + gain, elapsed + level_seconds, self.target_cost,
+                          n + len(chosen) + 1)
+        return optimistic > best
 
     def _q(self, logits: torch.Tensor, index: int) -> torch.Tensor:
         """Children's ranking (static trees also sample them from it); `index`: the children's sequence index."""

@@ -4,7 +4,7 @@ from what this machine costs now and what the drafter has recently been getting 
 Per step the drafter grows the best-first tree up to the scheduler's caps; the scheduler then
 keeps the prefix of n nodes (n = 0: a plain pass) maximising expected tokens per second,
 
-    rate(n) = (1 + sum of the n best node values) / (draft seconds + verify seconds(n + 1)),
+    rate(n) = (1 + sum of the n best node values) / (draft seconds + verify seconds(n + 1))  (sizing_model.best_prefix),
 
 where a drafter that grows its tree a level at a time (EAGLE-3) charges a prefix only the drafting of the levels
 it reaches: deeper trees pay for their own head steps, so where a level costs as much as it brings the chosen
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from foretell.budget import CostCurve
 from foretell.errors import ForetellError
+from foretell.sizing_model import best_prefix
 
 
 @dataclass(frozen=True)
@@ -137,18 +138,13 @@ class AdaptiveTreeScheduler:
         # n = 0 is a plain pass: where wide passes cost much more than one token (a CPU without a fast
         # many-row matmul), no tree at all can be the fastest choice, the first level's drafting being spent
         # either way.
-        expected = best_expected = 1.0
-        best_n, best_rate = 0, 1.0 / (drafting(1) + self.verify_seconds(1))
         values: list[float] = []
-        deepest = 1
-        for n, (score, depth, parent) in enumerate(zip(scores, depth_of, parents), start=1):
+        deepest = [1]  # deepest[n]: the deepest level the first n nodes reach (the first level is drafted anyway)
+        for score, depth, parent in zip(scores, depth_of, parents):
             # A node is reached only through its parent, so it is never worth more.
             values.append(min(math.exp(score) * self.calibration(depth), values[parent] if parent >= 0 else 1.0))
-            expected += values[-1]
-            deepest = max(deepest, depth)
-            rate = expected / (drafting(deepest) + self.verify_seconds(n + 1))
-            if rate > best_rate:
-                best_n, best_rate, best_expected = n, rate, expected
+            deepest.append(max(deepest[-1], depth))
+        best_n, _, best_expected = best_prefix(values, lambda n: drafting(deepest[n]), self.verify_seconds)
         self._steps += 1
         probe = bool(self.limits.probe_every) and self._steps % self.limits.probe_every == 0
         if probe:  # alternate a half and a double budget, so both neighbours' timings stay current
