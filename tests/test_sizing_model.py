@@ -1,5 +1,5 @@
 """The sizing model's one chooser (sizing_model.best_prefix): the best prefix of node values given draft and verify
-costs, with its ties, per-prefix draft costs, min_size and floor."""
+costs, with its ties, per-prefix draft costs and min_size."""
 
 from __future__ import annotations
 
@@ -67,15 +67,15 @@ def test_start_counts_tokens_without_drafts():
     assert best_prefix([1.5], 0.0, verify, start=4.0).n == 1  # 5.5 / 1.25 = 4.4
 
 
-def test_floor_and_too_few_values():
-    # Every rate beats -1: the floor changes nothing.
-    assert best_prefix([0.9, 0.01], 0.0, linear, min_size=1, floor=-1.0).n == 1
-    # No candidate beats the floor: min_size, with its own rate.
-    chosen = best_prefix([0.5], 0.0, linear, min_size=1, floor=10.0)
-    assert chosen == Prefix(1, 1.5 / 2.0, 1.5)
+def test_too_few_values_and_best_tree_size():
+    from foretell.budget import best_tree_size
+
+    # best_tree_size's candidates start at one node, whatever their rate.
+    assert best_tree_size([0.9, 0.01], linear, 0.0, min_size=1) == 1
+    assert best_tree_size([], linear, 0.5, min_size=1) == 1
     # Fewer values than min_size: min_size, its rate counting the values there are.
     assert best_prefix([0.5], 0.0, linear, min_size=3) == Prefix(3, 1.5 / 4.0, 1.5)
-    assert best_prefix([], 0.5, linear, min_size=1, floor=-1.0) == Prefix(1, 1.0 / 2.5, 1.0)
+    assert best_prefix([], 0.5, linear, min_size=1) == Prefix(1, 1.0 / 2.5, 1.0)
 
 
 def test_best_of_prefixes_takes_expected_tokens_directly():

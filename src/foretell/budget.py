@@ -193,9 +193,9 @@ def best_tree_size(node_values: list[float], target: CostCurve, draft_seconds: f
     """Given the values (estimated acceptance probabilities) of candidate nodes sorted best first,
     the number to verify that maximises (1 + sum of kept values) / (draft + verify time): at least min_size
     (n = 0 is no candidate here)."""
-    chosen = best_prefix(node_values, draft_seconds, target, min_size=max(min_size, 1), floor=-1.0)
-    # min_size < 1 (no caller's): sizes from 1 are still the only candidates, min_size the answer when none beats -1
-    return chosen.n if chosen.rate > -1.0 and node_values else min_size
+    if not node_values:
+        return min_size
+    return best_prefix(node_values, draft_seconds, target, min_size=max(min_size, 1)).n
 
 
 @dataclass

@@ -297,7 +297,7 @@ def cmd_cost(args) -> None:
         del pipe, model
         cells = " ".join(f"{n}:{s * 1000:.1f}" for n, s in zip(curve.sizes, curve.seconds))
         print(f"{label}{paths}, ms per forward by tokens (context {curve.context}): {cells}")
-        print(f"  against one token: " + " ".join(f"{n}:{curve(n) / curve(1):.2f}x" for n in curve.sizes))
+        print("  against one token: " + " ".join(f"{n}:{curve(n) / curve(1):.2f}x" for n in curve.sizes))
     plot_cost_curve(curves, args.plot)
     print(f"plot: {args.plot}")
 

@@ -34,27 +34,26 @@ def rate(expected: float, draft_seconds: float, verify_seconds: Callable[[int], 
 
 
 def best_prefix(values: Iterable[float], draft_seconds: Seconds, verify_seconds: Callable[[int], float],
-                min_size: int = 0, start: float = 1.0, floor: float | None = None) -> Prefix:
+                min_size: int = 0, start: float = 1.0) -> Prefix:
     """The prefix of `values` (per node, in the order nodes may be kept: best first, parents before children) with
     the highest rate; expected(n) is the running sum start + values[0] + ... + values[n - 1]. See best_of_prefixes
-    for min_size, floor and ties."""
-    return best_of_prefixes(accumulate(values, initial=start), draft_seconds, verify_seconds, min_size, floor)
+    for min_size and ties."""
+    return best_of_prefixes(accumulate(values, initial=start), draft_seconds, verify_seconds, min_size)
 
 
 def best_of_prefixes(expected: Iterable[float], draft_seconds: Seconds, verify_seconds: Callable[[int], float],
-                     min_size: int = 0, floor: float | None = None) -> Prefix:
+                     min_size: int = 0) -> Prefix:
     """best_prefix given each prefix's expected tokens directly: expected[n] for n = 0, 1, ... nodes.
 
     Prefixes from min_size up are candidates (min_size = 0: verifying no draft, a plain pass, is one). Ties keep the
-    smaller prefix: a later prefix must have a strictly higher rate. floor=None: the min_size prefix is the first
-    best whatever its rate; a number: every candidate must beat it, and where none does (or there are fewer values
-    than min_size) the answer is min_size nodes, its rate and expected tokens counting the values there are."""
+    smaller prefix: a later prefix must have a strictly higher rate. Where there are fewer values than min_size the
+    answer is min_size nodes, its rate and expected tokens counting the values there are."""
     draft = draft_seconds if callable(draft_seconds) else (lambda n: draft_seconds)
     expected = list(expected)
     best: Prefix | None = None
     for n in range(min_size, len(expected)):
         r = rate(expected[n], draft(n), verify_seconds, n + 1)
-        if (best is None and floor is None) or r > (floor if best is None else best.rate):
+        if best is None or r > best.rate:
             best = Prefix(n, r, expected[n])
     if best is None:
         e = expected[min(min_size, len(expected) - 1)]
