@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "bench"))
 import decode_vs_llama_bench  # noqa: E402
 import serve_batching  # noqa: E402
 from test_llama_server import gguf, stand_in  # noqa: E402,F401  (the stand-in llama-server fixture)
+from test_trained_drafts import have_spec_bench  # noqa: E402
 
 
 def rows_of(table: dict) -> list[dict]:
@@ -47,6 +48,7 @@ def test_best_is_the_highest_median_not_the_highest_run():
     assert runs_note(entries) == "" and "only 1 time" in runs_note(median_by_config(rows_of({("a", "x", 1): [1]}), "v"))
 
 
+@pytest.mark.skipif(not have_spec_bench(), reason="Spec-Bench data (../shared/data) is not on this machine")
 def test_warm_up_prompts_are_never_measured():
     prompts, warm = serve_batching.split_prompts(2, seed=0)
     assert prompts and warm and not set(prompts) & set(warm)
