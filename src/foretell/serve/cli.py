@@ -19,13 +19,38 @@ from foretell.spec_args import add_model_args, add_speculative_args, speculative
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+HELP = "OpenAI-compatible HTTP server with speculative decoding"
+DESCRIPTION = (
+    "Serve one model on /v1/completions, /v1/chat/completions and /v1/models, with /health and /metrics "
+    "(Prometheus). Speculation is configured as for `foretell generate`. Requests queue for the engine, which "
+    "batches them continuously: up to --max-batch are decoded together, one target pass a step for all of them, and "
+    "a request joins or leaves the batch between passes."
+)
+# The options that set the ServeSettings field of the same name, whose default they take: (field, type or
+# choices, help); each help ends with its default.
+SETTINGS_OPTIONS = (
+    ("max_queue", int, "requests that may wait for the engine; more are answered 503 with Retry-After"),
+    ("request_timeout", float, "seconds a request may take, waiting included"),
+    ("max_body_bytes", int, "largest request body; larger ones get 413"),
+    ("max_batch", int, "requests decoded together, one target pass verifying all their drafts; 1 turns batching off"),
+    ("batch_budget", ("auto", "fixed", "none"), "draft tokens each request may have verified per pass: auto = "
+     "foretell's batch-aware budget (measured cost curve), fixed = by batch size (vLLM's rule), none = each drafter "
+     "as configured"),
+    ("prefill_chunk", int, "prompt tokens read per pass, so long prompts never stall running requests"),
+    ("prefix_cache_mb", int, "MiB of prompt prefixes (their KV rows) kept for later requests that start with them, "
+     "as a conversation's next turn does; 0 turns it off"),
+    ("shutdown_timeout", float, "on SIGTERM or Ctrl-C, seconds to let requests in flight finish; the ones still "
+     "running then are answered 503 (a stream: an error event, then [DONE])"),
+    ("header_timeout", float, "seconds a connection may take to send a request's line and headers; slower ones are "
+     "closed"),
+    ("body_timeout", float, "seconds a request's body may take to arrive once its headers have; slower ones are "
+     "answered 408 and closed"),
+    ("keep_alive_timeout", float, "seconds an idle connection stays open between requests"),
+)
+
+
 def add_serve_parser(sub) -> None:
-    p = sub.add_parser(
-        "serve", help="OpenAI-compatible HTTP server with speculative decoding",
-        description="Serve one model on /v1/completions, /v1/chat/completions and /v1/models, with /health and "
-        "/metrics (Prometheus). Speculation is configured as for `foretell generate`. Requests queue for the "
-        "engine, which batches them continuously: up to --max-batch are decoded together, one target pass a step "
-        "for all of them, and a request joins or leaves the batch between passes.")
+    p = sub.add_parser("serve", help=HELP, description=DESCRIPTION)
     add_model_args(p)
     add_speculative_args(p)
     defaults = ServeSettings()
@@ -36,36 +61,10 @@ def add_serve_parser(sub) -> None:
     g.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $FORETELL_API_KEY if set, "
                    "else no key)")
     g.add_argument("--served-model-name", help="the model id clients send (default: the last part of --model)")
-    g.add_argument("--max-queue", type=int, default=defaults.max_queue,
-                   help="requests that may wait for the engine; more are answered 503 with Retry-After "
-                   "(default: %(default)s)")
-    g.add_argument("--request-timeout", type=float, default=defaults.request_timeout,
-                   help="seconds a request may take, waiting included (default: %(default)s)")
-    g.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes,
-                   help="largest request body; larger ones get 413 (default: %(default)s)")
-    g.add_argument("--max-batch", type=int, default=defaults.max_batch,
-                   help="requests decoded together, one target pass verifying all their drafts; 1 turns batching "
-                   "off (default: %(default)s)")
-    g.add_argument("--batch-budget", default=defaults.batch_budget, choices=("auto", "fixed", "none"),
-                   help="draft tokens each request may have verified per pass: auto = foretell's batch-aware budget "
-                   "(measured cost curve), fixed = by batch size (vLLM's rule), none = each drafter as configured "
-                   "(default: %(default)s)")
-    g.add_argument("--prefill-chunk", type=int, default=defaults.prefill_chunk,
-                   help="prompt tokens read per pass, so long prompts never stall running requests (default: %(default)s)")
-    g.add_argument("--prefix-cache-mb", type=int, default=defaults.prefix_cache_mb,
-                   help="MiB of prompt prefixes (their KV rows) kept for later requests that start with them, as a "
-                   "conversation's next turn does; 0 turns it off (default: %(default)s)")
-    g.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
-                   help="on SIGTERM or Ctrl-C, seconds to let requests in flight finish; the ones still running then "
-                   "are answered 503 (a stream: an error event, then [DONE]) (default: %(default)s)")
-    g.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
-                   help="seconds a connection may take to send a request's line and headers; slower ones are "
-                   "closed (default: %(default)s)")
-    g.add_argument("--body-timeout", type=float, default=defaults.body_timeout,
-                   help="seconds a request's body may take to arrive once its headers have; slower ones are "
-                   "answered 408 and closed (default: %(default)s)")
-    g.add_argument("--keep-alive-timeout", type=float, default=defaults.keep_alive_timeout,
-                   help="seconds an idle connection stays open between requests (default: %(default)s)")
+    for name, kind, text in SETTINGS_OPTIONS:
+        typed = {"choices": kind} if isinstance(kind, tuple) else {"type": kind}
+        g.add_argument("--" + name.replace("_", "-"), default=getattr(defaults, name),
+                       help=f"{text} (default: %(default)s)", **typed)
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level; info logs every request (default: %(default)s)")
     p.set_defaults(run=run_serve)
@@ -87,12 +86,7 @@ def run_serve(args: argparse.Namespace) -> None:
     from foretell.api import load
 
     settings = ServeSettings(api_key=args.api_key or os.environ.get("FORETELL_API_KEY") or None,
-                             max_queue=args.max_queue, request_timeout=args.request_timeout,
-                             max_body_bytes=args.max_body_bytes, max_batch=args.max_batch,
-                             batch_budget=args.batch_budget, prefill_chunk=args.prefill_chunk,
-                             prefix_cache_mb=args.prefix_cache_mb,
-                             shutdown_timeout=args.shutdown_timeout, header_timeout=args.header_timeout,
-                             body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout)
+                             **{name: getattr(args, name) for name, _, _ in SETTINGS_OPTIONS})
     if not 0 <= args.port <= 65535:
         raise ForetellError(f"--port must be in 0..65535, got {args.port}")
     spec, why = speculative_from_args(args, args.model)

@@ -33,6 +33,14 @@ def draft_vocabulary(data: TokenData, size: int, vocab_size: int, special_ids=()
     return hot_vocab_from_counts(counts, size, vocab_size).ids
 
 
+def new_draft_vocabulary(tokenizer, data: TokenData, size: int, vocab_size: int) -> torch.Tensor | None:
+    """A new drafter's own vocabulary of `size` tokens (draft_vocabulary, with the tokenizer's special tokens),
+    or None for size 0: the drafter keeps the target's whole vocabulary."""
+    if not size:
+        return None
+    return draft_vocabulary(data, size, vocab_size, getattr(tokenizer, "all_special_ids", []))
+
+
 def columns_of(vocab_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[vocab_size] long: each target id's column in a draft vocabulary `vocab_ids`, -1 outside it."""
     columns = torch.full((vocab_size,), -1, dtype=torch.long)

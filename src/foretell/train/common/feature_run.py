@@ -32,6 +32,7 @@ from foretell.train.common.features import (
     FeatureCache, FeatureConfig, build_feature_cache, cache_settings, open_if_complete,
 )
 from foretell.train.common.run_folder import JOB, differences
+from foretell.train.common.trainer import TrainConfig
 
 REPORT = "report.json"  # in OUT/data: rows per source and the evaluation-prompt filter's counts
 SETTINGS = "data.json"  # in OUT/data: the DataConfig the sequences were made with
@@ -64,6 +65,12 @@ class FeatureRunConfig:
     resume: bool = True
     stop_after: int | None = None  # stop training early (tests of resuming)
     features_from: Path | None = None  # another run's folder whose data and feature cache this run reads (never writes)
+
+
+def feature_schedule(lr: float = 1e-3) -> TrainConfig:
+    """The schedule of the kinds trained on cached features, so that their comparisons get the same budget; lr
+    1e-3 suits a fresh head, larger than AdaSPEC's 3e-4 for a pretrained draft."""
+    return TrainConfig(steps=1000, batch_size=16, micro_batch_size=1, lr=lr, checkpoint_every=100)
 
 
 def flag_of(path: str) -> str:
@@ -181,6 +188,24 @@ class FeatureRun:
         settings), or --features-from's (only read)."""
         return prepare_features(self.cfg, self.target_dir, target, data, self.layers, self.ctx, self.features_dir,
                                 shared=self.cfg.features_from is not None, start_over=not self.cfg.resume)
+
+    def train_or_load(self, settings: dict, what: str, target, held_out: TokenData | None, warm_start: Path | None,
+                      load, new, train, save, evaluate) -> Path:
+        """OUT/<what> (train_or_load below), after read: the module starts from the warm start (load(warm_start,
+        target), read before anything is written) or new(data), and train(module, cache, data, job_dir) -> steps
+        trains it on the feature cache; save(module, folder) writes it; evaluate(module, data, held_out) follows
+        unless there is no held-out data."""
+        start = load(warm_start, target) if warm_start is not None else None
+        data = self.data()
+
+        def train_new(job_dir: Path):
+            cache = self.features(target, data)
+            module = start if start is not None else new(data)
+            return module, train(module, cache, data, job_dir)
+
+        evaluation = None if held_out is None else lambda module: evaluate(module, data, held_out)
+        return train_or_load(self.cfg, settings, what, lambda folder: load(folder, target), train_new, save,
+                             evaluation, self.ctx)
 
 
 def prepare_data(cfg: DataConfig, tokenizer, folder: Path) -> TokenData:

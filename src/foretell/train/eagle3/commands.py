@@ -18,12 +18,13 @@ data-parallel.
 
 
 def add_arguments(p) -> None:
+    from foretell.train.common.feature_run import feature_schedule
     from foretell.train.common.options import add_feature_kind_arguments, add_head_arguments, add_option_table
     from foretell.train.eagle3.loss import Eagle3LossConfig
-    from foretell.train.eagle3.pipeline import Eagle3Shape, Eagle3TrainConfig, default_eagle3_train
+    from foretell.train.eagle3.pipeline import Eagle3Shape, Eagle3TrainConfig
 
     shape, loss = Eagle3Shape(), Eagle3LossConfig()
-    g = add_feature_kind_arguments(p, default_eagle3_train(), Eagle3TrainConfig.eval_sequences, "eagle3 options")
+    g = add_feature_kind_arguments(p, feature_schedule(), Eagle3TrainConfig.eval_sequences, "eagle3 options")
     g.add_argument("--aux-layers", help="comma list of 3 target layers fused by fc, in foretell's indexing (0 = "
                    "embeddings, i = output of layer i, L = final norm; the engines read 1..L-1) (default: EAGLE-3's "
                    "2, L/2, L-3, e.g. 2,15,27 for 30 layers)")
@@ -37,14 +38,15 @@ def add_arguments(p) -> None:
 
 
 def eagle3_config(args):
+    from foretell.train.common.feature_run import feature_schedule
     from foretell.train.common.options import check_positive, run_settings
     from foretell.train.eagle3.loss import Eagle3LossConfig
-    from foretell.train.eagle3.pipeline import Eagle3Shape, Eagle3TrainConfig, default_eagle3_train
+    from foretell.train.eagle3.pipeline import Eagle3Shape, Eagle3TrainConfig
     from foretell.train.parallel_head.commands import parse_layers
 
     check_positive(draft_vocab=args.draft_vocab, ttt_steps=args.ttt_steps, anchors=args.anchors,
                    eval_depth=args.eval_depth)
-    settings = run_settings(args, default_eagle3_train())
+    settings = run_settings(args, feature_schedule())
     layers = parse_layers(args.aux_layers, "--aux-layers")
     return Eagle3TrainConfig(
         **settings, eval_depth=args.eval_depth, shape=Eagle3Shape(args.draft_vocab, layers),

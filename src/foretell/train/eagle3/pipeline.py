@@ -26,17 +26,12 @@ from foretell.models.config import ModelConfig
 from foretell.train.common.data import TokenData
 from foretell.train.common.depths import format_depth_table
 from foretell.train.common.distributed import DistContext
-from foretell.train.common.feature_run import FeatureRun, FeatureRunConfig, check_same_shape, job_settings, train_or_load
+from foretell.train.common.draft_vocab import new_draft_vocabulary
+from foretell.train.common.feature_run import FeatureRun, FeatureRunConfig, check_same_shape, feature_schedule, job_settings
 from foretell.train.common.trainer import TrainConfig
 from foretell.train.eagle3.eval import eagle3_depth_eval
-from foretell.train.common.draft_vocab import draft_vocabulary
 from foretell.train.eagle3.loss import Eagle3LossConfig
 from foretell.train.eagle3.train import train_eagle3
-
-
-def default_eagle3_train() -> TrainConfig:
-    # The parallel head's schedule: both heads start fresh, and the comparison gives them the same budget.
-    return TrainConfig(steps=1000, batch_size=16, micro_batch_size=1, lr=1e-3, checkpoint_every=100)
 
 
 @dataclass(frozen=True)
@@ -50,7 +45,7 @@ class Eagle3TrainConfig(FeatureRunConfig):
     eval_depth: int = 5  # depths evaluated (the drafter's default tree depth)
     shape: Eagle3Shape = field(default_factory=Eagle3Shape)
     loss: Eagle3LossConfig = field(default_factory=Eagle3LossConfig)
-    train: TrainConfig = field(default_factory=default_eagle3_train)
+    train: TrainConfig = field(default_factory=feature_schedule)  # the parallel head's: both heads start fresh
     init_head: Path | None = None  # warm start: continue from a trained head of the same shape
 
 
@@ -85,18 +80,13 @@ def run_eagle3(cfg: Eagle3TrainConfig, ctx: DistContext | None = None) -> Path:
     if cfg.init_head is not None:
         settings["init_head"] = str(cfg.init_head)
     held_out, target = run.read(settings, config.aux_layers, "head.aux_layers")
-    start = load_eagle3_head(cfg.init_head, target) if cfg.init_head is not None else None  # checked before writing
-    data = run.data()
 
-    def train_new(job_dir: Path):
-        cache = run.features(target, data)
-        head = start
-        if head is None:
-            specials = getattr(run.tokenizer, "all_special_ids", [])
-            vocab = draft_vocabulary(data, config.draft_vocab_size, config.vocab_size, specials)
-            head = new_eagle3_head(target, config, seed=cfg.train.seed, draft_vocab=vocab)
-        return head, train_eagle3(head, cache, data, cfg.train, cfg.loss, job_dir, cfg.resume, cfg.stop_after, ctx)
+    def new_head(data: TokenData):
+        vocab = new_draft_vocabulary(run.tokenizer, data, config.draft_vocab_size, config.vocab_size)
+        return new_eagle3_head(target, config, seed=cfg.train.seed, draft_vocab=vocab)
 
-    evaluation = None if held_out is None else lambda head: evaluate(cfg, target, head, held_out)
-    return train_or_load(cfg, settings, "head", lambda folder: load_eagle3_head(folder, target), train_new,
-                         save_eagle3_head, evaluation, ctx)
+    def train(head, cache, data: TokenData, job_dir: Path) -> int:
+        return train_eagle3(head, cache, data, cfg.train, cfg.loss, job_dir, cfg.resume, cfg.stop_after, ctx)
+
+    return run.train_or_load(settings, "head", target, held_out, cfg.init_head, load_eagle3_head, new_head, train,
+                             save_eagle3_head, lambda head, data, held_out: evaluate(cfg, target, head, held_out))

@@ -27,9 +27,9 @@ from foretell.models.hidden_draft import (
 )
 from foretell.train.common.data import TokenData
 from foretell.train.common.distributed import DistContext
-from foretell.train.common.feature_run import FeatureRun, FeatureRunConfig, check_same_shape, job_settings, train_or_load
+from foretell.train.common.draft_vocab import new_draft_vocabulary
+from foretell.train.common.feature_run import FeatureRun, FeatureRunConfig, check_same_shape, feature_schedule, job_settings
 from foretell.train.common.trainer import TrainConfig
-from foretell.train.common.draft_vocab import draft_vocabulary
 from foretell.train.hidden_state.eval import format_coverage, format_hidden_table, hidden_depth_eval, hot_vocab_coverage
 from foretell.train.hidden_state.loss import HiddenLossConfig
 from foretell.train.hidden_state.train import train_hidden
@@ -38,8 +38,8 @@ INIT_CHOICES = "middle (num_layers // 2), random, or a target layer number (0-ba
 
 
 def default_hidden_train() -> TrainConfig:
-    # The parallel head's schedule, with a smaller step (its 1e-3): the draft starts from a pretrained target layer.
-    return TrainConfig(steps=1000, batch_size=16, micro_batch_size=1, lr=5e-4, checkpoint_every=100)
+    # A smaller step than a fresh head's: the draft starts from a pretrained target layer.
+    return feature_schedule(lr=5e-4)
 
 
 @dataclass(frozen=True)
@@ -110,21 +110,14 @@ def run_hidden_state(cfg: HiddenStateTrainConfig, ctx: DistContext | None = None
         settings["init_draft"] = str(cfg.init_draft)
     # the one layer the draft reads (the final norm's), which no option sets
     held_out, target = run.read(settings, (config.target_num_layers,), "layers")
-    start = load_hidden_draft(cfg.init_draft, target) if cfg.init_draft is not None else None  # checked before writing
-    data = run.data()
 
-    def train_new(job_dir: Path):
-        cache = run.features(target, data)
-        draft = start
-        if draft is None:
-            vocab = None
-            if config.draft_vocab_size:
-                specials = getattr(run.tokenizer, "all_special_ids", [])
-                vocab = draft_vocabulary(data, config.draft_vocab_size, config.vocab_size, specials)
-            draft = new_hidden_draft(target, config, seed=cfg.train.seed, init_from_layer=init_layer, draft_vocab=vocab)
-        return draft, train_hidden(draft, cache, data, cfg.train, cfg.loss, cfg.shape.depth, job_dir, cfg.resume,
-                                   cfg.stop_after, ctx)
+    def new_draft(data: TokenData):
+        vocab = new_draft_vocabulary(run.tokenizer, data, config.draft_vocab_size, config.vocab_size)
+        return new_hidden_draft(target, config, seed=cfg.train.seed, init_from_layer=init_layer, draft_vocab=vocab)
 
-    evaluation = None if held_out is None else lambda draft: evaluate(cfg, target, draft, data, held_out)
-    return train_or_load(cfg, settings, "draft", lambda folder: load_hidden_draft(folder, target), train_new,
-                         save_hidden_draft, evaluation, ctx)
+    def train(draft, cache, data: TokenData, job_dir: Path) -> int:
+        return train_hidden(draft, cache, data, cfg.train, cfg.loss, cfg.shape.depth, job_dir, cfg.resume,
+                            cfg.stop_after, ctx)
+
+    return run.train_or_load(settings, "draft", target, held_out, cfg.init_draft, load_hidden_draft, new_draft, train,
+                             save_hidden_draft, lambda draft, data, held_out: evaluate(cfg, target, draft, data, held_out))

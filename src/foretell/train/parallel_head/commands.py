@@ -18,12 +18,13 @@ data to OUT/eval.json. Rerunning the same command resumes.
 
 
 def add_arguments(p) -> None:
+    from foretell.train.common.feature_run import feature_schedule
     from foretell.train.common.options import add_feature_kind_arguments, add_head_arguments, add_option_table
-    from foretell.train.parallel_head.pipeline import HeadShape, ParallelHeadTrainConfig, default_train
+    from foretell.train.parallel_head.pipeline import HeadShape, ParallelHeadTrainConfig
     from foretell.train.parallel_head.train import HeadLossConfig
 
     shape, loss = HeadShape(), HeadLossConfig()
-    g = add_feature_kind_arguments(p, default_train(), ParallelHeadTrainConfig.eval_sequences, "parallel-head options")
+    g = add_feature_kind_arguments(p, feature_schedule(), ParallelHeadTrainConfig.eval_sequences, "parallel-head options")
     g.add_argument("--fuse-layers", help="comma list of target layers fused into the head's input, 0 = embeddings, "
                    "L = final norm (default: low, middle and high, e.g. 2,15,28 for 30 layers)")
     add_option_table(g, [
@@ -47,8 +48,9 @@ def parse_layers(text: str | None, flag: str = "--fuse-layers") -> tuple[int, ..
 
 
 def parallel_head_config(args):
+    from foretell.train.common.feature_run import feature_schedule
     from foretell.train.common.options import check_positive, run_settings
-    from foretell.train.parallel_head.pipeline import HeadShape, ParallelHeadTrainConfig, default_train
+    from foretell.train.parallel_head.pipeline import HeadShape, ParallelHeadTrainConfig
     from foretell.train.parallel_head.train import HeadLossConfig
 
     check_positive(depth=args.depth, head_layers=args.head_layers, anchors=args.anchors)
@@ -56,7 +58,7 @@ def parallel_head_config(args):
         raise ForetellError(f"--draft-vocab must be >= 0 (0 = the whole vocabulary), got {args.draft_vocab}")
     shape = HeadShape(args.depth, args.head_layers, parse_layers(args.fuse_layers), args.draft_vocab)
     return ParallelHeadTrainConfig(
-        **run_settings(args, default_train()), shape=shape,
+        **run_settings(args, feature_schedule()), shape=shape,
         loss=HeadLossConfig(args.anchors, args.depth_decay), init_head=Path(args.init_head) if args.init_head else None,
     )
 

@@ -22,16 +22,11 @@ from foretell.models.parallel_head import (
 from foretell.train.common.data import BOTH, TokenData
 from foretell.train.common.depths import format_depth_table
 from foretell.train.common.distributed import DistContext
-from foretell.train.common.draft_vocab import draft_vocabulary
-from foretell.train.common.feature_run import FeatureRun, FeatureRunConfig, check_same_shape, job_settings, train_or_load
+from foretell.train.common.draft_vocab import new_draft_vocabulary
+from foretell.train.common.feature_run import FeatureRun, FeatureRunConfig, check_same_shape, feature_schedule, job_settings
 from foretell.train.common.trainer import TrainConfig
 from foretell.train.parallel_head.eval import depth_acceptance
 from foretell.train.parallel_head.train import HeadLossConfig, train_head
-
-
-def default_train() -> TrainConfig:
-    # A fresh one-layer head takes a larger step than a pretrained draft (AdaSPEC's 3e-4).
-    return TrainConfig(steps=1000, batch_size=16, micro_batch_size=1, lr=1e-3, checkpoint_every=100)
 
 
 @dataclass(frozen=True)
@@ -46,7 +41,7 @@ class HeadShape:
 class ParallelHeadTrainConfig(FeatureRunConfig):
     shape: HeadShape = field(default_factory=HeadShape)
     loss: HeadLossConfig = field(default_factory=HeadLossConfig)
-    train: TrainConfig = field(default_factory=default_train)
+    train: TrainConfig = field(default_factory=feature_schedule)
     init_head: Path | None = None  # warm start: continue from a trained head of the same shape
 
 
@@ -64,10 +59,7 @@ def head_config(cfg: ParallelHeadTrainConfig, target: ModelConfig, cached_layers
 
 def new_head(cfg: ParallelHeadTrainConfig, config: ParallelHeadConfig, tokenizer, target, data: TokenData):
     """Training's start: a new head, over the tokens drafted most often in `data` when it has its own vocabulary."""
-    vocab = None
-    if config.draft_vocab_size:
-        specials = getattr(tokenizer, "all_special_ids", [])  # end-of-turn must stay draftable
-        vocab = draft_vocabulary(data, config.draft_vocab_size, config.vocab_size, specials)
+    vocab = new_draft_vocabulary(tokenizer, data, config.draft_vocab_size, config.vocab_size)
     return new_parallel_head(target, config, seed=cfg.train.seed, draft_vocab=vocab)
 
 
@@ -100,14 +92,10 @@ def run_parallel_head(cfg: ParallelHeadTrainConfig, ctx: DistContext | None = No
     if not config.draft_vocab_size:  # likewise
         del settings["head"]["draft_vocab_size"]
     held_out, target = run.read(settings, config.fuse_layers, "head.fuse_layers")
-    start = load_parallel_head(cfg.init_head, target) if cfg.init_head is not None else None  # checked before writing
-    data = run.data()
 
-    def train_new(job_dir: Path):
-        cache = run.features(target, data)
-        head = start if start is not None else new_head(cfg, config, run.tokenizer, target, data)
-        return head, train_head(head, cache, data, cfg.train, cfg.loss, job_dir, cfg.resume, cfg.stop_after, ctx)
+    def train(head, cache, data: TokenData, job_dir: Path) -> int:
+        return train_head(head, cache, data, cfg.train, cfg.loss, job_dir, cfg.resume, cfg.stop_after, ctx)
 
-    evaluation = None if held_out is None else lambda head: evaluate(cfg, target, head, held_out)
-    return train_or_load(cfg, settings, "head", lambda folder: load_parallel_head(folder, target), train_new,
-                         save_parallel_head, evaluation, ctx)
+    return run.train_or_load(settings, "head", target, held_out, cfg.init_head, load_parallel_head,
+                             lambda data: new_head(cfg, config, run.tokenizer, target, data), train,
+                             save_parallel_head, lambda head, data, held_out: evaluate(cfg, target, head, held_out))
