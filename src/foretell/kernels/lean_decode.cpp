@@ -44,7 +44,7 @@
 //   vnni.h            AVX-512 VNNI's switch (lean_vnni; the VNNI sums sit beside each kind's AVX2 ones)
 //   interleaved.h     Q4X, Q8X, and the interleaved kinds' prefetch
 //   gguf_blocks.h     GGUF block types and their rows
-//   kquants.h         K-quant rows with Q8_K activations, and the interleaved K-quants' packer
+//   kquants.h         K-quant rows with Q8_K activations, and what the interleaved K-quants share (packer, product)
 //   kq4x.h, kq6x.h    KQ4X, KQ6X
 //   gguf.h            the GGUF kind
 //   kinds.h           the table of kinds: a projection's tensors as a Proj, and its product

@@ -94,6 +94,29 @@ inline void exp_shifted(float* v, int64_t n, float shift) {
 inline __m256 bytes_u8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
 inline __m256 bytes_i8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
 
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 16 bytes of nibbles: inputs 0..15 in the low nibbles, 16..31 in the high ones (the 32-input blocks' order)
+inline __m256i nibbles16(const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), low4 = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+}
+
+// Output column n of R rows against a row of `blocks` blocks (y: column n's first row): block(b, acc, offsets) adds
+// block b's products to each row's vector sums acc[r] and, with OFFSETS, its scalar sums offsets[r]; then y[r] =
+// hsum(acc[r]) (+ offsets[r]). The rows' products of a weight of rows (rows.h, gguf_blocks.h), one order for every R.
+template <int R, bool OFFSETS, class Block>
+__attribute__((always_inline)) inline void over_blocks(int64_t blocks, float* y, int64_t y_stride, Block block) {
+  __m256 acc[R];
+  float offsets[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.f;
+  for (int64_t b = 0; b < blocks; ++b) block(b, acc, offsets);
+  for (int r = 0; r < R; ++r) {
+    if constexpr (OFFSETS) y[r * y_stride] = hsum(acc[r]) + offsets[r];
+    else y[r * y_stride] = hsum(acc[r]);
+  }
+}
+
 // run(R, m) for the pass size R (a compile-time count, 1..N)
 template <int N, class Run>
 void with_rows(int64_t R, Run& run, int64_t m) {

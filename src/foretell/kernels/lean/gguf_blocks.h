@@ -35,14 +35,6 @@ struct Chunk {
   float min;     // added to every weight (unsigned types)
 };
 
-inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-
-// 16 bytes of nibbles: inputs 0..15 in the low nibbles, 16..31 in the high ones (the 32-input blocks' order)
-inline __m256i nibbles16(const uint8_t* qs) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), low4 = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
-}
-
 // 32 bytes of nibbles, the low (high = false) or the high ones: 32 inputs
 inline __m256i nibbles32(const uint8_t* qs, bool high) {
   const __m256i raw = load32(qs);
@@ -75,68 +67,50 @@ inline void scale_min_k(int j, const uint8_t* s, int& scale, int& min) {
   }
 }
 
-// Per type: inputs a block (values), a block's bytes, whether its codes are signed, and chunk(block, j)
+// Per type Gguf<T>: inputs a block (values), a block's bytes, whether its codes are signed, and chunk(block, j)
+
+// The 32-input types, one layout: d, then m (Q4_1, Q5_1), then 4 bytes of fifth bits (Q5_0, Q5_1; input i: bit i),
+// then the codes (16 bytes of nibbles; Q8_0: 32 int8). The signed types' codes are unsigned in the file, with an
+// offset (Q4_0: 8, Q5_0: 16) that chunk takes off and codes_q8 leaves on.
 template <int64_t T>
-struct Gguf;
-
-template <>
-struct Gguf<GQ4_0> {
-  static constexpr int64_t values = 32, bytes = 18;
-  static constexpr bool is_signed = true;
+struct Blocks32 {
+  static_assert(T == GQ4_0 || T == GQ4_1 || T == GQ5_0 || T == GQ5_1 || T == GQ8_0, "a 32-input block type");
+  static constexpr bool has_m = T == GQ4_1 || T == GQ5_1, has_fifth = T == GQ5_0 || T == GQ5_1;
+  static constexpr int64_t codes_at = 2 + (has_m ? 2 : 0) + (has_fifth ? 4 : 0);
+  static constexpr int64_t values = 32, bytes = codes_at + (T == GQ8_0 ? 32 : 16);
+  static constexpr bool is_signed = !has_m;
+  static constexpr int offset = T == GQ4_0 ? 8 : T == GQ5_0 ? 16 : 0;
+  static __m256i stored_codes(const uint8_t* b) {  // as the file has them (Q4_0, Q5_0 with their offset)
+    if constexpr (T == GQ8_0) return load32(b + codes_at);
+    else if constexpr (has_fifth) return _mm256_or_si256(nibbles16(b + codes_at), fifth_bits(b + codes_at - 4));
+    else return nibbles16(b + codes_at);
+  }
   static Chunk chunk(const uint8_t* b, int) {
     const float d = half_float(b);
-    return {_mm256_sub_epi8(nibbles16(b + 2), _mm256_set1_epi8(8)), d, d, 0.f};
+    if constexpr (offset != 0) return {_mm256_sub_epi8(stored_codes(b), _mm256_set1_epi8(offset)), d, d, 0.f};
+    else return {stored_codes(b), d, d, has_m ? half_float(b + 2) : 0.f};
   }
 };
 
-template <>
-struct Gguf<GQ4_1> {
-  static constexpr int64_t values = 32, bytes = 20;
-  static constexpr bool is_signed = false;
-  static Chunk chunk(const uint8_t* b, int) {
-    const float d = half_float(b);
-    return {nibbles16(b + 4), d, d, half_float(b + 2)};
-  }
-};
-
-template <>
-struct Gguf<GQ5_0> {
-  static constexpr int64_t values = 32, bytes = 22;
-  static constexpr bool is_signed = true;
-  static Chunk chunk(const uint8_t* b, int) {  // d, 4 bytes of fifth bits (input i: bit i), 16 of nibbles
-    const float d = half_float(b);
-    const __m256i q = _mm256_or_si256(nibbles16(b + 6), fifth_bits(b + 2));
-    return {_mm256_sub_epi8(q, _mm256_set1_epi8(16)), d, d, 0.f};
-  }
-};
-
-template <>
-struct Gguf<GQ5_1> {
-  static constexpr int64_t values = 32, bytes = 24;
-  static constexpr bool is_signed = false;
-  static Chunk chunk(const uint8_t* b, int) {  // d, m, fifth bits, nibbles
-    const float d = half_float(b);
-    return {_mm256_or_si256(nibbles16(b + 8), fifth_bits(b + 4)), d, d, half_float(b + 2)};
-  }
-};
-
-template <>
-struct Gguf<GQ8_0> {
-  static constexpr int64_t values = 32, bytes = 34;
-  static constexpr bool is_signed = true;
-  static Chunk chunk(const uint8_t* b, int) {
-    const float d = half_float(b);
-    return {load32(b + 2), d, d, 0.f};
-  }
-};
+template <int64_t T>
+struct Gguf : Blocks32<T> {};  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the K-quants below
 
 // Q4_K: d, dmin, 12 bytes of scales and mins, 128 of codes: chunks 2i and 2i + 1 are the low and high nibbles of
-// bytes 32i .. 32i + 31
-template <>
-struct Gguf<GQ4_K> {
-  static constexpr int64_t values = 256, bytes = 144;
+// bytes 32i .. 32i + 31. Q5_K: as Q4_K, with 32 bytes of fifth bits before the codes: input l of chunk j has bit j
+// of byte l.
+template <int64_t T>
+struct KWithMins {
+  static constexpr bool has_fifth = T == GQ5_K;
+  static constexpr int64_t values = 256, bytes = has_fifth ? 176 : 144;
   static constexpr bool is_signed = false;
-  static __m256i codes(const uint8_t* b, int j) { return nibbles32(b + 16 + 32 * (j / 2), j & 1); }
+  static __m256i codes(const uint8_t* b, int j) {
+    if constexpr (has_fifth) {
+      const __m256i fifth = _mm256_slli_epi16(bit_field(b + 16, j, 1), 4);
+      return _mm256_or_si256(nibbles32(b + 48 + 32 * (j / 2), j & 1), fifth);
+    } else {
+      return nibbles32(b + 16 + 32 * (j / 2), j & 1);
+    }
+  }
   static Chunk chunk(const uint8_t* b, int j) {
     int scale, min;
     scale_min_k(j, b + 4, scale, min);
@@ -145,22 +119,11 @@ struct Gguf<GQ4_K> {
   }
 };
 
-// Q5_K: as Q4_K, with 32 bytes of fifth bits before the codes: input l of chunk j has bit j of byte l
 template <>
-struct Gguf<GQ5_K> {
-  static constexpr int64_t values = 256, bytes = 176;
-  static constexpr bool is_signed = false;
-  static __m256i codes(const uint8_t* b, int j) {
-    const __m256i fifth = _mm256_slli_epi16(bit_field(b + 16, j, 1), 4);
-    return _mm256_or_si256(nibbles32(b + 48 + 32 * (j / 2), j & 1), fifth);
-  }
-  static Chunk chunk(const uint8_t* b, int j) {
-    int scale, min;
-    scale_min_k(j, b + 4, scale, min);
-    const float d = half_float(b) * float(scale);
-    return {codes(b, j), d, d, -(half_float(b + 2) * float(min))};
-  }
-};
+struct Gguf<GQ4_K> : KWithMins<GQ4_K> {};
+
+template <>
+struct Gguf<GQ5_K> : KWithMins<GQ5_K> {};
 
 // Q6_K: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, d. Each half of the block (128 inputs):
 // 64 bytes of nibbles (inputs l and 64 + l in byte l's low and high nibble, l < 64) and 32 of bit pairs (byte l:
@@ -257,11 +220,10 @@ void rows_gguf(const uint8_t* row, int64_t K, const float* x, float* y, int64_t 
 // 127 fit its 16-bit sums.
 template <int64_t T>
 inline Chunk codes_q8(const uint8_t* b) {  // the block's codes as the 8-bit activations' products take them
+  using G = Gguf<T>;
   const float d = half_float(b);
-  if constexpr (T == GQ4_0) return {nibbles16(b + 2), d, d, -8.f * d};
-  if constexpr (T == GQ5_0) return {_mm256_or_si256(nibbles16(b + 6), fifth_bits(b + 2)), d, d, -16.f * d};
-  if constexpr (T == GQ8_0) return {load32(b + 2), d, d, 0.f};
-  return Gguf<T>::chunk(b, 0);  // Q4_1, Q5_1: unsigned codes and m already
+  if constexpr (G::offset != 0) return {G::stored_codes(b), d, d, -float(G::offset) * d};
+  else return G::chunk(b, 0);  // Q4_1, Q5_1: unsigned codes and m already; Q8_0: signed
 }
 
 template <int64_t T, int R>
@@ -270,10 +232,7 @@ void rows_gguf_q8(const uint8_t* row, int64_t K, const RowsQ8& x, int64_t m, flo
   constexpr bool SIGNED = T == GQ8_0;
   const int64_t blocks = K / 32;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R];
-  float offsets[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.f;
-  for (int64_t block = 0; block < blocks; ++block) {
+  over_blocks<R, true>(blocks, y + n, y_stride, [&](int64_t block, __m256* acc, float* offsets) {
     const Chunk c = codes_q8<T>(row + block * Gguf<T>::bytes);
     const __m256i magnitude = SIGNED ? _mm256_sign_epi8(c.q, c.q) : c.q;
     for (int r = 0; r < R; ++r) {
@@ -284,8 +243,7 @@ void rows_gguf_q8(const uint8_t* row, int64_t K, const RowsQ8& x, int64_t m, flo
       acc[r] = _mm256_fmadd_ps(sums, _mm256_set1_ps(c.lo * x.d[a]), acc[r]);
       if constexpr (!SIGNED) offsets[r] = std::fma(c.min, x.d_sum[a], offsets[r]);
     }
-  }
-  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]) + offsets[r];
+  });
 }
 
 // One row of blocks as its K float weights (a prompt's many-row product runs dense on them)

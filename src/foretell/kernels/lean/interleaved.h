@@ -184,6 +184,20 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) void group_q8x_v
   group_qx<R, false, true>(p, g, x, m, y, y_stride);
 }
 
+// The interleaved kinds' products (Q4X, Q8X, KQ4X, KQ6X): y [M, N]'s groups of 8 columns over torch's threads,
+// group(g) writing columns 8g .. 8g + 7 of y's M rows, then the bias added to them
+template <class Group>
+void over_groups(const Proj& p, int64_t M, float* y, Group group) {
+  at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      group(g);
+      if (p.bias)
+        for (int64_t r = 0; r < M; ++r)
+          for (int64_t n = 8 * g; n < 8 * g + 8; ++n) y[r * p.N + n] += p.bias[n];
+    }
+  });
+}
+
 // y [M, N] = x [M, K] W^T (+ bias) for Q4X (Q4) or Q8X blocks, x's rows quantized in blocks of 32: groups of 8
 // columns over torch's threads, x's rows 8 at a time (VNNI) or 4
 template <bool Q4>
@@ -191,20 +205,15 @@ void gemm_interleaved(const Proj& p, const float* x, int64_t M, float* y, float*
   TORCH_CHECK(act_q8, "interleaved blocks run with 8-bit activations only");
   RowsQ8 xq;
   quantize_rows(x, M, p.K, xq);
-  at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      if (vnni_on && Q4)
-        in_eights(M, [&](auto R, int64_t m) { group_q4x_vnni<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
-      else if (vnni_on)
-        in_eights(M, [&](auto R, int64_t m) { group_q8x_vnni<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
-      else if (Q4)
-        in_fours(M, [&](auto R, int64_t m) { group_q4x<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
-      else
-        in_fours(M, [&](auto R, int64_t m) { group_q8x<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
-      if (p.bias)
-        for (int64_t r = 0; r < M; ++r)
-          for (int64_t n = 8 * g; n < 8 * g + 8; ++n) y[r * p.N + n] += p.bias[n];
-    }
+  over_groups(p, M, y, [&](int64_t g) {
+    if (vnni_on && Q4)
+      in_eights(M, [&](auto R, int64_t m) { group_q4x_vnni<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
+    else if (vnni_on)
+      in_eights(M, [&](auto R, int64_t m) { group_q8x_vnni<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
+    else if (Q4)
+      in_fours(M, [&](auto R, int64_t m) { group_q4x<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
+    else
+      in_fours(M, [&](auto R, int64_t m) { group_q8x<decltype(R)::value>(p, g, xq, m, y + m * p.N, p.N); });
   });
 }
 

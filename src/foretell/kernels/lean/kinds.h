@@ -37,8 +37,8 @@ constexpr KindRow KINDS[] = {
     {I8X, unpack_i8x, gemm_columns<true>, true, 1},
     {BF16A, unpack_bf16a, gemm_bf16a, true, 32},
     {GGUF, gguf_parts, gemm_gguf, true, 32},
-    {KQ4X, unpack_kq4x, gemm_kq4x, true, 32},
-    {KQ6X, unpack_kq6x, gemm_kq6x, true, 32},
+    {KQ4X, unpack_records<Kq4x>, gemm_records<Kq4x>, true, 32},
+    {KQ6X, unpack_records<Kq6x>, gemm_records<Kq6x>, true, 32},
 };
 constexpr int64_t KINDS_N = sizeof(KINDS) / sizeof(KINDS[0]);
 

@@ -1,9 +1,6 @@
 // Kind KQ4X: Q4_K blocks with 8 output columns interleaved, 8-bit activations (AVX2 and AVX-512 VNNI).
 #pragma once
 
-#include "common.h"
-#include "act_q8.h"
-#include "interleaved.h"
 #include "kquants.h"
 
 namespace {
@@ -25,14 +22,18 @@ namespace {
 // the rows beside it; AVX-512 VNNI (vpdpbusd) and AVX2 (maddubs, then madd) compute the same integers.
 constexpr int64_t KQ4X_CHUNK = 136, KQ4X_SCALES = 128, KQ4X_MINS = 1088, KQ4X_D = 1152, KQ4X_BYTES = 1184;
 
+// input l of chunk j of a Q4_K block (Gguf<GQ4_K>::codes, one code): chunks 2i and 2i + 1 are the low and high
+// nibbles of code bytes 32i .. 32i + 31
+inline int q4k_code(const uint8_t* blk, int j, int l) {
+  const uint8_t v = blk[16 + 32 * (j / 2) + l];
+  return (j & 1) ? v >> 4 : v & 0x0F;
+}
+
 // The KQ4X records of N rows of Q4_K blocks (N a multiple of 8): uint8 [N / 8, K / 256, KQ4X_BYTES]
 torch::Tensor interleave_q4k(torch::Tensor bytes, int64_t N, int64_t K) {
   return interleaved_records(bytes, N, K, 144, KQ4X_BYTES, "Q4_K", [](uint8_t* rec, int c, const uint8_t* blk) {
+    put_nibbles(rec, KQ4X_CHUNK, c, [&](int j, int l) { return q4k_code(blk, j, l); });
     for (int j = 0; j < 8; ++j) {
-      auto code = [&](int i) { const uint8_t v = blk[16 + 32 * (j / 2) + i]; return (j & 1) ? v >> 4 : v & 0x0F; };
-      for (int v = 0; v < 4; ++v)
-        for (int i = 0; i < 4; ++i)
-          rec[KQ4X_CHUNK * j + 32 * v + 4 * c + i] = uint8_t(code(4 * v + i) | (code(16 + 4 * v + i) << 4));
       int scale, min;
       scale_min_k(j, blk + 4, scale, min);
       rec[KQ4X_CHUNK * j + KQ4X_SCALES + c] = uint8_t(scale);
@@ -44,7 +45,7 @@ torch::Tensor interleave_q4k(torch::Tensor bytes, int64_t N, int64_t K) {
 }
 
 // chunk j's 8 columns' sums for R rows: sums[r] = the int32 products of the chunk's codes with row r's codes (a:
-// each row's codes of this block). Inlined where the caller has its instruction set (group_kq4x_vnni).
+// each row's codes of this block). Inlined where the caller has its instruction set (group_records_vnni).
 template <int R>
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) inline void kq4x_chunk_vnni(
     const uint8_t* rec, int j, const int8_t* const* a, __m256i* sums) {
@@ -69,30 +70,26 @@ __attribute__((always_inline)) inline void kq4x_chunk_avx2(const uint8_t* rec, i
   nibble_sums_avx2<R>(rec + KQ4X_CHUNK * j, a, 32 * j, sums);
 }
 
-// Columns 8g .. 8g + 7 of R rows (m .. m + R - 1 of x) against KQ4X records (forced inline into the two entry points
-// below, each compiled for its instruction set)
-template <int R, bool VNNI>
-__attribute__((always_inline)) inline void group_kq4x(const uint8_t* records, int64_t K, int64_t g, int64_t groups,
-                                                      const RowsQ8K& x, int64_t m, float* y, int64_t y_stride) {
-  const int64_t blocks = K / 256;
-  const int8_t* a[R];
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const bool fetch = fetches(m, g, groups);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* rec = records + (g * blocks + b) * KQ4X_BYTES;
-    if (fetch) fetch_ahead(rec + prefetch_groups * blocks * KQ4X_BYTES, KQ4X_BYTES);
-    for (int r = 0; r < R; ++r) a[r] = x.codes.data() + (m + r) * K + 256 * b;
-    __m256i total[R];
-    for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) {
-      __m256i sums[R];
-      for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
-      if constexpr (VNNI) kq4x_chunk_vnni<R>(rec, j, a, sums);
-      else kq4x_chunk_avx2<R>(rec, j, a, sums);
-      const __m256i scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + KQ4X_CHUNK * j + KQ4X_SCALES)));
-      for (int r = 0; r < R; ++r) total[r] = _mm256_add_epi32(total[r], _mm256_mullo_epi32(sums[r], scale));
-    }
+// KQ4X's steps in the interleaved K-quants' product (kquants.h: group_records)
+struct Kq4x {
+  static constexpr int64_t BYTES = KQ4X_BYTES;
+
+  static std::vector<int16_t> row_sums(const RowsQ8K&, int64_t, int64_t) { return {}; }  // RowsQ8K's sums suffice
+
+  template <int R, bool VNNI>
+  __attribute__((always_inline)) static void chunk(const uint8_t* rec, int j, const int8_t* const* a, __m256i* total) {
+    __m256i sums[R];
+    if constexpr (VNNI) kq4x_chunk_vnni<R>(rec, j, a, sums);
+    else kq4x_chunk_avx2<R>(rec, j, a, sums);
+    const __m256i scale = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + KQ4X_CHUNK * j + KQ4X_SCALES)));
+    for (int r = 0; r < R; ++r) total[r] = _mm256_add_epi32(total[r], _mm256_mullo_epi32(sums[r], scale));
+  }
+
+  // d times the sums, less dmin times the mins' term (the 8 chunks' mins against the rows' code sums per 32)
+  template <int R>
+  __attribute__((always_inline)) static void finish(const uint8_t* rec, const RowsQ8K& x, const int16_t*, int64_t m,
+                                                    int64_t b, int64_t K, const __m256i* total, __m256* acc) {
+    const int64_t blocks = K / 256;
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + KQ4X_D)));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + KQ4X_D + 16)));
     for (int r = 0; r < R; ++r) {
@@ -110,44 +107,6 @@ __attribute__((always_inline)) inline void group_kq4x(const uint8_t* records, in
       acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dmin, xd), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * g, acc[r]);
-}
-
-template <int R>
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) void group_kq4x_vnni(
-    const uint8_t* records, int64_t K, int64_t g, int64_t groups, const RowsQ8K& x, int64_t m, float* y,
-    int64_t y_stride) {
-  group_kq4x<R, true>(records, K, g, groups, x, m, y, y_stride);
-}
-
-template <int R>
-void group_kq4x_avx2(const uint8_t* records, int64_t K, int64_t g, int64_t groups, const RowsQ8K& x, int64_t m,
-                     float* y, int64_t y_stride) {
-  group_kq4x<R, false>(records, K, g, groups, x, m, y, y_stride);
-}
-
-// y [M, N] = x [M, K] W^T (+ bias) for KQ4X records: x quantized as Q8_K, 8 columns at a time over torch's threads,
-// x's rows 8 at a time
-void gemm_kq4x(const Proj& p, const float* x, int64_t M, float* y, float*, bool act_q8) {
-  TORCH_CHECK(act_q8, "KQ4X / KQ6X blocks run with 8-bit activations only");
-  RowsQ8K xk;
-  quantize_rows(x, M, p.K, xk);
-  at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      in_eights(M, [&](auto R, int64_t m) {
-        constexpr int rows = decltype(R)::value;
-        if (vnni_on)
-          group_kq4x_vnni<rows>(p.codes, p.K, g, p.N / 8, xk, m, y + m * p.N, p.N);
-        else
-          group_kq4x_avx2<rows>(p.codes, p.K, g, p.N / 8, xk, m, y + m * p.N, p.N);
-      });
-      if (p.bias)
-        for (int64_t r = 0; r < M; ++r)
-          for (int64_t n = 8 * g; n < 8 * g + 8; ++n) y[r * p.N + n] += p.bias[n];
-    }
-  });
-}
-
-void unpack_kq4x(Proj& p, const torch::Tensor& main, const torch::Tensor&) { unpack_records(p, main, KQ4X_BYTES); }
+};
 
 }  // namespace

@@ -1,9 +1,6 @@
 // Kind KQ6X: Q6_K blocks with 8 output columns interleaved, 8-bit activations (AVX2 and AVX-512 VNNI).
 #pragma once
 
-#include "common.h"
-#include "act_q8.h"
-#include "interleaved.h"
 #include "kquants.h"
 
 namespace {
@@ -21,22 +18,23 @@ namespace {
 // comes back through the activations' code sums: sum s (u - 32) a = sum s u a - 32 sum s (sum of the 16 a).
 constexpr int64_t KQ6X_CHUNK = 208, KQ6X_HIGH = 128, KQ6X_SCALES = 192, KQ6X_D = 1664, KQ6X_BYTES = 1680;
 
+// input l of chunk j of a Q6_K block, 0..63 (Gguf<GQ6_K>::codes' layout, one code, its offset kept)
+inline int q6k_code(const uint8_t* blk, int j, int l) {
+  const int half = j / 4, k = j % 4;
+  const uint8_t low = blk[64 * half + 32 * (k & 1) + l];
+  return ((k >= 2 ? low >> 4 : low & 0x0F) | (((blk[128 + 32 * half + l] >> (2 * k)) & 3) << 4));
+}
+
 // The KQ6X records of N rows of Q6_K blocks (N a multiple of 8): uint8 [N / 8, K / 256, KQ6X_BYTES]
 torch::Tensor interleave_q6k(torch::Tensor bytes, int64_t N, int64_t K) {
   return interleaved_records(bytes, N, K, 210, KQ6X_BYTES, "Q6_K", [](uint8_t* rec, int c, const uint8_t* blk) {
+    put_nibbles(rec, KQ6X_CHUNK, c, [&](int j, int l) { return q6k_code(blk, j, l); });  // the low 4 bits
     for (int j = 0; j < 8; ++j) {
-      const int half = j / 4, k = j % 4;
-      auto code = [&](int l) {  // input l of chunk j, 0..63 (Gguf<GQ6_K>::codes' layout, offset kept)
-        const uint8_t low = blk[64 * half + 32 * (k & 1) + l];
-        return ((k >= 2 ? low >> 4 : low & 0x0F) | (((blk[128 + 32 * half + l] >> (2 * k)) & 3) << 4));
-      };
+      uint8_t* chunk = rec + KQ6X_CHUNK * j;
       for (int v = 0; v < 4; ++v)
-        for (int i = 0; i < 4; ++i) {
-          const int lo = code(4 * v + i), hi = code(16 + 4 * v + i);
-          uint8_t* chunk = rec + KQ6X_CHUNK * j;
-          chunk[32 * v + 4 * c + i] = uint8_t((lo & 0x0F) | ((hi & 0x0F) << 4));
-          chunk[KQ6X_HIGH + 4 * c + i] |= uint8_t((lo >> 4) << (2 * v));
-          chunk[KQ6X_HIGH + 32 + 4 * c + i] |= uint8_t((hi >> 4) << (2 * v));
+        for (int i = 0; i < 4; ++i) {  // the top 2 bits
+          chunk[KQ6X_HIGH + 4 * c + i] |= uint8_t((q6k_code(blk, j, 4 * v + i) >> 4) << (2 * v));
+          chunk[KQ6X_HIGH + 32 + 4 * c + i] |= uint8_t((q6k_code(blk, j, 16 + 4 * v + i) >> 4) << (2 * v));
         }
       rec[KQ6X_CHUNK * j + KQ6X_SCALES + c] = blk[192 + 2 * j];
       rec[KQ6X_CHUNK * j + KQ6X_SCALES + 8 + c] = blk[192 + 2 * j + 1];
@@ -102,34 +100,39 @@ __attribute__((always_inline)) inline void kq6x_chunk_avx2(const uint8_t* rec, i
   });
 }
 
-// Columns 8g .. 8g + 7 of R rows against KQ6X records; sums16: the rows' activation code sums per 16 inputs
-template <int R, bool VNNI>
-__attribute__((always_inline)) inline void group_kq6x(const uint8_t* records, int64_t K, int64_t g, int64_t groups,
-                                                      const RowsQ8K& x, const int16_t* sums16, int64_t m, float* y,
-                                                      int64_t y_stride) {
-  const int64_t blocks = K / 256;
-  const int8_t* a[R];
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const bool fetch = fetches(m, g, groups);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* rec = records + (g * blocks + b) * KQ6X_BYTES;
-    if (fetch) fetch_ahead(rec + prefetch_groups * blocks * KQ6X_BYTES, KQ6X_BYTES);
-    for (int r = 0; r < R; ++r) a[r] = x.codes.data() + (m + r) * K + 256 * b;
-    __m256i total[R];
-    for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) {
-      __m256i first[R], second[R];
-      if constexpr (VNNI) kq6x_chunk_vnni<R>(rec, j, a, first, second);
-      else kq6x_chunk_avx2<R>(rec, j, a, first, second);
-      const uint8_t* scales = rec + KQ6X_CHUNK * j + KQ6X_SCALES;
-      const __m256i s1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales)));
-      const __m256i s2 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 8)));
-      for (int r = 0; r < R; ++r)
-        total[r] = _mm256_add_epi32(total[r], _mm256_add_epi32(_mm256_mullo_epi32(first[r], s1),
-                                                               _mm256_mullo_epi32(second[r], s2)));
+// KQ6X's steps in the interleaved K-quants' product (kquants.h: group_records)
+struct Kq6x {
+  static constexpr int64_t BYTES = KQ6X_BYTES;
+
+  static std::vector<int16_t> row_sums(const RowsQ8K& xk, int64_t M, int64_t K) {  // the code sums per 16 inputs
+    std::vector<int16_t> sums16(M * (K / 16));
+    for (int64_t i = 0; i < M * (K / 16); ++i) {
+      int total = 0;
+      for (int l = 0; l < 16; ++l) total += xk.codes[16 * i + l];
+      sums16[i] = int16_t(total);
     }
-    // the offsets: 32 * sum over the 16 groups of scale * the group's activation code sum, 2 groups a madd
+    return sums16;
+  }
+
+  template <int R, bool VNNI>
+  __attribute__((always_inline)) static void chunk(const uint8_t* rec, int j, const int8_t* const* a, __m256i* total) {
+    __m256i first[R], second[R];
+    if constexpr (VNNI) kq6x_chunk_vnni<R>(rec, j, a, first, second);
+    else kq6x_chunk_avx2<R>(rec, j, a, first, second);
+    const uint8_t* scales = rec + KQ6X_CHUNK * j + KQ6X_SCALES;
+    const __m256i s1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales)));
+    const __m256i s2 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 8)));
+    for (int r = 0; r < R; ++r)
+      total[r] = _mm256_add_epi32(total[r], _mm256_add_epi32(_mm256_mullo_epi32(first[r], s1),
+                                                             _mm256_mullo_epi32(second[r], s2)));
+  }
+
+  // the offsets (32 * sum over the 16 groups of scale * the group's activation code sum, 2 groups a madd) off the
+  // sums, then times d (sums16: the rows' activation code sums per 16 inputs)
+  template <int R>
+  __attribute__((always_inline)) static void finish(const uint8_t* rec, const RowsQ8K& x, const int16_t* sums16,
+                                                    int64_t m, int64_t b, int64_t K, __m256i* total, __m256* acc) {
+    const int64_t blocks = K / 256;
     __m256i pairs[8];
     for (int k = 0; k < 8; ++k) {
       const __m128i both = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + KQ6X_CHUNK * k + KQ6X_SCALES));
@@ -149,50 +152,6 @@ __attribute__((always_inline)) inline void group_kq6x(const uint8_t* records, in
                                acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * g, acc[r]);
-}
-
-template <int R>
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) void group_kq6x_vnni(
-    const uint8_t* records, int64_t K, int64_t g, int64_t groups, const RowsQ8K& x, const int16_t* sums16, int64_t m,
-    float* y, int64_t y_stride) {
-  group_kq6x<R, true>(records, K, g, groups, x, sums16, m, y, y_stride);
-}
-
-template <int R>
-void group_kq6x_avx2(const uint8_t* records, int64_t K, int64_t g, int64_t groups, const RowsQ8K& x,
-                     const int16_t* sums16, int64_t m, float* y, int64_t y_stride) {
-  group_kq6x<R, false>(records, K, g, groups, x, sums16, m, y, y_stride);
-}
-
-// y [M, N] = x [M, K] W^T (+ bias) for KQ6X records: x quantized as Q8_K, 8 columns at a time over torch's threads,
-// x's rows 8 at a time
-void gemm_kq6x(const Proj& p, const float* x, int64_t M, float* y, float*, bool act_q8) {
-  TORCH_CHECK(act_q8, "KQ4X / KQ6X blocks run with 8-bit activations only");
-  RowsQ8K xk;
-  quantize_rows(x, M, p.K, xk);
-  std::vector<int16_t> sums16(M * (p.K / 16));  // the code sums per 16 inputs
-  for (int64_t i = 0; i < M * (p.K / 16); ++i) {
-    int total = 0;
-    for (int l = 0; l < 16; ++l) total += xk.codes[16 * i + l];
-    sums16[i] = int16_t(total);
-  }
-  at::parallel_for(0, p.N / 8, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      in_eights(M, [&](auto R, int64_t m) {
-        constexpr int rows = decltype(R)::value;
-        if (vnni_on)
-          group_kq6x_vnni<rows>(p.codes, p.K, g, p.N / 8, xk, sums16.data(), m, y + m * p.N, p.N);
-        else
-          group_kq6x_avx2<rows>(p.codes, p.K, g, p.N / 8, xk, sums16.data(), m, y + m * p.N, p.N);
-      });
-      if (p.bias)
-        for (int64_t r = 0; r < M; ++r)
-          for (int64_t n = 8 * g; n < 8 * g + 8; ++n) y[r * p.N + n] += p.bias[n];
-    }
-  });
-}
-
-void unpack_kq6x(Proj& p, const torch::Tensor& main, const torch::Tensor&) { unpack_records(p, main, KQ6X_BYTES); }
+};
 
 }  // namespace

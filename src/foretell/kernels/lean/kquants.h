@@ -1,9 +1,10 @@
-// K-quant rows (Q4_K, Q5_K, Q6_K) with Q8_K activations, and the packer of the K-quants' interleaved
-// records (KQ4X, KQ6X).
+// K-quant rows (Q4_K, Q5_K, Q6_K) with Q8_K activations, and what the K-quants' interleaved records (KQ4X, KQ6X)
+// share: their packer's frame, their product's loop over groups and blocks.
 #pragma once
 
 #include "common.h"
 #include "act_q8.h"
+#include "interleaved.h"
 #include "gguf_blocks.h"
 
 namespace {
@@ -102,9 +103,84 @@ torch::Tensor interleaved_records(const torch::Tensor& bytes, int64_t N, int64_t
   return out;
 }
 
-// A projection's interleaved K-quant records [N / 8, K / 256, record_bytes] (KQ4X, KQ6X)
-void unpack_records(Proj& p, const torch::Tensor& main, int64_t record_bytes) {
-  TORCH_CHECK(main.dim() == 3 && main.size(2) == record_bytes && main.scalar_type() == at::kByte,
+// Column c's codes of the 8 chunks of a record (each chunk_bytes from the last), code(j, l): input l of chunk j,
+// their low 4 bits as Q4X's codes: per chunk 4 vectors, vector v, lane c, byte i holding input 4v + i in its low
+// nibble and input 16 + 4v + i in its high one
+template <class Code>
+inline void put_nibbles(uint8_t* rec, int64_t chunk_bytes, int c, Code code) {
+  for (int j = 0; j < 8; ++j)
+    for (int v = 0; v < 4; ++v)
+      for (int i = 0; i < 4; ++i)
+        rec[chunk_bytes * j + 32 * v + 4 * c + i] =
+            uint8_t((code(j, 4 * v + i) & 0x0F) | ((code(j, 16 + 4 * v + i) & 0x0F) << 4));
+}
+
+// The interleaved K-quant kinds' products. A kind L (kq4x.h's Kq4x, kq6x.h's Kq6x) gives
+//   L::BYTES                        a record's bytes (8 columns' blocks of 256 inputs)
+//   L::row_sums(xk, M, K)           what its product needs of the activations besides RowsQ8K (KQ6X: code sums)
+//   L::chunk<R, VNNI>(rec, j, a, total)   chunk j's integer products, times its integer scales, added to the R
+//                                   rows' total[r] (a: each row's codes of the block)
+//   L::finish<R>(rec, x, sums, m, b, K, total, acc)   the block's float step: total and its offsets into acc[r]
+// Columns 8g .. 8g + 7 of R rows (m .. m + R - 1 of x), forced inline into the two entry points below, each
+// compiled for its instruction set. A block's integer sums are exact and its float steps come in one order, so a
+// row's result does not depend on the rows beside it, and VNNI and AVX2 give the same bits.
+template <class L, int R, bool VNNI>
+__attribute__((always_inline)) inline void group_records(const uint8_t* records, int64_t K, int64_t g, int64_t groups,
+                                                         const RowsQ8K& x, const int16_t* sums, int64_t m, float* y,
+                                                         int64_t y_stride) {
+  const int64_t blocks = K / 256;
+  const int8_t* a[R];
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const bool fetch = fetches(m, g, groups);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* rec = records + (g * blocks + b) * L::BYTES;
+    if (fetch) fetch_ahead(rec + prefetch_groups * blocks * L::BYTES, L::BYTES);
+    for (int r = 0; r < R; ++r) a[r] = x.codes.data() + (m + r) * K + 256 * b;
+    __m256i total[R];
+    for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) L::template chunk<R, VNNI>(rec, j, a, total);
+    L::template finish<R>(rec, x, sums, m, b, K, total, acc);
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * y_stride + 8 * g, acc[r]);
+}
+
+template <class L, int R>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni"))) void group_records_vnni(
+    const uint8_t* records, int64_t K, int64_t g, int64_t groups, const RowsQ8K& x, const int16_t* sums, int64_t m,
+    float* y, int64_t y_stride) {
+  group_records<L, R, true>(records, K, g, groups, x, sums, m, y, y_stride);
+}
+
+template <class L, int R>
+void group_records_avx2(const uint8_t* records, int64_t K, int64_t g, int64_t groups, const RowsQ8K& x,
+                        const int16_t* sums, int64_t m, float* y, int64_t y_stride) {
+  group_records<L, R, false>(records, K, g, groups, x, sums, m, y, y_stride);
+}
+
+// y [M, N] = x [M, K] W^T (+ bias) for kind L's records: x quantized as Q8_K, 8 columns at a time over torch's
+// threads, x's rows 8 at a time
+template <class L>
+void gemm_records(const Proj& p, const float* x, int64_t M, float* y, float*, bool act_q8) {
+  TORCH_CHECK(act_q8, "KQ4X / KQ6X blocks run with 8-bit activations only");
+  RowsQ8K xk;
+  quantize_rows(x, M, p.K, xk);
+  const std::vector<int16_t> sums = L::row_sums(xk, M, p.K);
+  over_groups(p, M, y, [&](int64_t g) {
+    in_eights(M, [&](auto R, int64_t m) {
+      constexpr int rows = decltype(R)::value;
+      if (vnni_on)
+        group_records_vnni<L, rows>(p.codes, p.K, g, p.N / 8, xk, sums.data(), m, y + m * p.N, p.N);
+      else
+        group_records_avx2<L, rows>(p.codes, p.K, g, p.N / 8, xk, sums.data(), m, y + m * p.N, p.N);
+    });
+  });
+}
+
+// A projection's interleaved K-quant records [N / 8, K / 256, L::BYTES] (KQ4X, KQ6X)
+template <class L>
+void unpack_records(Proj& p, const torch::Tensor& main, const torch::Tensor&) {
+  TORCH_CHECK(main.dim() == 3 && main.size(2) == L::BYTES && main.scalar_type() == at::kByte,
               "KQ4X / KQ6X records' shape");
   p.N = main.size(0) * 8;
   p.K = main.size(1) * 256;

@@ -32,10 +32,7 @@ void rows_q4(const Proj& p, int64_t n, const float* x, const float* x_sums, floa
   const uint8_t* codes = p.codes + n * (p.K / 2);
   const float* dm = p.scales + n * blocks * 2;
   const __m128i low4 = _mm_set1_epi8(0x0F);
-  __m256 acc[R];
-  float offsets[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.f;
-  for (int64_t b = 0; b < blocks; ++b) {
+  over_blocks<R, true>(blocks, y + n, y_stride, [&](int64_t b, __m256* acc, float* offsets) {
     __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * b));
     __m128i lo = _mm_and_si128(raw, low4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
     const __m256 q0 = bytes_u8(lo), q1 = bytes_u8(_mm_srli_si128(lo, 8));
@@ -45,8 +42,7 @@ void rows_q4(const Proj& p, int64_t n, const float* x, const float* x_sums, floa
       acc[r] = _mm256_fmadd_ps(d, block_dot(x + r * p.K + 32 * b, q0, q1, q2, q3), acc[r]);
       offsets[r] += dm[2 * b + 1] * x_sums[r * blocks + b];
     }
-  }
-  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]) + offsets[r];
+  });
 }
 
 template <int R>
@@ -54,17 +50,14 @@ void rows_q8(const Proj& p, int64_t n, const float* x, float* y, int64_t y_strid
   const int64_t blocks = p.K / 32;
   const int8_t* codes = reinterpret_cast<const int8_t*>(p.codes) + n * p.K;
   const float* d = p.scales + n * blocks;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
+  over_blocks<R, false>(blocks, y + n, y_stride, [&](int64_t b, __m256* acc, float*) {
     __m128i c0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 32 * b));
     __m128i c1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 32 * b + 16));
     const __m256 q0 = bytes_i8(c0), q1 = bytes_i8(_mm_srli_si128(c0, 8));
     const __m256 q2 = bytes_i8(c1), q3 = bytes_i8(_mm_srli_si128(c1, 8));
     const __m256 db = _mm256_set1_ps(d[b]);
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(db, block_dot(x + r * p.K + 32 * b, q0, q1, q2, q3), acc[r]);
-  }
-  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]);
+  });
 }
 
 float row_f32(const Proj& p, int64_t n, const float* x) {
@@ -133,21 +126,15 @@ void rows_q4_q8(const Proj& p, int64_t n, const RowsQ8& x, int64_t m, float* y, 
   const int64_t blocks = p.K / 32;
   const uint8_t* codes = p.codes + n * (p.K / 2);
   const float* dm = p.scales + n * blocks * 2;
-  const __m128i low4 = _mm_set1_epi8(0x0F);
-  __m256 acc[R];
-  float offsets[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offsets[r] = 0.f;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * b));
-    const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+  over_blocks<R, true>(blocks, y + n, y_stride, [&](int64_t b, __m256* acc, float* offsets) {
+    const __m256i w = nibbles16(codes + 16 * b);
     for (int r = 0; r < R; ++r) {
       const int64_t row = (m + r) * blocks + b;
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes.data() + row * 32));
       acc[r] = _mm256_fmadd_ps(block_products(w, q), _mm256_set1_ps(dm[2 * b] * x.d[row]), acc[r]);
       offsets[r] += dm[2 * b + 1] * x.d_sum[row];
     }
-  }
-  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]) + offsets[r];
+  });
 }
 
 template <int R>
@@ -155,9 +142,7 @@ void rows_q8_q8(const Proj& p, int64_t n, const RowsQ8& x, int64_t m, float* y, 
   const int64_t blocks = p.K / 32;
   const int8_t* codes = reinterpret_cast<const int8_t*>(p.codes) + n * p.K;
   const float* d = p.scales + n * blocks;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
+  over_blocks<R, false>(blocks, y + n, y_stride, [&](int64_t b, __m256* acc, float*) {
     const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 32 * b));
     const __m256i magnitude = _mm256_sign_epi8(w, w);  // |w| as unsigned, its sign moved onto the activations
     for (int r = 0; r < R; ++r) {
@@ -166,8 +151,7 @@ void rows_q8_q8(const Proj& p, int64_t n, const RowsQ8& x, int64_t m, float* y, 
       acc[r] = _mm256_fmadd_ps(block_products(magnitude, _mm256_sign_epi8(q, w)), _mm256_set1_ps(d[b] * x.d[row]),
                                acc[r]);
     }
-  }
-  for (int r = 0; r < R; ++r) y[r * y_stride + n] = hsum(acc[r]);
+  });
 }
 
 template <int64_t KIND, int R>
