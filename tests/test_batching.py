@@ -11,7 +11,6 @@ import torch
 
 from conftest import PROMPTS
 from foretell.api import load
-from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize, chain_values, node_values, truncate
 from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
 from foretell.models.eagle3 import new_eagle3_head, save_eagle3_head
@@ -19,6 +18,7 @@ from foretell.models.hidden_draft import new_hidden_draft, save_hidden_draft
 from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
 from foretell.prefix_cache import PrefixCache
 from foretell.result_cache import ResultCache
+from foretell.sizing.batch import BatchAwareBudget, FixedByBatchSize, chain_values, node_values, truncate
 from foretell.types import Proposal, SamplingParams
 
 
@@ -464,7 +464,7 @@ def test_packed_rows_bucket_the_batch_shapes():
 def test_a_rejected_first_draft_does_not_end_a_requests_drafting():
     """Acceptance by depth is the request's own counts smoothed towards its drafter's pooled counts: one rejection
     lowers a request's estimate without zeroing it, and a drafter that keeps failing everywhere is valued low."""
-    from foretell.batch_budget import DepthAcceptance
+    from foretell.sizing.batch import DepthAcceptance
 
     good = DepthAcceptance()
     good.add([60, 30], [100, 60])

@@ -13,15 +13,16 @@ from safetensors.torch import load_file
 
 from conftest import make_hf_model, make_tokenizer, save_model_folder as save_hf
 from foretell.cli import main
+from foretell.conversations import sharegpt_messages, sharegpt_objects
 from foretell.errors import ForetellError
 from foretell.models.derive import DraftShape, draft_from_config, save_model_folder, truncated_copy
-from foretell.models.loading import build_model, load_model
+from foretell.runtime.loading import build_model, load_model
 from foretell.train.adaspec.evaluate import acceptance_per_token, token_acceptance
 from foretell.train.adaspec.losses import adaspec_loss, keep_count, select_tokens
 from foretell.train.adaspec.pipeline import DistillConfig, DraftSpec, run_pipeline
 from foretell.train.adaspec.stages import StageJob, begin_stage, run_stage
 from foretell.train.adaspec.teacher import TeacherConfig
-from foretell.train.common.data import DataConfig, TokenData, build_token_data, sharegpt_messages, sharegpt_objects, tokenize_conversation
+from foretell.train.common.data import DataConfig, TokenData, build_token_data, tokenize_conversation
 from foretell.train.common.distributed import launch
 from foretell.train.common.topk import full_kl, topk_kl
 from foretell.train.common.trainer import TrainConfig, WarmupCosine
@@ -448,8 +449,8 @@ def test_a_shipped_distilled_qwen2_draft_loads_by_name_with_its_checksums(qwen_p
     """A distilled draft model ships like the heads (bf16 weights, tokenizer, manifest of checksums); loaded by
     name it speculates exactly like plain greedy, and a damaged file is refused before any drafting."""
     from foretell.config import SpeculativeConfig
-    from foretell.drafters.factory import DrafterWeights, build_engine
-    from foretell.models.loading import load_model
+    from foretell.build import DrafterWeights, build_engine
+    from foretell.runtime.loading import load_model
     from foretell.models.shipped import Manifest, ship_drafter
     from foretell.types import SamplingParams
 

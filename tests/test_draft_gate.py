@@ -1,4 +1,4 @@
-"""The draft gate (draft_gate.py): it measures the drafter, then a pass without it, then drafts only
+"""The draft gate (sizing/gate.py): it measures the drafter, then a pass without it, then drafts only
 where that gives more tokens per second, per situation (the lookup branch's n-gram length), probes
 the drafter again after a run of skipped passes, learns from paired gains (the branch alone's
 tokens on the same pass), and forgets token estimates per request but not timings. Exactness
@@ -7,8 +7,8 @@ through the engine is tested with the hidden-state drafter and the parallel head
 
 import pytest
 
-from foretell.draft_gate import DraftGate
 from foretell.errors import ForetellError
+from foretell.sizing.gate import DraftGate
 
 
 def feed(gate: DraftGate, match: int, passes: int, draft=(2.0, 0.05), skip=(1.0, 0.04)) -> list[bool]:

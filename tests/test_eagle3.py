@@ -10,13 +10,14 @@ from conftest import (
     PROMPTS, assert_exact_near_the_token_limit, assert_greedy_equals_plain, greedy_params, recorded_proposals,
 )
 from foretell.api import load
-from foretell.budget import CostCurve
 from foretell.config import EagleTreeShape, SpeculativeConfig
 from foretell.drafters.eagle_tree import Eagle3Drafter
-from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.eagle3 import Eagle3Config, default_aux_layers, new_eagle3_head, save_eagle3_head
 from foretell.models.eagle3_format import load_eagle3_head
+from foretell.runtime.drafter_modules import quantize_drafter, use_lean_step
+from foretell.sizing.cost import CostCurve
+from foretell.sizing.tree import AdaptiveTreeScheduler
 from foretell.tree import depths
 from foretell.types import SamplingParams
 from test_engine_statistical import assert_tree_samples_follow_target
@@ -57,12 +58,12 @@ def test_greedy_equals_plain_near_the_token_limit_and_with_the_scheduler(plain):
 def test_int8_head_is_exact_and_quantizes_its_layer_and_output(plain):
     from foretell.runtime.quant import Int8Linear
 
-    head = make_head(plain.target.model, seed=4).quantize("int8")
+    head = quantize_drafter(make_head(plain.target.model, seed=4), "int8")
     assert isinstance(head.lm_head, Int8Linear) and isinstance(head.midlayer.qkv_proj, Int8Linear)
     assert not isinstance(head.fc, Int8Linear)  # run once a pass; it also places the module
-    assert head.quantize("int8").lm_head is head.lm_head  # quantizing twice changes nothing
+    assert quantize_drafter(head, "int8").lm_head is head.lm_head  # quantizing twice changes nothing
     assert_greedy_equals_plain(plain, plain.with_drafter(Eagle3Drafter(head)))
-    assert not isinstance(make_head(plain.target.model).quantize("none").lm_head, Int8Linear)
+    assert not isinstance(quantize_drafter(make_head(plain.target.model), "none").lm_head, Int8Linear)
 
 
 def test_int4_head_is_exact_and_quantizes_where_its_shapes_fit(plain):
@@ -70,11 +71,11 @@ def test_int4_head_is_exact_and_quantizes_where_its_shapes_fit(plain):
     32 (half int8's bytes a step), an output layer of 40 columns as int8; greedy output still plain decoding's."""
     from foretell.runtime.quant import Int4Linear, Int8Linear
 
-    head = make_head(plain.target.model, seed=4, draft_ids=torch.arange(4, 36)).quantize("int4")
+    head = quantize_drafter(make_head(plain.target.model, seed=4, draft_ids=torch.arange(4, 36)), "int4")
     assert isinstance(head.lm_head, Int4Linear) and isinstance(head.midlayer.qkv_proj, Int4Linear)
-    assert head.quantize("int4").lm_head is head.lm_head  # quantizing twice changes nothing
+    assert quantize_drafter(head, "int4").lm_head is head.lm_head  # quantizing twice changes nothing
     assert_greedy_equals_plain(plain, plain.with_drafter(Eagle3Drafter(head)))
-    assert isinstance(make_head(plain.target.model, seed=4).quantize("int4").lm_head, Int8Linear)
+    assert isinstance(quantize_drafter(make_head(plain.target.model, seed=4), "int4").lm_head, Int8Linear)
 
 
 @pytest.mark.parametrize("quant", ["none", "int8", "int4"])
@@ -85,8 +86,8 @@ def test_lean_head_steps_match_pytorch_and_decode_exactly(plain, quant):
 
     if lean_decode() is None:
         pytest.skip("the lean step's kernel cannot be built on this machine")
-    head = make_head(plain.target.model, seed=6).quantize(quant)
-    assert head.use_lean_step() is None and head.lean is not None
+    head = quantize_drafter(make_head(plain.target.model, seed=6), quant)
+    assert use_lean_step(head) is None and head.lean is not None
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(5, head.config.hidden_size, generator=g)
     tokens = torch.tensor([3, 9, 11, 4, 20])
@@ -100,7 +101,7 @@ def test_lean_head_steps_match_pytorch_and_decode_exactly(plain, quant):
             cache.commit_prefix(5)
             level = head.step_and_logits(tokens[:3], hidden[:3], torch.tensor([5, 6, 6]), cache, tree_mask=tree)
         results[lean] = (*chain, *level)
-        head.use_lean_step()
+        use_lean_step(head)
     for got, want in zip(results[True], results[False]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert_greedy_equals_plain(plain, plain.with_drafter(Eagle3Drafter(head)))
@@ -113,8 +114,8 @@ def test_lean_head_scores_only_the_last_row_when_asked(plain):
 
     if lean_decode() is None:
         pytest.skip("the lean step's kernel cannot be built on this machine")
-    head = make_head(plain.target.model, seed=8, draft_ids=torch.arange(4, 36)).quantize("int8")  # 32 columns
-    assert head.use_lean_step() is None and head.lean.output is not None
+    head = quantize_drafter(make_head(plain.target.model, seed=8, draft_ids=torch.arange(4, 36)), "int8")  # 32 columns
+    assert use_lean_step(head) is None and head.lean.output is not None
     lean = head.lean
     hidden = torch.randn(6, head.config.hidden_size, generator=torch.Generator().manual_seed(1))
     tokens = torch.tensor([3, 9, 11, 4, 20, 7])

@@ -247,7 +247,7 @@ def test_exported_draft_works_as_transformers_assistant_model(tiny_pair, tmp_pat
     from transformers import AutoModelForCausalLM
 
     from foretell.models.derive import save_model_folder as save_native, truncated_copy
-    from foretell.models.loading import load_model
+    from foretell.runtime.loading import load_model
 
     target_dir, _ = tiny_pair
     loaded = load_model(target_dir)

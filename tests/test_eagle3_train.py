@@ -21,11 +21,11 @@ from foretell.drafters.eagle_tree import Eagle3Drafter
 from foretell.errors import ForetellError
 from foretell.models.eagle3 import new_eagle3_head
 from foretell.models.eagle3_format import load_eagle3_head
-from foretell.models.loading import build_model
+from foretell.runtime.loading import build_model
 from foretell.train.common.data import TokenData
+from foretell.train.common.draft_vocab import draft_vocab_kl, draft_vocabulary
 from foretell.train.common.topk import full_kl
 from foretell.train.eagle3.eval import eagle3_depth_eval
-from foretell.train.common.draft_vocab import draft_vocab_kl, draft_vocabulary
 from foretell.train.eagle3.loss import Eagle3LossConfig
 from foretell.train.eagle3.pipeline import Eagle3Shape, Eagle3TrainConfig, run_eagle3
 from train_util import (

@@ -7,11 +7,11 @@ import pytest
 
 from conftest import make_hf_model, make_tokenizer, save_model_folder
 from foretell.api import load
-from foretell.config import SpeculativeConfig
 from foretell.cli import main
+from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
 from foretell.models import presets
-from foretell.models.loading import resolve_model_dir
+from foretell.runtime.loading import resolve_model_dir
 from foretell.types import SamplingParams
 
 

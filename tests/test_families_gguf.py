@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from foretell.errors import ForetellError
-from foretell.models.loading import load_model
+from foretell.runtime.loading import load_model
 from gguf_blocks import quantize
 from test_families import LLAMA3_ROPE, PROMPT, VOCAB, WINDOW, build
 

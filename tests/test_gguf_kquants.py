@@ -15,8 +15,9 @@ from conftest import PROMPTS, assert_drafters_reproduce_plain, greedy_params
 from foretell.api import load
 from foretell.errors import ForetellError
 from foretell.kernels import block_gemm, lean_module
+from foretell.layer_rows import select_rows
 from foretell.runtime.gguf_quant import GGUF_KIND, BlockQ8Linear, GGUFLinear
-from foretell.runtime.quant import Int4Linear, select_rows
+from foretell.runtime.quant import Int4Linear
 from gguf_blocks import T, quantize
 from test_lean_step import q8_activations
 

@@ -22,6 +22,7 @@ from foretell.models.hidden_draft import (
     CONFIG_FILE, HiddenDraftConfig, load_hidden_draft, new_hidden_draft, save_hidden_draft,
     unrolled_layout,
 )
+from foretell.runtime.drafter_modules import quantize_drafter, use_lean_step
 from foretell.tree import depths
 from foretell.types import SamplingParams
 from test_engine_statistical import NEW, PROMPT, VOCAB, exact_marginals, worst_p_value
@@ -91,7 +92,7 @@ def test_scheduled_tree_is_exact_and_the_scheduler_picks_the_budget(plain):
     scheduler keeps a best-first prefix; resampled subtrees ride along; greedy stays exact."""
     from test_tree_scheduler import curve
 
-    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler, ScheduleLimits
+    from foretell.sizing.tree import AdaptiveTreeScheduler, ScheduleLimits
 
     sched = AdaptiveTreeScheduler(curve(0.001), ScheduleLimits(max_nodes=20, probe_every=4))
     drafter = HiddenStateDrafter(make_draft(plain.target.model), HiddenStateOptions(resample_when="always", fuse=True), sched)
@@ -109,12 +110,12 @@ def test_scheduled_tree_is_exact_and_the_scheduler_picks_the_budget(plain):
 
 
 def test_draft_gate_with_the_lookup_branch_keeps_greedy_exact(plain):
-    """The gate (draft_gate.py) skips the drafter on some passes (exploring every 2nd decision, so
+    """The gate (sizing/gate.py) skips the drafter on some passes (exploring every 2nd decision, so
     both choices occur with and without a prompt-lookup branch); the output stays plain greedy's."""
     from test_tree_scheduler import curve
 
-    from foretell.draft_gate import DraftGate
-    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
+    from foretell.sizing.gate import DraftGate
+    from foretell.sizing.tree import AdaptiveTreeScheduler
     from foretell.result_cache import ResultCache
 
     drafter = HiddenStateDrafter(make_draft(plain.target.model), HiddenStateOptions(resample_when="always"),
@@ -183,8 +184,8 @@ def test_sampled_output_follows_the_target(micro, params, options):
     if options in ("scheduled", "gated"):  # the adaptive scheduler's budget, resampled subtrees fused in
         from test_tree_scheduler import curve
 
-        from foretell.draft_gate import DraftGate
-        from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler, ScheduleLimits
+        from foretell.sizing.gate import DraftGate
+        from foretell.sizing.tree import AdaptiveTreeScheduler, ScheduleLimits
         from foretell.result_cache import ResultCache
 
         gated = options == "gated"  # + the draft gate (both choices: explore every 2nd) and the lookup branch
@@ -511,10 +512,10 @@ def test_lean_draft_steps_match_pytorch_and_decode_exactly(plain, quant):
     if lean_decode() is None:
         pytest.skip("the lean step's kernel cannot be built on this machine")
     hot = HotVocab(torch.arange(8, 40), 48)  # 32 rows: the column kernel takes 16 at a time
-    draft = make_draft(plain.target.model, rank=8, seed=7, hot=hot).quantize(quant)
+    draft = quantize_drafter(make_draft(plain.target.model, rank=8, seed=7, hot=hot), quant)
     with torch.no_grad():  # the hot rows are the draft's own copy: make them bf16 numbers, as a bf16 target's are
         draft.shared.lm_head.weight.copy_(draft.shared.lm_head.weight.bfloat16().float())
-    assert draft.use_lean_step() is None and draft.lean.output is not None
+    assert use_lean_step(draft) is None and draft.lean.output is not None
     lean = draft.lean
     hidden = torch.randn(5, draft.config.hidden_size, generator=torch.Generator().manual_seed(0))
     results = {}
@@ -540,7 +541,7 @@ def test_lean_draft_steps_match_pytorch_and_decode_exactly(plain, quant):
     assert torch.equal(*outs)
     draft.lean = lean
     assert_greedy_equals_plain(plain, plain.with_drafter(HiddenStateDrafter(draft)))
-    assert draft.use_lean_step(False) is None and draft.lean is None
+    assert use_lean_step(draft, False) is None and draft.lean is None
 
 
 def test_load_errors(plain, tmp_path, tiny_pair):

@@ -14,6 +14,7 @@ from foretell.api import load
 from foretell.config import SpeculativeConfig
 from foretell.kernels import amx_products, block_gemm, lean_decode
 from foretell.runtime import wide_linear
+from foretell.runtime.drafter_modules import use_lean_step
 from foretell.runtime.lean_step import BF16, BF16A, BF16X, F32, LeanStep, bf16_interleaved
 from foretell.runtime.quant import describe_target
 
@@ -60,7 +61,7 @@ def test_one_bf16_packing_a_weight_shared_by_target_and_drafter(tiny_pair):
             p.copy_(p.bfloat16().float())
     step = LeanStep(model)
     head = new_parallel_head(model, ParallelHeadConfig.for_target(model.config))
-    assert head.use_lean_step() is None and head.lean.output is not None
+    assert use_lean_step(head) is None and head.lean.output is not None
     assert head.lean.output[2].data_ptr() == step.head[1].data_ptr()
     with torch.no_grad():
         model.lm_head.weight.mul_(2.0)  # still bf16 numbers, new values
@@ -149,7 +150,7 @@ def test_an_eagle3_head_for_such_a_target_steps_natively_and_stays_exact(tiny_pa
     is native its long passes (prompt feeds) multiply in bf16 as the target's do."""
     from foretell.drafters.eagle_tree import Eagle3Drafter
     from foretell.models.eagle3 import Eagle3Config, new_eagle3_head, save_eagle3_head
-    from foretell.models.loading import build_model
+    from foretell.runtime.loading import build_model
 
     bf16_emulated(monkeypatch, emulated)
     target = build_model(tiny_pair[0], torch.float32)
@@ -254,7 +255,7 @@ def test_a_head_saved_in_float32_drafts_over_bf16_numbers_on_a_bf16_target(tiny_
     as float32 activations) its parameters are rounded to bf16 numbers, as on a bf16 target, so its layers and fuse
     stream as bf16 like a shipped head's (not the float32 kinds, about twice the draft time on an AVX2 CPU), and it
     still reproduces plain decoding. For a float32 target its weights stay as saved."""
-    from foretell.models.loading import build_model
+    from foretell.runtime.loading import build_model
     from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
 
     bf16_emulated(monkeypatch)

@@ -16,6 +16,7 @@ from foretell.errors import ForetellError
 from foretell.kernels import lean_decode
 from foretell.prefix_cache import PrefixCache
 from foretell.runtime import packed
+from foretell.runtime.drafter_modules import quantize_drafter, use_lean_step
 from foretell.types import SamplingParams
 
 pytestmark = pytest.mark.skipif(lean_decode() is None, reason="the lean step's kernel cannot be built on this machine")
@@ -303,7 +304,7 @@ def head_drafters(target, kind: str):
     if kind.startswith("parallel-head"):
         module = new_parallel_head(target, ParallelHeadConfig.for_target(target.config, depth=4), seed=2)
         if kind == "parallel-head-int8-q8":  # as on a target with 8-bit activations (DrafterWeights.ready)
-            module.quantize("int8")
+            quantize_drafter(module, "int8")
         return module, lambda: ParallelHeadDrafter(module, HeadTreeShape(max_nodes=10, depth=4, width=3))
     module = make_draft(target, seed=2)
     return module, lambda: HiddenStateDrafter(module, HiddenStateOptions(depth=4, width=3, max_nodes=10))
@@ -317,7 +318,7 @@ def test_a_batch_packs_its_head_steps(tiny_pair, kind):
     its drafts' acceptance by position, equal its own alone."""
     plain = load(tiny_pair[0], "none", warm_up=False)
     module, drafter = head_drafters(plain.target.model, kind)
-    assert (module.use_lean_step(act_q8=True) if kind.endswith("q8") else module.use_lean_step()) is None
+    assert (use_lean_step(module, act_q8=True) if kind.endswith("q8") else use_lean_step(module)) is None
     assert getattr(module.lean, "act_q8", False) == kind.endswith("q8")
     engine = lambda: plain.with_drafter(drafter()).engine  # noqa: E731
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], [(5 * i + 1) % 48 for i in range(30)]]

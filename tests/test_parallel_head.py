@@ -13,11 +13,9 @@ from conftest import (
     make_hf_model, make_tokenizer, recorded_proposals, save_model_folder,
 )
 from foretell.api import load
-from foretell.budget import CostCurve
 from foretell.config import HeadTreeShape, SpeculativeConfig
 from foretell.drafters.base import DrafterBase
 from foretell.drafters.parallel_tree import ParallelHeadDrafter, grow_tree
-from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.errors import ForetellError
 from foretell.models.module_folder import WEIGHTS_FILE
@@ -25,6 +23,9 @@ from foretell.models.parallel_head import (
     CONFIG_FILE, ParallelHeadConfig, load_parallel_head, new_parallel_head, save_parallel_head,
     training_layout,
 )
+from foretell.runtime.drafter_modules import use_lean_step
+from foretell.sizing.cost import CostCurve
+from foretell.sizing.tree import AdaptiveTreeScheduler
 from foretell.tree import depths
 from foretell.types import Proposal, SamplingParams
 from test_engine_statistical import VOCAB, assert_tree_samples_follow_target
@@ -250,7 +251,7 @@ def test_lean_forward_matches_pytorch_and_decodes_exactly(plain):
     with torch.no_grad():  # the hot rows are the head's own copy; bf16 numbers, as a shipped head's weights are
         for weight in (head.fuse.weight, head.shared.lm_head.weight):
             weight.copy_(weight.bfloat16().float())
-    assert head.use_lean_step() is None and head.lean.input_layer is not None and head.lean.output is not None
+    assert use_lean_step(head) is None and head.lean.input_layer is not None and head.lean.output is not None
     lean = head.lean
     g = torch.Generator().manual_seed(0)
     features = torch.randn(7, len(config.fuse_layers) * config.hidden_size, generator=g)
@@ -270,7 +271,7 @@ def test_lean_forward_matches_pytorch_and_decodes_exactly(plain):
     spec = plain.with_drafter(ParallelHeadDrafter(head, HeadTreeShape(max_nodes=10, depth=4, width=3)))
     for prompt in PROMPTS:
         assert spec.engine.generate(prompt, GREEDY).tokens == plain.engine.generate(prompt, GREEDY).tokens
-    assert head.use_lean_step(False) is None and head.lean is None
+    assert use_lean_step(head, False) is None and head.lean is None
 
 
 def test_load_errors(plain, tmp_path, tiny_pair):

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from foretell.errors import ForetellError
+from foretell.runtime import prepare as prepare_module
 from foretell.runtime.config import RuntimeConfig
 from foretell.runtime.prepare import drafter_runtime, prepare
 
@@ -59,7 +60,11 @@ class Recorder(nn.Module):
         self.calls.append(("compile",))
 
 
-def test_prepare_rounds_then_quantizes_then_picks_compile_or_the_lean_step():
+def test_prepare_rounds_then_quantizes_then_picks_compile_or_the_lean_step(monkeypatch):
+    # prepare's drafter-module steps (runtime/drafter_modules.py), pointed at the recorder's own
+    monkeypatch.setattr(prepare_module, "DrafterModule", Recorder)
+    monkeypatch.setattr(prepare_module, "quantize_drafter", lambda module, mode: module.quantize(mode))
+    monkeypatch.setattr(prepare_module, "use_lean_step", lambda module, act_q8=False: module.use_lean_step(act_q8))
     module = Recorder()
     done = prepare(module, RuntimeConfig(quant="int8", bf16_numbers=True, bf16_as_float32=False))
     assert done.module is module and not done.bf16_as_float32 and done.wide_rows is None and done.lean == "not here"

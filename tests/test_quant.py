@@ -7,8 +7,9 @@ import torch.nn.functional as F
 from foretell.api import load
 from foretell.config import SpeculativeConfig, TreeShape
 from foretell.errors import ForetellError
-from foretell.runtime.quant import Int8Linear, quantize_int8, select_rows
+from foretell.layer_rows import select_rows
 from foretell.models.transformer import small_step_attention
+from foretell.runtime.quant import Int8Linear, quantize_int8
 from foretell.types import SamplingParams
 
 PROMPTS = [[1, 5, 9, 12, 5, 9, 30], [1, 20, 21, 22, 23, 24, 25, 20, 21, 22], [1]]

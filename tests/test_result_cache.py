@@ -169,8 +169,8 @@ def test_draft_gate_skipping_the_head_keeps_greedy_exact(plain):
     without the head leave it features of several steps to catch up on; the output stays plain greedy's."""
     from test_tree_scheduler import curve
 
-    from foretell.draft_gate import DraftGate
-    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
+    from foretell.sizing.gate import DraftGate
+    from foretell.sizing.tree import AdaptiveTreeScheduler
 
     target = plain.engine.target
     head = new_parallel_head(target, ParallelHeadConfig.for_target(target.config), seed=3)
@@ -291,7 +291,7 @@ def test_bench_warm_up_leaves_nothing_for_the_timed_run(plain, tmp_path):
 
 
 def test_branch_sizer_keeps_the_branch_where_rows_are_cheap_and_trims_it_where_they_are_not():
-    from foretell.result_cache import BranchSizer
+    from foretell.sizing.branch import BranchSizer
 
     sizer = BranchSizer()
     flat = lambda tokens: 0.010 + 1e-6 * tokens  # noqa: E731 - a pass costs about the same at any width
@@ -313,9 +313,9 @@ def test_branch_sizer_keeps_the_branch_where_rows_are_cheap_and_trims_it_where_t
 def test_a_trimmed_branch_keeps_scheduled_decoding_exact(plain):
     """A steep cost curve trims the branch (and the tree) of a scheduled head: still plain greedy's tokens."""
     from conftest import PROMPTS, greedy_params
-    from foretell.budget import CostCurve
+    from foretell.sizing.cost import CostCurve
     from foretell.drafters.parallel_tree import ParallelHeadDrafter
-    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler, ScheduleLimits
+    from foretell.sizing.tree import AdaptiveTreeScheduler, ScheduleLimits
     from dataclasses import replace
 
     from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head

@@ -15,13 +15,13 @@ import torch
 
 from conftest import PROMPTS
 from foretell.api import load
-from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize
 from foretell.config import SpeculativeConfig, TreeShape
 from foretell.coupled import GUMBEL_MAX, Coupling, GumbelNoise, coupled_token, verify_coupled
 from foretell.errors import ForetellError
 from foretell.models.eagle3 import new_eagle3_head, save_eagle3_head
 from foretell.models.hidden_draft import new_hidden_draft, save_hidden_draft
 from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
+from foretell.sizing.batch import BatchAwareBudget, FixedByBatchSize
 from foretell.types import Proposal, SamplingParams
 from test_batching import submit
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from conftest import PROMPTS, greedy_params
+from foretell.build import DrafterWeights, build_engine, default_speculative
 from foretell.config import SpeculativeConfig
-from foretell.drafters.factory import DrafterWeights, build_engine, default_speculative
 from foretell.errors import ForetellError
-from foretell.models.loading import load_model
 from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
 from foretell.models.shipped import MANIFEST, SHIPPED_DIR, Manifest, sha256_of, ship_drafter, shipped_manifests
+from foretell.runtime.loading import load_model
 
 SPEC = {"method": "parallel-head", "budget": "fixed", "result_cache": "prompt"}
 
@@ -80,7 +80,7 @@ def test_one_default_a_target_and_make_default_moves_it(shipped, tiny_pair, tmp_
 def test_a_cpu_class_can_have_its_own_default(shipped, tiny_pair, tmp_path, monkeypatch):
     """make_default(cpu=...) marks a drafter the default on one class of CPU only, moving the mark from any other
     drafter there; elsewhere (other classes, other devices) the drafter marked default stays the default."""
-    from foretell.drafters import factory
+    from foretell import build
     from foretell.models.shipped import default_shipped, make_default
 
     target, root = shipped
@@ -98,9 +98,9 @@ def test_a_cpu_class_can_have_its_own_default(shipped, tiny_pair, tmp_path, monk
     assert Manifest.read(root / "tiny-head").default_on == ["amx"]
     make_default("tiny-head-2", None, root, cpu="avx2")
     monkeypatch.setattr("foretell.kernels.cpu_class", lambda: "avx2")
-    spec, why = factory.default_speculative(name, tmp_path / "cache", root)
+    spec, why = build.default_speculative(name, tmp_path / "cache", root)
     assert spec.model == "tiny-head-2" and "on AVX2 CPUs like this one" in why
-    spec, why = factory.default_speculative(name, tmp_path / "cache", root, device="cuda")
+    spec, why = build.default_speculative(name, tmp_path / "cache", root, device="cuda")
     assert spec.model == "tiny-head" and "CPUs" not in why
 
 

@@ -1,4 +1,4 @@
-"""Draft sizing (sizing.py): each request's decoding holds one sizer, made fresh for it, and consults nothing else
+"""Draft sizing (sizing/request.py): each request's decoding holds one sizer, made fresh for it, and consults nothing else
 about sizes. A request sizes its drafts as it would alone: after other requests on the same engine, and beside
 others in a batch; what the machine measured (cost corrections) carries over."""
 
@@ -16,13 +16,14 @@ import foretell.decoding
 from conftest import PROMPTS, greedy_params
 from foretell.api import load
 from foretell.batching import BatchEngine
-from foretell.budget import CostCurve, HardwareAwareLength
 from foretell.drafters.draft_model import DraftModelDrafter
-from foretell.drafters.length_policy import AdditiveLength, FixedLength, RejectionRateLength
 from foretell.drafters.parallel_tree import ParallelHeadDrafter
-from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler, ScheduleLimits
 from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head
-from foretell.sizing import DraftSizer, RequestSizer
+from foretell.sizing.chain import HardwareAwareLength
+from foretell.sizing.chain import AdditiveLength, FixedLength, RejectionRateLength
+from foretell.sizing.cost import CostCurve
+from foretell.sizing.request import DraftSizer, RequestSizer
+from foretell.sizing.tree import AdaptiveTreeScheduler, ScheduleLimits
 from test_batching import submit
 
 GREEDY = greedy_params()
@@ -130,14 +131,14 @@ def test_a_fresh_schedule_chooses_as_a_new_scheduler_with_the_same_cost_correcti
         sched.record(parents[:n], scores[:n], accepted_depth=0, verify_seconds=0.03)
     fresh = sched.fresh()
     new = AdaptiveTreeScheduler(FLAT, ScheduleLimits(max_nodes=16, probe_every=3))
-    new._correction.update(sched._correction)
+    new.cost.correction.update(sched.cost.correction)
     assert fresh.history == [] and fresh.last_choice is None and fresh.calibration(1) == 1.0
     assert fresh.growth_limits() == new.growth_limits() == (16, 8)
     picks = [fresh.choose(scores, parents, 0.002) for _ in range(4)]
     assert picks == [new.choose(scores, parents, 0.002) for _ in range(4)]
     assert sched.history[4:] == fresh.history  # the configured scheduler logs every request's choices
     fresh.record(parents[:2], scores[:2], accepted_depth=2, verify_seconds=0.05)
-    assert fresh._correction is sched._correction  # what the machine costs is shared
+    assert fresh.cost is sched.cost and sched.cost.correction  # what the machine costs is shared
 
 
 def test_each_request_grows_its_trees_by_a_fresh_schedule(plain):
@@ -147,9 +148,9 @@ def test_each_request_grows_its_trees_by_a_fresh_schedule(plain):
     engine = plain.with_drafter(ParallelHeadDrafter(head, scheduler=sched)).engine
     assert engine.generate(PROMPTS[0], GREEDY).tokens == plain.engine.generate(PROMPTS[0], GREEDY).tokens
     first = engine.drafter.schedule
-    assert first.history and sched.history == first.history and first._correction  # logged, and timings measured
+    assert first.history and sched.history == first.history and first.cost.correction  # logged, and timings measured
     state = engine.start(PROMPTS[2], GREEDY)
     schedule = state.sizer.tree
     assert schedule is engine.drafter.schedule and schedule is not first and schedule is not sched
     assert schedule.history == [] and schedule.calibration(1) == 1.0 and schedule.growth_limits() == (12, 8)
-    assert schedule._correction is sched._correction  # the machine's timings carried over
+    assert schedule.cost is sched.cost  # the machine's timings carried over

@@ -1,4 +1,4 @@
-"""The sizing model's one chooser (sizing_model.best_prefix): the best prefix of node values given draft and verify
+"""The sizing model's one chooser (sizing/chooser.best_prefix): the best prefix of node values given draft and verify
 costs, with its ties, per-prefix draft costs and min_size."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from foretell.sizing_model import Prefix, best_of_prefixes, best_prefix, rate
+from foretell.sizing.chooser import Prefix, best_of_prefixes, best_prefix, rate
 
 
 def flat(rows: int) -> float:
@@ -68,7 +68,7 @@ def test_start_counts_tokens_without_drafts():
 
 
 def test_too_few_values_and_best_tree_size():
-    from foretell.budget import best_tree_size
+    from foretell.sizing.tree import best_tree_size
 
     # best_tree_size's candidates start at one node, whatever their rate.
     assert best_tree_size([0.9, 0.01], linear, 0.0, min_size=1) == 1

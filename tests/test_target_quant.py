@@ -11,13 +11,13 @@ import torch
 
 from conftest import PROMPTS, greedy_params
 from foretell.api import load
-from foretell.budget import weight_format
 from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
 from foretell.models.hidden_draft import new_hidden_draft, save_hidden_draft
 from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head, save_parallel_head
 from foretell.runtime.quant import Int4Linear, Int8Linear
 from foretell.sampling import processed_probs
+from foretell.sizing.cost import weight_format
 from foretell.types import SamplingParams
 
 
@@ -125,7 +125,7 @@ def test_compiled_steps_decode_exactly(tiny_pair):
 def test_foretell_cost_times_the_quantized_target(tiny_pair, tmp_path, monkeypatch, capsys):
     """`foretell cost --quant` times the target as `generate --quant` runs it, in a curve of its own (the cache key
     names the weights and the activations), and a -q8 mode takes float32 without being told."""
-    from foretell.budget import machine_key
+    from foretell.sizing.cost import machine_key
     from foretell.cli import main
 
     monkeypatch.setenv("FORETELL_CACHE", str(tmp_path / "cache"))

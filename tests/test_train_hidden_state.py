@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load_file
 
 from foretell.api import load
-from foretell.config import SpeculativeConfig
 from foretell.cli import main
+from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
 from foretell.models.hidden_draft import HiddenDraftConfig, load_hidden_draft, new_hidden_draft
-from foretell.models.loading import build_model
+from foretell.runtime.loading import build_model
 from foretell.train.common.data import TokenData
 from foretell.train.common.features import FeatureCache
 from foretell.train.common.trainer import WarmupCosine

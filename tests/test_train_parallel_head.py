@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from foretell.api import load
-from foretell.config import SpeculativeConfig
 from foretell.cli import main
+from foretell.config import SpeculativeConfig
 from foretell.errors import ForetellError
-from foretell.models.loading import build_model
 from foretell.models.parallel_head import ParallelHeadConfig, load_parallel_head, new_parallel_head
+from foretell.runtime.loading import build_model
 from foretell.train.common.data import TokenData
 from foretell.train.common.depths import anchor_candidates, sample_anchors, valid_depths
 from foretell.train.common.features import FeatureCache

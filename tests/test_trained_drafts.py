@@ -4,8 +4,8 @@ import pytest
 
 from foretell.bench.datasets import spec_bench_path
 from foretell.errors import ForetellError
-from foretell.models.loading import resolve_model_dir
 from foretell.models.trained import TRAINED_DRAFTS
+from foretell.runtime.loading import resolve_model_dir
 from foretell.train.adaspec.evaluate import eval_prompts
 
 

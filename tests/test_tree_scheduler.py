@@ -6,11 +6,11 @@ import math
 import pytest
 
 from conftest import PROMPTS, greedy_params
-from foretell.budget import CostCurve
 from foretell.drafters.parallel_tree import ParallelHeadDrafter
-from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler, Choice, ScheduleLimits, node_depths, tree_shape
 from foretell.errors import ForetellError
 from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head
+from foretell.sizing.cost import CostCurve
+from foretell.sizing.tree import AdaptiveTreeScheduler, Choice, ScheduleLimits, node_depths, tree_shape
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from conftest import make_tokenizer
-from foretell.drafters.length_policy import AdditiveLength, FixedLength, RejectionRateLength
 from foretell.drafters.prompt_lookup import find_continuation
 from foretell.sampling import processed_probs
+from foretell.sizing.chain import AdditiveLength, FixedLength, RejectionRateLength
 from foretell.text import TextStream
 from foretell.types import GenerationStats, Proposal, SamplingParams
 from foretell.verify import residual, verify_greedy

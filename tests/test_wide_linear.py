@@ -8,9 +8,9 @@ from torch import nn
 
 from conftest import PROMPTS, greedy_params
 from foretell.api import load
-from foretell.budget import machine_key
-from foretell.models.loading import build_model
+from foretell.runtime.loading import build_model
 from foretell.runtime.wide_linear import WideLinear, fp32_wide_rows, wide_rows_of, widen_linears
+from foretell.sizing.cost import machine_key
 
 
 def test_wide_linear_runs_narrow_passes_in_bf16_and_wide_ones_in_fp32():
@@ -217,7 +217,7 @@ def test_auto_draft_quant_keeps_bf16_drafts_where_the_kernel_runs(monkeypatch):
 
 
 def test_a_hot_cut_of_a_wide_layer_stays_wide():
-    from foretell.runtime.quant import select_rows
+    from foretell.layer_rows import select_rows
 
     torch.manual_seed(0)
     wide = WideLinear(nn.Linear(24, 40, bias=False).to(torch.bfloat16), wide_rows=12, kernel_rows=8)

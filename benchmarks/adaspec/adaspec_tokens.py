@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from foretell.models.loading import build_model, load_tokenizer, resolve_model_dir
+from foretell.runtime.loading import build_model, load_tokenizer, resolve_model_dir
 from foretell.train.adaspec.evaluate import acceptance_per_token, format_table, teacher_forced_logits
 from foretell.train.common.data import DataConfig, build_token_data
 

@@ -33,7 +33,7 @@ import foretell
 from foretell.bench.datasets import spec_bench_path
 from foretell.drafters.draft_model import DraftModelDrafter
 from foretell.drafters.prompt_lookup import PromptLookupDrafter
-from foretell.models.loading import parse_dtype, resolve_model_dir
+from foretell.runtime.loading import parse_dtype, resolve_model_dir
 from foretell.types import GenerationStats, SamplingParams
 
 SPEC_BENCH = spec_bench_path()  # ../shared/data, or $FORETELL_DATA

@@ -16,8 +16,9 @@ import time
 import torch
 
 from foretell.models.hidden_draft import HiddenDraftConfig, load_hidden_draft, new_hidden_draft
+from foretell.runtime.drafter_modules import quantize_drafter, use_lean_step
 from foretell.runtime.lean_step import run_bf16_as_float32
-from foretell.models.loading import load_model
+from foretell.runtime.loading import load_model
 
 CONTEXT, NEW_ROWS, CHAIN, ROUNDS = 200, 3, 5, 200
 
@@ -65,9 +66,9 @@ def main() -> None:
         else:
             config = HiddenDraftConfig.for_target(target.config, draft_vocab_size=8192)
             draft = new_hidden_draft(target, config, draft_vocab=torch.arange(0, 3 * 8192, 3))
-        draft.quantize(mode)
+        quantize_drafter(draft, mode)
         for lean in (False, True):
-            reason = draft.use_lean_step(lean)
+            reason = use_lean_step(draft, lean)
             if reason:
                 print(f"| {mode} | lean step | not run: {reason} | | |")  # e.g. no kernel built here
                 continue

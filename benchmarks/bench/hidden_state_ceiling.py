@@ -17,8 +17,8 @@ import torch
 from foretell.bench.ceiling import CeilingPoint, ceiling_points
 from foretell.bench.report import OVERALL, summarize
 from foretell.bench.runner import RESULTS, read_rows
-from foretell.budget import cost_curve
-from foretell.models.loading import load_model
+from foretell.runtime.loading import load_model
+from foretell.sizing.cost import cost_curve
 
 
 def overall_table(points: list[CeilingPoint], target: float) -> list[str]:

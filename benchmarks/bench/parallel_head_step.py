@@ -13,10 +13,11 @@ import time
 
 import torch
 
-from foretell.drafters.factory import DrafterWeights
-from foretell.runtime.lean_step import run_bf16_as_float32
-from foretell.models.loading import load_model
+from foretell.build import DrafterWeights
 from foretell.models.parallel_head import load_parallel_head
+from foretell.runtime.drafter_modules import use_lean_step
+from foretell.runtime.lean_step import run_bf16_as_float32
+from foretell.runtime.loading import load_model
 
 CONTEXT, NEW_ROWS, PLACEHOLDERS, ROUNDS = 200, 3, 3, 200
 
@@ -54,7 +55,7 @@ def main() -> None:
     print(f"| path | ms a forward ({NEW_ROWS} context rows, {PLACEHOLDERS} placeholders, {args.hot_vocab} hot tokens) |")
     print("|---|---:|")
     for lean in (False, True):
-        reason = head.use_lean_step(lean)
+        reason = use_lean_step(head, lean)
         if reason:
             print(f"| lean step | not run: {reason} |")  # e.g. no kernel built here
             continue

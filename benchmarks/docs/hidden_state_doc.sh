@@ -71,7 +71,7 @@ depth1() {  # LABEL DIR: the held-out depth-1 top-1 and hidden MSE of DIR/eval.m
     echo "\`ONLY=$COMPARE_METHODS HIDDEN=$RUN/draft OUT=$COMPARE bash benchmarks/bench/seed_drafters_bench.sh\`"
     echo
     echo "draft-chain and draft-tree use the AdaSPEC-distilled 2-layer draft; -gate adds the opt-in draft gate"
-    echo "(src/foretell/draft_gate.py: before each pass, whether drafting pays at all); parallel-head-auto-lookup is the"
+    echo "(src/foretell/sizing/gate.py: before each pass, whether drafting pays at all); parallel-head-auto-lookup is the"
     echo "JetSpec head ([jetspec.md](jetspec.md)). -no-info, -no-resample and -no-fusion switch one part of the method off;"
     echo "-full-vocab drafts over the whole vocabulary instead of 8192 hot tokens."
     main=$(echo "$COMPARE_METHODS" | tr , '\n' | grep -vE -- '-no-|-full-vocab' | paste -sd, -)  # ablations: below

@@ -18,14 +18,14 @@ import time
 
 import torch
 
-import foretell.batching as batching
-import foretell.decoding as decoding
 from foretell.api import load
-from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize
+import foretell.batching as batching
 from foretell.bench.datasets import load_prompts
 from foretell.config import SpeculativeConfig
+import foretell.decoding as decoding
 from foretell.prefix_cache import PrefixCache
 from foretell.runtime.config import KV_DTYPES
+from foretell.sizing.batch import BatchAwareBudget, FixedByBatchSize
 from foretell.types import SamplingParams
 
 

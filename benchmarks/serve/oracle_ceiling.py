@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-import foretell.batching as batching
 from foretell.api import load
-from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize
+import foretell.batching as batching
 from foretell.bench.datasets import load_prompts
 from foretell.drafters.base import DrafterBase, empty_proposal
-from foretell.drafters.length_policy import FixedLength
+from foretell.sizing.batch import BatchAwareBudget, FixedByBatchSize
+from foretell.sizing.chain import FixedLength
 from foretell.types import Proposal, SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

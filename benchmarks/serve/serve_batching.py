@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import Server, plot, run_level, summarize  # noqa: E402  (a sibling script)
 
 from foretell.bench.best import best_by_level, best_ratio, markdown, median_by_config  # noqa: E402
-from foretell.bench.datasets import load_prompts  # noqa: E402
+from foretell.bench.datasets import load_prompts
 from foretell.bench.llama_server import (PEER_CONFIGS, LlamaServer, build_info, find_binary,  # noqa: E402
                                          missing_binary, peer_gguf)
 from foretell.errors import ForetellError  # noqa: E402

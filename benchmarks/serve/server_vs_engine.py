@@ -27,7 +27,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import Server, one_request  # noqa: E402  (a sibling script)
 
-from foretell.bench.datasets import load_prompts  # noqa: E402
+from foretell.bench.datasets import load_prompts
 
 
 def serve_once(url: str, prompt: str, max_tokens: int) -> tuple[int, float]:

@@ -34,7 +34,7 @@ def main() -> None:
     p.add_argument("--check-only", action="store_true", help="print the held-out figures; ship nothing")
     args = p.parse_args()
 
-    from foretell.models.loading import load_model
+    from foretell.runtime.loading import load_model
     from foretell.models.shipped import ship_corpus
     from foretell.train.corpus import corpus_from_sources, replayed_tau
 

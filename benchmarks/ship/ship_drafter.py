@@ -16,8 +16,8 @@ import subprocess
 from pathlib import Path
 
 from foretell.config import SpeculativeConfig
-from foretell.models.loading import load_model
 from foretell.models.shipped import ship_drafter
+from foretell.runtime.loading import load_model
 
 SAVED = {"parallel-head": "head", "hidden-state": "draft", "eagle3": "head"}  # the saved drafter's folder in a training run
 

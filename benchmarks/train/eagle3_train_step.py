@@ -14,7 +14,7 @@ import time
 import torch
 
 from foretell.models.eagle3 import Eagle3Config, new_eagle3_head
-from foretell.models.loading import load_model
+from foretell.runtime.loading import load_model
 from foretell.runtime.wide_linear import native_bf16
 from foretell.train.common.draft_vocab import draft_vocab_kl
 from foretell.train.eagle3.loss import column_map

@@ -14,11 +14,11 @@ import time
 import numpy as np
 import torch
 
-from foretell.models.loading import load_model
 from foretell.models.parallel_head import ParallelHeadConfig, new_parallel_head
+from foretell.runtime.loading import load_model
 from foretell.train.common.data import TokenData
-from foretell.train.common.features import FeatureCache
 from foretell.train.common.draft_vocab import columns_of
+from foretell.train.common.features import FeatureCache
 from foretell.train.parallel_head.train import sequence_terms
 
 T, ANCHORS, TOPK, DEPTH, REPEATS = 320, 32, 32, 4, 3

@@ -15,7 +15,7 @@ import time
 import torch
 
 from foretell.models.hidden_draft import HiddenDraftConfig, new_hidden_draft
-from foretell.models.loading import load_model
+from foretell.runtime.loading import load_model
 from foretell.train.hidden_state.loss import HiddenLossConfig, sequence_terms
 
 T, ANCHORS, TOPK = 320, 32, 32

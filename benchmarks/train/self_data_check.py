@@ -33,9 +33,9 @@ def main() -> None:
 
     from foretell.api import load
     from foretell.config import SpeculativeConfig
-    from foretell.drafters.factory import default_speculative
+    from foretell.build import default_speculative
     from foretell.models.shipped import SHIPPED_DIR, Manifest
-    from foretell.train.common.data import read_jsonl_rows
+    from foretell.conversations import read_jsonl_rows
     from foretell.train.common.self_data import SelfDataConfig, make_self_data
 
     rows = list(read_jsonl_rows(Path(args.file)))[: args.num]

@@ -13,20 +13,20 @@ from typing import Iterator
 
 import torch
 
+from foretell.build import DrafterWeights, build_engine, default_speculative, with_shipped_model
 from foretell.config import DEFAULT_PREFILL_CHUNK, SpeculativeConfig, as_speculative
 from foretell.drafters.base import Drafter
-from foretell.drafters.factory import DrafterWeights, build_engine, default_speculative, with_shipped_model
-from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength, make_length_policy
 from foretell.engine import Engine
 from foretell.errors import ForetellError
-from foretell.models.loading import LoadedModel, kept_gguf, load_model, resolve_model_dir
 from foretell.paths import default_cache_dir
 from foretell.prefix_cache import PrefixCache
 from foretell.runtime.config import RuntimeConfig
 from foretell.runtime.gguf_quant import check_replaced, replaced_weights
+from foretell.runtime.loading import LoadedModel, kept_gguf, load_model, resolve_model_dir
 from foretell.runtime.prepare import prepare
 from foretell.runtime.quant import TARGET_QUANT_CHOICES, split_target_quant
 from foretell.runtime.quant_cache import kept_quant_file, kept_weights, layer_names, load_kept, save_kept
+from foretell.sizing.chain import DraftLengthPolicy, FixedLength, make_length_policy
 from foretell.text import encode_prompt
 from foretell.types import Chunk, GenerationResult, SamplingParams
 
@@ -143,7 +143,7 @@ def load(
     dtype. Speculation reproduces plain decoding with the same cache exactly.
     warm_up: a few throw-away forwards so the first generation is not the slow one.
     The target is made ready per a RuntimeConfig of these arguments (runtime/prepare.py says the steps and their
-    order); its drafters follow it (drafters/factory.py).
+    order); its drafters follow it (build.py).
     """
     if speculative is None:
         spec = default_speculative(target, cache_dir, device=str(device))[0]

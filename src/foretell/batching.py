@@ -8,7 +8,7 @@ parameters and generator, by the same per-request steps a lone request runs (dec
 output is what it would be alone.
 
 Each request has its own Engine (its own drafter state, length policy and extras; drafter weights shared),
-made by `new_engine`. A budget policy (batch_budget.py) caps how many draft tokens each request may have
+made by `new_engine`. A budget policy (sizing/batch.py) caps how many draft tokens each request may have
 verified in a pass once the batch has more than one request.
 """
 
@@ -21,14 +21,16 @@ from typing import Callable
 
 import torch
 
-from foretell.batch_budget import (BatchAwareBudget, BudgetStats, Calibration, DepthAcceptance, DraftSeconds,
-                                   FixedByBatchSize, chain_values, node_values)
 from foretell.config import DEFAULT_PREFILL_CHUNK
 from foretell.decoding import Decoding
 from foretell.engine import Engine
 from foretell.errors import ForetellError
 from foretell.prefix_cache import PrefixCache, common_length
 from foretell.runtime.packed import forward_packed, run_draft_passes
+from foretell.sizing.batch import (
+    BatchAwareBudget, BudgetStats, Calibration, DepthAcceptance, DraftSeconds, FixedByBatchSize, chain_values,
+    node_values,
+)
 from foretell.types import Chunk, SamplingParams
 
 

@@ -268,7 +268,7 @@ def cmd_cost(args) -> None:
     import torch
 
     from foretell.api import load
-    from foretell.budget import cost_curve, plot_cost_curve
+    from foretell.sizing.cost import cost_curve, plot_cost_curve
     from foretell.runtime.wide_linear import bf16_rows_of, kernel_rows_of, wide_rows_of
 
     if args.threads:

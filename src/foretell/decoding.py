@@ -26,7 +26,7 @@ from foretell.models.transformer import ForwardOutput
 from foretell.prefix_cache import PrefixCache
 from foretell.result_cache import merge_branch
 from foretell.sampling import make_generator
-from foretell.sizing import PassOutcome
+from foretell.sizing.request import PassOutcome
 from foretell.text import TextStream
 from foretell.tree import accepted_slots, attention_mask, slot_positions
 from foretell.types import Chunk, GenerationResult, GenerationStats, Proposal, SamplingParams, TokenLogprob
@@ -71,7 +71,7 @@ class _Planned:
 
 class Decoding:
     """The state of one generation under an Engine's configuration (its drafter, policies and extras). How much
-    each pass drafts is its own sizer's to say (sizing.py, made fresh for it); how drafts are judged, the engine's
+    each pass drafts is its own sizer's to say (sizing/request.py, made fresh for it); how drafts are judged, the engine's
     verifier's (verify.Verifier)."""
 
     def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams,
@@ -112,7 +112,7 @@ class Decoding:
         self._looked_at = -1  # prefix_cache.kept when this request last looked for a prefix
         if prefix_cache is not None:
             self._reuse_prefix(prefix_cache)
-        self.sizer = engine.new_sizer()  # how much this request drafts each pass (sizing.py): fresh for it
+        self.sizer = engine.new_sizer()  # how much this request drafts each pass (sizing/request.py): fresh for it
         if not self.prefilling:  # a one-token prompt (or one read from the prefix cache): nothing to prefill
             self._prefilled()
 
@@ -232,7 +232,7 @@ class Decoding:
     def keep(self, nodes: int) -> None:
         """Verify only the first `nodes` draft tokens of the planned proposal (a batch's budget; parents come
         before their children in every proposal, so a prefix is a valid tree)."""
-        from foretell.batch_budget import truncate
+        from foretell.sizing.batch import truncate
 
         planned = self._planned
         planned.proposal = truncate(planned.proposal, nodes)

@@ -12,15 +12,15 @@ from typing import Iterator
 import torch
 
 from foretell.decoding import Decoding
-from foretell.draft_gate import DraftGate
 from foretell.drafters.base import Drafter
-from foretell.drafters.length_policy import DraftLengthPolicy, FixedLength
 from foretell.errors import ForetellError
 from foretell.lossy import check_lossy_threshold, verifier_for
 from foretell.models.transformer import Transformer, warm_up
 from foretell.prefix_cache import PrefixCache
 from foretell.result_cache import ResultCache
-from foretell.sizing import RequestSizer, new_request_sizer
+from foretell.sizing.chain import DraftLengthPolicy, FixedLength
+from foretell.sizing.gate import DraftGate
+from foretell.sizing.request import RequestSizer, new_request_sizer
 from foretell.types import Chunk, GenerationResult, SamplingParams
 from foretell.verify import Verifier
 
@@ -31,14 +31,14 @@ class Engine:
     tokenizer: object
     stop_ids: set[int]
     drafter: Drafter | None = None
-    # A chain drafter's draft length; each request sizes with a copy of it (sizing.py), so this one never changes.
+    # A chain drafter's draft length; each request sizes with a copy of it (sizing/request.py), so this one never changes.
     length_policy: DraftLengthPolicy = field(default_factory=FixedLength)
     max_draft: int = 16  # upper bound on draft tokens a policy may ask for
     # Opt-in, both off by default: LOSSY verification (lossy.py: a draft path probability above
     # the threshold skips the target's check) and the result cache (result_cache.py).
     lossy_threshold: float | None = None
     result_cache: ResultCache | None = None
-    # Hardware-aware, lossless: whether a tree drafter runs at all each pass (draft_gate.py).
+    # Hardware-aware, lossless: whether a tree drafter runs at all each pass (sizing/gate.py).
     draft_gate: DraftGate | None = None
 
     def __post_init__(self):
@@ -99,7 +99,7 @@ class Engine:
         return self.drafter.max_nodes if self.drafter is not None else 0
 
     def new_sizer(self) -> RequestSizer:
-        """A request's draft sizer (sizing.py) under this configuration, fresh; made after the drafter's start."""
+        """A request's draft sizer (sizing/request.py) under this configuration, fresh; made after the drafter's start."""
         branch = self.result_cache.sizer if self.result_cache is not None else None
         return new_request_sizer(self.drafter, self.length_policy, self.max_draft, self.draft_gate, branch)
 

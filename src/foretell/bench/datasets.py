@@ -5,20 +5,15 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
 from foretell.errors import ForetellError
+from foretell.paths import shared_data_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 # Spec-Bench labels its 80 MT-Bench questions with MT-Bench's own eight categories.
 MT_BENCH_SUBCATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
-
-
-def shared_data_dir() -> Path:
-    return Path(os.environ.get("FORETELL_DATA", REPO_ROOT.parent / "shared" / "data"))
 
 
 def spec_bench_path() -> Path:

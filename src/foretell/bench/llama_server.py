@@ -59,7 +59,7 @@ def build_info() -> dict:
 def peer_gguf(spec: str) -> Path | None:
     """The GGUF file foretell loaded for a model spec, for llama.cpp to run. A chunked preset's file is deleted
     once converted, so it is assembled again from its installed chunks (checksummed) and kept for the next run."""
-    from foretell.models.loading import kept_gguf
+    from foretell.runtime.loading import kept_gguf
 
     return kept_gguf(spec)
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from foretell.bench.datasets import read_jsonl, shared_data_dir
+from foretell.bench.datasets import read_jsonl
 from foretell.bench.report import prompt_key, throughput
 from foretell.bench.runner import RESULTS, read_rows
 from foretell.errors import ForetellError
+from foretell.paths import shared_data_dir
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 

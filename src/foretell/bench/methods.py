@@ -26,7 +26,7 @@ from foretell.bench.runner import MONITOR_KEYS
 from foretell.config import HiddenStateOptions, SpeculativeConfig, TreeShape
 from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB
 from foretell.errors import ForetellError
-from foretell.models.loading import kept_gguf, parse_dtype, resolve_model_dir
+from foretell.runtime.loading import kept_gguf, parse_dtype, resolve_model_dir
 from foretell.types import SamplingParams
 
 

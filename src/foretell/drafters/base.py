@@ -15,7 +15,7 @@ from foretell.coupled import GumbelNoise
 from foretell.types import Proposal, SamplingParams
 
 if TYPE_CHECKING:
-    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
+    from foretell.sizing.tree import AdaptiveTreeScheduler
 
 
 class Drafter(Protocol):
@@ -26,8 +26,8 @@ class Drafter(Protocol):
     sizes_itself: True when the drafter picks its own depth and size (trees); the engine's length policy
         then does not apply, and `max_tokens` of propose only caps the depth.
     max_nodes: the largest proposal it makes (tree nodes); 0 = bounded by the engine's max_draft.
-    schedule: the adaptive schedule (drafters/tree_scheduler.py) this generation's trees are grown and trimmed
-        by, made fresh by `start`; None: a fixed shape, or a chain. The engine's sizer for the request (sizing.py)
+    schedule: the adaptive schedule (sizing/tree.py) this generation's trees are grown and trimmed
+        by, made fresh by `start`; None: a fixed shape, or a chain. The engine's sizer for the request (sizing/request.py)
         shares it.
     target_layers: target hidden layers it reads (as in Transformer.forward's `hidden_layers`: 0 =
         embeddings, L = final norm); () costs nothing extra. The engine then requests those layers in
@@ -104,29 +104,6 @@ class DraftPass:
 
         args = (self.input_ids, self.positions, self.cache, self.tree_mask, self.hidden_layers, self.logits_rows)
         return self.model(*args) if self.step is None else lean_forward(self.step, *args)
-
-
-@dataclass
-class HeadStepPass:
-    """A step an EAGLE-3 head asks for while proposing: Eagle3Head.step_and_logits over these arguments. Steps of
-    one head from several requests can run as one packed native call (runtime/lean_drafters.LeanEagle3Step.packed)."""
-
-    head: Any  # models.eagle3.Eagle3Head
-    tokens: torch.Tensor
-    hidden: torch.Tensor
-    positions: torch.Tensor
-    cache: Any
-    tree_mask: torch.Tensor | None = None
-    last_only: bool = False
-
-    @property
-    def group(self) -> tuple:
-        return ("eagle3 step", id(self.head))
-
-    def run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This step alone: (outputs [T, H], draft logits)."""
-        return self.head.step_and_logits(self.tokens, self.hidden, self.positions, self.cache, self.tree_mask,
-                                         self.last_only)
 
 
 def run_alone(steps: Generator[DraftPass, Any, Any]):

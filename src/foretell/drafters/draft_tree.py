@@ -17,17 +17,19 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from foretell.budget import CostCurve, best_tree_size
 from foretell.config import TreeShape
 from foretell.coupled import draft_ranking
 from foretell.drafters.base import run_alone
 from foretell.drafters.draft_model import DraftModelDrafter
-from foretell.sizing_model import rate
 from foretell.tree import path_to
 from foretell.types import Proposal, SamplingParams
+
+if TYPE_CHECKING:
+    from foretell.sizing.tree import LevelBudget
 
 
 @dataclass
@@ -49,7 +51,7 @@ class _Growth:
 
 
 class DraftTreeDrafter(DraftModelDrafter):
-    """With `target_cost` (a measured CostCurve of the target), a dynamic tree is hardware-aware:
+    """With a `budget` (sizing/tree.LevelBudget: the target's measured cost curve), a dynamic tree is hardware-aware:
     it stops growing when another level is not worth its draft time, and verifies the number of
     nodes that maximises expected tokens per second; `shape.depth` and `shape.total_tokens`
     become upper bounds. Node values are the draft's path probabilities exp(score)."""
@@ -58,12 +60,12 @@ class DraftTreeDrafter(DraftModelDrafter):
     sizes_itself = True  # its shape (or the hardware-aware tuner) sets depth and size, not the length policy
 
     def __init__(
-        self, model, target_vocab_size: int, shape: TreeShape = TreeShape(), target_cost: CostCurve | None = None,
+        self, model, target_vocab_size: int, shape: TreeShape = TreeShape(), budget: LevelBudget | None = None,
         hot=None,
     ):
         super().__init__(model, target_vocab_size, hot)
         self.shape = shape
-        self.target_cost = target_cost
+        self.budget = budget  # sizing/tree.LevelBudget (budget auto), or None: the shape's fixed size
         self.max_nodes = shape.max_nodes
         self.last_budget = 0  # nodes verified in the last proposal (reported by benchmarks)
         self._level_seconds: float | None = None  # the last draft level's forward time
@@ -91,7 +93,7 @@ class DraftTreeDrafter(DraftModelDrafter):
             if d + 1 == depth:
                 break
             chosen = self._to_expand(grown, new_nodes)
-            if self.target_cost is not None and not self._worth_another_level(grown, chosen, t0):
+            if self.budget is not None and not self._worth_another_level(grown, chosen, t0):
                 break
             t_level = time.perf_counter()
             logits = yield from self._feed_nodes(grown, chosen, len(tokens) - 1, tree_start)
@@ -104,22 +106,13 @@ class DraftTreeDrafter(DraftModelDrafter):
     def _values(self, grown: _Growth) -> list[float]:
         return sorted((math.exp(s) for s in grown.scores), reverse=True)
 
-    def _best_rate(self, grown: _Growth, draft_seconds: float) -> tuple[int, float]:
-        values = self._values(grown)[: self.shape.total_tokens]
-        n = best_tree_size(values, self.target_cost, draft_seconds)
-        # 1 + sum(...) rather than the chooser's running sum, as before: the rate keeps its last bit
-        return n, rate(1.0 + sum(values[:n]), draft_seconds, self.target_cost, n + 1)
-
     def _worth_another_level(self, grown: _Growth, chosen: list[int], t0: float) -> bool:
-        """Grow deeper only if the best next-level gain beats the current expected rate."""
         elapsed = time.perf_counter() - t0
-        n, best = self._best_rate(grown, elapsed)
         level_seconds = self._level_seconds if self._level_seconds is not None else elapsed
+        values = self._values(grown)[: self.shape.total_tokens]
         # Children of the expanded nodes can add at most the expanded nodes' own values.
         gain = sum(math.exp(grown.scores[c]) for c in chosen)
-        optimistic = rate(1.0 + sum(self._values(grown)[:n]) + gain, elapsed + level_seconds, self.target_cost,
-                          n + len(chosen) + 1)
-        return optimistic > best
+        return self.budget.worth_another_level(values, gain, len(chosen), elapsed, level_seconds)
 
     def _q(self, logits: torch.Tensor, index: int) -> torch.Tensor:
         """Children's ranking (static trees also sample them from it); `index`: the children's sequence index."""
@@ -170,8 +163,8 @@ class DraftTreeDrafter(DraftModelDrafter):
     def _proposal(self, grown: _Growth, draft_seconds: float) -> Proposal:
         keep = list(range(len(grown.tokens)))
         budget = self.shape.total_tokens
-        if self.shape.kind == "dynamic" and self.target_cost is not None:
-            budget, _ = self._best_rate(grown, draft_seconds)
+        if self.shape.kind == "dynamic" and self.budget is not None:
+            budget, _ = self.budget.best(self._values(grown)[: self.shape.total_tokens], draft_seconds)
         if self.shape.kind == "dynamic" and len(keep) > budget:
             # Scores only fall along a path and the sort is stable (parents have lower indices),
             # so the best N nodes already include every ancestor of each one.

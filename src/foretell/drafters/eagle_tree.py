@@ -22,18 +22,21 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Generator
+from typing import TYPE_CHECKING, Any, Generator
 
 import torch
 
 from foretell.config import EagleTreeShape
 from foretell.coupled import draft_ranking
-from foretell.drafters.base import HeadStepPass, empty_proposal, run_alone
+from foretell.drafters.base import empty_proposal, run_alone
 from foretell.drafters.hooked_tree import HookedTreeDrafter
-from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.eagle3 import Eagle3Head
+from foretell.runtime.lean_drafters import HeadStepPass
 from foretell.types import Proposal, SamplingParams
+
+if TYPE_CHECKING:
+    from foretell.sizing.tree import AdaptiveTreeScheduler
 
 
 @dataclass

@@ -21,7 +21,7 @@ distinct) and prunes it to `max_nodes` by score. The target verifies them in its
 Without fusion the resampled subtree is proposed alone (a verification pass with no draft
 forward) and the regular tree follows at the step after.
 
-Hardware-aware budget: with an AdaptiveTreeScheduler (drafters/tree_scheduler.py, the same one
+Hardware-aware budget: with an AdaptiveTreeScheduler (sizing/tree.py, the same one
 the parallel head uses) the tree is grown to the scheduler's node cap and the scheduler keeps the
 best-first prefix that maximises expected tokens per second on this machine now.
 
@@ -37,7 +37,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Generator
+from typing import TYPE_CHECKING, Any, Callable, Generator
 
 import torch
 
@@ -45,13 +45,15 @@ from foretell.config import HiddenStateOptions
 from foretell.coupled import draft_ranking
 from foretell.drafters.base import empty_proposal, run_alone
 from foretell.drafters.hooked_tree import HookedTreeDrafter
-from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.hidden_draft import HiddenDraft
 from foretell.models.token_info import TokenInfoTable
 from foretell.runtime.lean_drafters import LayersPass
 from foretell.sampling import ranking_probs
 from foretell.types import Proposal, SamplingParams
+
+if TYPE_CHECKING:
+    from foretell.sizing.tree import AdaptiveTreeScheduler
 
 DEFAULT_HOT_VOCAB = 8192  # output tokens of the benchmarked configuration (the paper keeps a few thousand hot tokens)
 INFO_MEMO_BYTES = 64 << 20  # E rows kept between proposals of one generation (tokens recur: digits, " the")

@@ -8,13 +8,17 @@ sizer shares it), and the drafter remembers the tree it sent, so that `verified`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import time
 
 import torch
 
 from foretell.drafters.base import DrafterBase
-from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.types import SamplingParams
+
+if TYPE_CHECKING:
+    from foretell.sizing.tree import AdaptiveTreeScheduler
 
 
 class HookedTreeDrafter(DrafterBase):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from typing import Any, Generator
+from typing import TYPE_CHECKING, Any, Generator
 
 import torch
 
@@ -25,11 +25,13 @@ from foretell.config import HeadTreeShape
 from foretell.coupled import draft_ranking
 from foretell.drafters.base import empty_proposal, run_alone
 from foretell.drafters.hooked_tree import HookedTreeDrafter
-from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
 from foretell.errors import ForetellError
 from foretell.models.parallel_head import ParallelHead
 from foretell.runtime.lean_drafters import LayersPass
 from foretell.types import Proposal, SamplingParams
+
+if TYPE_CHECKING:
+    from foretell.sizing.tree import AdaptiveTreeScheduler
 
 
 def grow_tree(q: torch.Tensor, max_nodes: int, width: int) -> tuple[list[int], list[int], list[float]]:

@@ -30,13 +30,11 @@ from foretell.errors import ForetellError
 from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
 from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
-from foretell.models.rope import RopeScaling
 from foretell.models.module_folder import (
     EAGLE3_FORMAT, read_config, save_module, saved_folder,
 )
+from foretell.models.rope import RopeScaling
 from foretell.models.transformer import RMSNorm, RotaryTables, Transformer
-from foretell.runtime.lean_drafters import LeanEagle3Step, head_lean_support
-from foretell.runtime.quant import draft_linear, quantize_linears, resolve_quant
 
 FOLDER_FORMAT = EAGLE3_FORMAT
 CONFIG_FILE = FOLDER_FORMAT.config_file
@@ -184,18 +182,8 @@ class Eagle3Head(DrafterModule):
         self.shared = SharedEmbedding(target.embed_tokens)
         # The target's RoPE, its scaling included; the tables grow with the positions asked for.
         self.rotary = RotaryTables(config.head_dim, config.rope_theta, config.scaling(), config.max_position_embeddings)
-        self.lean = None  # use_lean_step(): a step and its logits in one native call (runtime/lean_drafters.py)
+        self.lean = None  # runtime/drafter_modules.use_lean_step: a step and its logits in one native call
         self.to(dtype=target.dtype, device=target.device)
-
-    def use_lean_step(self, on: bool = True, act_q8: bool = False) -> str | None:
-        """Run steps natively where the head suits the lean step (float32 on CPU); returns why not otherwise.
-        Packs the weights as they are now: call after quantize(). act_q8: 8-bit activations in its int8 projections
-        (drafts only propose, so this moves acceptance, never the output)."""
-        self.lean = None
-        reason = head_lean_support(self) if on else None
-        if on and reason is None:
-            self.lean = LeanEagle3Step(self, act_q8)
-        return reason
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """fc of target features [..., F] -> [..., H] (in the lean step's column kernel where it runs)."""
@@ -218,17 +206,6 @@ class Eagle3Head(DrafterModule):
         self.d2t.copy_(ids - torch.arange(len(ids), device=ids.device))
         self.t2d.zero_()
         self.t2d[ids] = True
-
-    def quantize(self, mode: str) -> Eagle3Head:
-        """Store the decoder layer's projections and the draft output layer as int8 or int4 per `mode`
-        (runtime/quant.py; "auto" = int8 on CPU). Lossless for decoding (drafts only propose); inference only. The
-        head steps once per tree level, so its step time counts several times a pass; fc, run once a pass, stays as
-        it is (it also places the module: `placed_by`)."""
-        make = draft_linear(resolve_quant(mode, self.device, self.dtype))
-        if make is not None and isinstance(self.lm_head, nn.Linear):
-            quantize_linears(self.midlayer, make)
-            self.lm_head = make(self.lm_head.weight, None)
-        return self
 
     def check_vocab_maps(self, source: Path | str) -> None:
         """d2t and t2d must describe the same set of target ids, each a real token; `source` names the weights

@@ -19,6 +19,8 @@ The target's embedding (for E) and output layer are shared (frozen, not copied, 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,8 +38,9 @@ from foretell.models.module_folder import (
 )
 from foretell.models.token_info import TokenInfo
 from foretell.models.transformer import DecoderLayer, RotaryTables, Transformer, make_norm, softcap
-from foretell.runtime.lean_drafters import LayersPass, LeanDraftLayers, layers_lean_support
-from foretell.runtime.quant import draft_linear, quantize_linears, resolve_quant
+
+if TYPE_CHECKING:
+    from foretell.runtime.lean_drafters import LayersPass
 
 FOLDER_FORMAT = HIDDEN_DRAFT_FORMAT
 FORMAT, FORMAT_VERSION, CONFIG_FILE = FOLDER_FORMAT.name, FOLDER_FORMAT.version, FOLDER_FORMAT.config_file
@@ -129,17 +132,9 @@ class HiddenDraft(DrafterModule):
             lm_head = hot.head(target.lm_head) if hot is not None else target.lm_head
         self.shared = SharedParts(target.embed_tokens, lm_head, hot, target.config.final_softcap)
         self.rotary = RotaryTables(config.head_dim, config.rope_theta, None, 0)
-        self.lean = None  # use_lean_step(): a step in one native call, the chain's logits in the column kernel
+        self.lean = None  # runtime/drafter_modules.use_lean_step: a step in one native call, the chain's logits in
+        # the column kernel
         self.to(dtype=target.dtype, device=target.device)
-
-    def use_lean_step(self, on: bool = True) -> str | None:
-        """Run steps natively where the draft suits the lean step (float32 on CPU); returns why not otherwise.
-        Packs the weights as they are now: call after quantize() and set_draft_vocab()."""
-        self.lean = None
-        reason = layers_lean_support(self, [self.layer], self.norm, self.shared.final_softcap) if on else None
-        if on and reason is None:
-            self.lean = LeanDraftLayers([self.layer], self.norm, self.shared.lm_head, self.config, self.rotary)
-        return reason
 
     def set_draft_vocab(self, ids: torch.Tensor, target: Transformer) -> None:
         """Make `ids` (ascending, distinct target ids) the draft's own vocabulary: its output layer becomes those
@@ -174,7 +169,7 @@ class HiddenDraft(DrafterModule):
         cache.check_room(T)
         if not self.native(T):
             return None
-        return LayersPass(self.lean, hidden, torch.arange(cache.length, cache.length + T, device=self.device), cache)
+        return self.lean.layers_pass(hidden, torch.arange(cache.length, cache.length + T, device=self.device), cache)
 
     def step(self, hidden: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Feed T >= 1 hidden rows [T, H] at positions cache.length ..; return [T, H] predictions.
@@ -214,17 +209,6 @@ class HiddenDraft(DrafterModule):
         if self.shared.hot is not None and not self.config.draft_vocab_size:  # W_2 over the vocabulary: its hot rows
             return self.token_info.hot_forward(embedded, self.shared.hot.ids)
         return self.token_info(embedded)
-
-    def quantize(self, mode: str) -> "HiddenDraft":
-        """Store the draft's decoder-layer projections as int8 or int4 per `mode` (runtime/quant.py; "auto" = int8
-        on CPU). Lossless for decoding (drafts only propose); inference only (int8 weights do not train).
-        The output layer stays as it is: its hot rows are the target's (bf16 numbers, which the lean step's column
-        kernel streams as such, use_lean_step), and without a hot vocabulary it is the target's own.
-        """
-        make = draft_linear(resolve_quant(mode, self.device, self.dtype))
-        if make is not None:
-            quantize_linears(self.layer, make)
-        return self
 
     def forward_training(self, hidden: torch.Tensor, steps: int) -> torch.Tensor:
         """Unroll `steps` draft steps from every position of whole sequences (cache-free, for training).
@@ -337,7 +321,7 @@ INSTALL_DIR = "hidden-drafts"  # under the foretell cache: one installed draft p
 
 
 def installed_hidden_draft_dir(target_name: str, cache_dir: Path | None = None) -> Path:
-    from foretell.models.loading import default_cache_dir
+    from foretell.paths import default_cache_dir
 
     return Path(cache_dir or default_cache_dir()) / INSTALL_DIR / Path(target_name).name
 

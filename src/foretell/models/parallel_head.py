@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import nn
@@ -31,8 +31,9 @@ from foretell.models.module_folder import (
     WEIGHTS_FILE, PARALLEL_HEAD_FORMAT, load_weights, read_config, save_module, saved_folder,
 )
 from foretell.models.transformer import DecoderLayer, RMSNorm, RotaryTables, Transformer, softcap
-from foretell.runtime.lean_drafters import LayersPass, LeanDraftLayers, layers_lean_support
-from foretell.runtime.quant import draft_linear, quantize_linears, resolve_quant
+
+if TYPE_CHECKING:
+    from foretell.runtime.lean_drafters import LayersPass
 
 FOLDER_FORMAT = PARALLEL_HEAD_FORMAT
 FORMAT, FORMAT_VERSION, CONFIG_FILE = FOLDER_FORMAT.name, FOLDER_FORMAT.version, FOLDER_FORMAT.config_file
@@ -137,31 +138,9 @@ class ParallelHead(DrafterModule):
         self.layers = nn.ModuleList(DecoderLayer(layer_config) for _ in range(config.num_layers))
         self.norm = RMSNorm(H, config.rms_norm_eps)
         self.rotary = RotaryTables(config.head_dim, config.rope_theta, None, 0)
-        self.lean = None  # use_lean_step(): its layers in one native call, fuse and logits in the column kernel
+        self.lean = None  # runtime/drafter_modules.use_lean_step: its layers in one native call, fuse and logits
+        # in the column kernel
         self.to(dtype=target.dtype, device=target.device)
-
-    def use_lean_step(self, on: bool = True, act_q8: bool = False) -> str | None:
-        """Run forwards natively where the head suits the lean step (float32 on CPU); returns why not otherwise.
-        Packs the weights as they are now: call after quantize(). act_q8: 8-bit activations in its int8 layers. A
-        bench-sized forward (3 context rows, 3 placeholders, 8192 output rows) took 7.7 ms in PyTorch on 2 AVX2
-        cores and 0.8 ms so (benchmarks/bench/parallel_head_step.py)."""
-        self.lean = None
-        reason = layers_lean_support(self, list(self.layers), self.norm, self.shared.final_softcap) if on else None
-        if on and reason is None:
-            self.lean = LeanDraftLayers(self.layers, self.norm, self.shared.lm_head, self.config, self.rotary,
-                                        input_layer=self.fuse, act_q8=act_q8)
-        return reason
-
-    def quantize(self, mode: str) -> "ParallelHead":
-        """Store the fuse and the decoder layers' projections as int8 or int4 per `mode` (runtime/quant.py; "auto" = int8 on
-        CPU). Lossless for decoding (drafts only propose); inference only. A float32 head otherwise streams 4-byte
-        weights every pass: on Qwen2.5-Coder-1.5B (one 1536-wide layer with an 8960-wide MLP, ~225 MB) that was
-        most of a 25 ms draft pass. The output layer stays the target's rows."""
-        make = draft_linear(resolve_quant(mode, self.device, self.dtype))
-        if make is not None and isinstance(self.fuse, nn.Linear):
-            quantize_linears(self.layers, make)
-            self.fuse = make(self.fuse.weight, None)
-        return self
 
     def set_draft_vocab(self, ids: torch.Tensor, target: Transformer, hot: HotVocab | None = None) -> None:
         """Make `ids` (ascending, distinct target ids) the head's own vocabulary: its output layer becomes those rows
@@ -246,7 +225,7 @@ class ParallelHead(DrafterModule):
         cache.check_room(x.shape[0])
         if not self.native(x.shape[0]):
             return None
-        return LayersPass(self.lean, x, torch.arange(cache.length, cache.length + x.shape[0], device=self.device), cache)
+        return self.lean.layers_pass(x, torch.arange(cache.length, cache.length + x.shape[0], device=self.device), cache)
 
     def forward_rows(self, x: torch.Tensor, n: int, cache: KVCache, full_vocab: bool) -> torch.Tensor:
         """forward() over its input rows x in PyTorch (the lean step's is native_pass)."""

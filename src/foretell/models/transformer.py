@@ -45,7 +45,7 @@ def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
     return torch.tanh(x / cap) * cap
 
 
-# Bumped whenever the forward's cost changes, so measured cost curves (budget.py) are redone.
+# Bumped whenever the forward's cost changes, so measured cost curves (sizing/cost.py) are redone.
 RUNTIME_VERSION = 11
 
 # Passes of up to this many new tokens use plain matmul attention: at one token PyTorch's fused
@@ -282,7 +282,7 @@ class Transformer(nn.Module):
     def compile_steps(self) -> Transformer:
         """torch.compile each layer's projections-and-norms and MLP blocks (not attention, whose key length grows
         every step), with dynamic token counts so verification sizes do not recompile. Opt-in: on this 2-core CPU
-        it has not paid (benchmarks/experiments/compile_ab.py); the cost curve is keyed by it (budget.machine_key)."""
+        it has not paid (benchmarks/experiments/compile_ab.py); the cost curve is keyed by it (sizing/cost.machine_key)."""
         for layer in self.layers:
             layer.project_qkv = torch.compile(layer.project_qkv, dynamic=True)
             layer.finish = torch.compile(layer.finish, dynamic=True)
@@ -364,6 +364,7 @@ class Transformer(nn.Module):
         attention runs per request over its own cache. Each output equals that pass run alone (up to float
         rounding of the larger matrix products)."""
         if len(passes) == 1:
+            p = passes[0]
             return [self(p.input_ids, p.positions, p.cache, p.tree_mask, p.hidden_layers, p.logits_rows)]
         sizes = [p.input_ids.shape[0] for p in passes]
         bounds = [(sum(sizes[:i]), sum(sizes[: i + 1])) for i in range(len(sizes))]
@@ -455,7 +456,7 @@ class Transformer(nn.Module):
         q/k/v and gate/up are fused here (Phi-3 checkpoints store them fused already). Gemma 2 / 3 name their
         norms by position: post_attention_layernorm (on the attention output) is our attn_output_norm,
         pre_feedforward_layernorm our post_attention_layernorm (the MLP's input norm), post_feedforward_layernorm
-        our mlp_output_norm. state: a dict, or loading.LazyState (read as taken). skip: projection weights (our
+        our mlp_output_norm. state: a dict, or runtime/loading.LazyState (read as taken). skip: projection weights (our
         names) not to read, left uninitialised for layers about to be replaced.
         """
         c = self.config

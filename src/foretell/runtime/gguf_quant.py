@@ -23,6 +23,7 @@ from torch import nn
 
 from foretell.errors import ForetellError
 from foretell.kernels import GGUF_KIND, Q8, lean_module
+from foretell.layer_rows import dense_rows
 from foretell.models.gguf_meta import GGUF_ARCHITECTURES
 from foretell.runtime.quant import INT4_GROUP, Int4Linear, fp32_block_gemm, q4_1_blocks
 
@@ -101,8 +102,6 @@ class BlockQ8Linear(nn.Module):
     def select_rows(self, rows: torch.Tensor) -> BlockQ8Linear:
         """The layer restricted to some output rows (a hot vocabulary), the rows' own blocks kept: a draft model's
         hot output layer then streams a quarter of the dense bytes in the lean step too."""
-        from foretell.runtime.wide_linear import dense_rows
-
         rows = rows.to(self.codes.device)
         return BlockQ8Linear(dense_rows(self.dense, rows), self.codes.index_select(0, rows).contiguous(),
                              self.scales.index_select(0, rows).contiguous())

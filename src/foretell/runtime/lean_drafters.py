@@ -186,6 +186,10 @@ class LeanDraftLayers:
         self.kernel = lean_decode()
         self.kernel_packed = lean_module().lean_decode_packed  # several requests' passes in one call (packed)
 
+    def layers_pass(self, x: torch.Tensor, positions: torch.Tensor, cache) -> LayersPass:
+        """The pass over rows x at `positions` (run alone, or packed with other requests' passes)."""
+        return LayersPass(self, x, positions, cache)
+
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """Rows x [T, H] after the cache's length (causal among themselves; writes their slots): the final-normed
         outputs [T, H]."""
@@ -237,3 +241,26 @@ class LayersPass:
     def run(self) -> torch.Tensor:
         """This pass alone: the final-normed outputs [T, H]."""
         return self.lean(self.x, self.positions, self.cache)
+
+
+@dataclass
+class HeadStepPass:
+    """A step an EAGLE-3 head asks for while proposing: Eagle3Head.step_and_logits over these arguments. Steps of
+    one head from several requests can run as one packed native call (runtime/lean_drafters.LeanEagle3Step.packed)."""
+
+    head: Any  # models.eagle3.Eagle3Head
+    tokens: torch.Tensor
+    hidden: torch.Tensor
+    positions: torch.Tensor
+    cache: Any
+    tree_mask: torch.Tensor | None = None
+    last_only: bool = False
+
+    @property
+    def group(self) -> tuple:
+        return ("eagle3 step", id(self.head))
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This step alone: (outputs [T, H], draft logits)."""
+        return self.head.step_and_logits(self.tokens, self.hidden, self.positions, self.cache, self.tree_mask,
+                                         self.last_only)

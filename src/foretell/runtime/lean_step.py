@@ -46,7 +46,7 @@ GGUF = GGUF_KIND
 LEAN_MAX_ROWS = 32
 # ... except a verification pass: a tree of any size, or a chain (no tree mask) of up to this many tokens after a
 # context, in lean calls of LEAN_MAX_ROWS, so that a drafted token computes the numbers its one-token step would
-# (PyTorch's products sum in another order, or in bf16). The scheduler's trees reach budget.DEFAULT_SIZES' 64.
+# (PyTorch's products sum in another order, or in bf16). The scheduler's trees reach sizing/cost.DEFAULT_SIZES' 64.
 LEAN_CHUNKED_ROWS = 64
 
 
@@ -379,7 +379,7 @@ class LeanStep:
 class LeanTransformer(Transformer):
     """The fast-path target: the PyTorch model (models/transformer.py), whose passes the lean step takes run in one
     native call once use_lean_step() took, with the model's forward and forward_packed. Every other pass (and every
-    pass while `lean` is None) is the PyTorch model's own. Models are loaded as this class (models/loading.py), so
+    pass while `lean` is None) is the PyTorch model's own. Models are loaded as this class (runtime/loading.py), so
     `lean` is there to ask; runtime/prepare.py decides whether it is set."""
 
     def __init__(self, cfg):

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from foretell.drafters.base import HeadStepPass
 from foretell.models.transformer import ForwardOutput, Transformer
-from foretell.runtime.lean_drafters import LayersPass
+from foretell.runtime.lean_drafters import HeadStepPass, LayersPass
 from foretell.runtime.lean_step import packed_segments
 
 
@@ -71,7 +70,7 @@ def lean_packed(target: Transformer, passes: list, step=None) -> list[ForwardOut
 
 
 def run_draft_passes(passes: list) -> list:
-    """Drafters' forwards of one group (drafters.base: DraftPass of one model and step, HeadStepPass of one head;
+    """Drafters' forwards of one group (drafters.base.DraftPass of one model and step; lean_drafters.HeadStepPass of one head,
     lean_drafters.LayersPass of one module's layers) from several requests: in one native call where the lean step
     takes them all (the requests' rows read every weight once between them; each row the arithmetic it gets
     alone), else a model's in one PyTorch forward (Transformer.forward_packed: the same up to float rounding, so a

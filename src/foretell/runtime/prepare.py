@@ -3,7 +3,7 @@ alike. The steps, always in this order (each changes what the next sees):
 
 1. numbers: a drafter's float32 parameters rounded to bf16 numbers (bf16_numbers), as its target's are;
 2. weights: a GGUF file's own blocks (quant "gguf"), foretell's int8 / int4 (a drafter module by its own rule,
-   `quantize`), or as they are;
+   drafter_modules.quantize_drafter), or as they are;
 3. bf16 as float32: a bf16 CPU model runs as float32 activations over its bf16 weights, where the lean step suits
    it (then its wide passes multiply in bf16 where bf16 is native);
 4. wide passes: WideLinear for a bf16 model on a CPU without native bf16 products (its passes of many rows in fp32,
@@ -16,12 +16,15 @@ The module is changed in place (a drafter module's quantize may return another o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
 
+from foretell.models.drafter_module import DrafterModule
 from foretell.runtime import lean_step, quant, wide_linear
 from foretell.runtime.config import RuntimeConfig, parse_dtype
+from foretell.runtime.drafter_modules import quantize_drafter, use_lean_step
 from foretell.runtime.gguf_quant import keep_gguf_quantization
 
 
@@ -49,7 +52,8 @@ def prepare(module: nn.Module, config: RuntimeConfig) -> Prepared:
     if c.compile:
         module.compile_steps()
     elif c.lean:  # where it does not apply, nothing changes (a target that needs it checks `lean`)
-        reason = module.use_lean_step(act_q8=True) if c.activations == "q8" else module.use_lean_step()
+        use = module.use_lean_step if isinstance(module, lean_step.LeanTransformer) else partial(use_lean_step, module)
+        reason = use(act_q8=True) if c.activations == "q8" else use()
     if c.kv_dtype is not None:
         module.kv_dtype = parse_dtype(c.kv_dtype)  # its new_cache's
     return Prepared(module, bool(as_float32), wide, reason)
@@ -64,8 +68,9 @@ def round_to_bf16_numbers(module: nn.Module) -> None:
 
 
 def quantize(module: nn.Module, config: RuntimeConfig) -> nn.Module:
-    """Step 2: the weights in the format config.quant names. A drafter module (one with a `quantize` method: an
-    EAGLE-3 head, a hidden-state draft) quantizes by its own rule; a model is quantized as a target ("none", "int8",
+    """Step 2: the weights in the format config.quant names. A drafter module (an EAGLE-3 head, a parallel head, a
+    hidden-state draft) quantizes by its own rule (drafter_modules.quantize_drafter); a model is quantized as a
+    target ("none", "int8",
     "int4"; "gguf" from config.gguf_file), or as a draft model where "auto" (int8 where it pays here)."""
     c = config
     if c.gguf_file is not None:
@@ -73,8 +78,8 @@ def quantize(module: nn.Module, config: RuntimeConfig) -> nn.Module:
         return module
     if c.quant is None:
         return module
-    if hasattr(module, "quantize"):
-        return module.quantize(c.quant)
+    if isinstance(module, DrafterModule):
+        return quantize_drafter(module, c.quant)
     if c.quant == "auto":
         return quant.apply_quant(module, c.quant)
     return quant.quantize_target(module, c.quant)

@@ -305,14 +305,6 @@ def q4_1_blocks(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torc
     return packed, torch.stack([d.float(), m.float()], dim=-1).contiguous()
 
 
-def select_rows(layer: nn.Module, rows: torch.Tensor) -> nn.Module:
-    """Keep only some output rows of a linear layer, plain or quantized (a copy, contiguous for speed): a layer
-    type with its own select_rows (the quantized ones, GGUFLinear, WideLinear) cuts itself, any other is copied
-    as a dense nn.Linear."""
-    own = getattr(type(layer), "select_rows", None)
-    return own(layer, rows) if own is not None else wide_linear.dense_rows(layer, rows)
-
-
 def draft_linear(mode: str):
     """make(weight, bias) for projections in a resolved mode ("int8" or "int4"; int4 where the shape takes it, else
     int8), or None for "none": a drafter's, or a target's (quantize_target)."""

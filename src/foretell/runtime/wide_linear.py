@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from foretell.kernels import bf16_small_gemm
+from foretell.layer_rows import dense_rows
 
 PROBE_ROWS = (2, 4, 6, 8, 12, 16, 32)
 PROBE_SHAPE = (1536, 576)  # out, in: SmolLM2-135M's MLP projection, a typical small-model matrix
@@ -66,18 +67,6 @@ class WideLinear(nn.Linear):
     def select_rows(self, rows: torch.Tensor) -> WideLinear:
         """The layer restricted to some output rows (a hot output layer of a few rows), keeping the wide-pass paths."""
         return WideLinear(dense_rows(self, rows), self.wide_rows, self.kernel_rows).requires_grad_(False)
-
-
-def dense_rows(layer: nn.Module, rows: torch.Tensor) -> nn.Linear:
-    """Some output rows of a layer with a dense weight (and bias), copied into a contiguous nn.Linear."""
-    rows = rows.to(layer.weight.device)
-    out = nn.Linear(layer.in_features, rows.numel(), bias=layer.bias is not None,
-                    device=layer.weight.device, dtype=layer.weight.dtype)
-    with torch.no_grad():
-        out.weight.copy_(layer.weight.index_select(0, rows))
-        if layer.bias is not None:
-            out.bias.copy_(layer.bias.index_select(0, rows))
-    return out.requires_grad_(False)
 
 
 def _seconds(fn, repeats: int = 3) -> float:

@@ -61,7 +61,7 @@ def create_app(pipeline: Pipeline, model_name: str, settings: ServeSettings, bat
 
 def make_batch(pipeline: Pipeline, settings: ServeSettings):
     """The batching engine the worker drives, with the budget policy the settings name."""
-    from foretell.batch_budget import BatchAwareBudget, FixedByBatchSize
+    from foretell.sizing.batch import BatchAwareBudget, FixedByBatchSize
     from foretell.prefix_cache import PrefixCache
 
     budget = None

@@ -20,7 +20,8 @@ def corpus_from_sources(tokenizer, vocab_size: int, sources: list[str], min_coun
                         min_share: float = 0.3) -> tuple[Corpus, dict]:
     """The corpus of every conversation in `sources` (gsm8k | sharegpt | .jsonl / .jsonl.gz files; train split)
     that shares no text with an evaluation prompt, and a report of what went in."""
-    from foretell.train.common.data import conversations, tokenize_conversation
+    from foretell.conversations import conversations
+    from foretell.train.common.data import tokenize_conversation
     from foretell.train.common.heldout import FilterReport, HeldOut, evaluation_prompts, without_heldout
 
     if min_count < 1 or not 0.0 < min_share <= 1.0:
@@ -45,7 +46,8 @@ def replayed_tau(tokenizer, source: str, corpus: Corpus | None, gamma: int = 4) 
     (the target's own, e.g. to held-out prompts), with the corpus or without: each pass drafts from the context so
     far and keeps the drafts equal to the answer's next tokens, plus the target's own token."""
     from foretell.drafters.prompt_lookup import PromptLookupDrafter
-    from foretell.train.common.data import conversations, tokenize_conversation
+    from foretell.conversations import conversations
+    from foretell.train.common.data import tokenize_conversation
 
     drafter, tokens, passes = PromptLookupDrafter(corpus=corpus), 0, 0
     for messages in conversations(source, "test"):
@@ -90,7 +92,7 @@ def add_corpus_parser(sub) -> None:
 def cmd_corpus(args) -> None:
     import json
 
-    from foretell.models.loading import load_model
+    from foretell.runtime.loading import load_model
 
     target = load_model(args.target, "float32")
     sources = [s.strip() for s in args.data.split(",") if s.strip()]

@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from foretell.conversations import conversations
 from foretell.models.transformer import Transformer
-from foretell.train.common.data import TokenData, conversations
+from foretell.train.common.data import TokenData
 
 
 def acceptance_per_token(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -150,8 +151,8 @@ class EvalOptions:
 
 def compare_drafts(target: str | Path, drafts: dict[str, Path], source: str, opts: EvalOptions) -> list[dict]:
     """One row per draft: alpha on held-out data, then (if opts.prompts) real speculative decoding."""
-    from foretell.drafters.factory import check_same_tokenizer
-    from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
+    from foretell.build import check_same_tokenizer
+    from foretell.runtime.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
     from foretell.train.common.data import DataConfig, build_token_data
 
     target_dir = resolve_model_dir(target)

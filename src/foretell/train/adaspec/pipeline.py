@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from foretell.drafters.factory import check_same_tokenizer
+from foretell.build import check_same_tokenizer
 from foretell.errors import ForetellError
 from foretell.models.derive import DraftShape, draft_from_config, save_model_folder, truncated_copy
-from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
+from foretell.runtime.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
 from foretell.train.adaspec.stages import MODEL_DIR, StageJob, begin_stage, run_stage
 from foretell.train.adaspec.teacher import TeacherCache, TeacherConfig, build_teacher_cache, per_token_kl
 from foretell.train.common.cache import fingerprint_of, read_meta

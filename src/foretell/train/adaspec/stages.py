@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from foretell.models.derive import save_model_folder
-from foretell.models.loading import build_model, load_tokenizer
+from foretell.runtime.loading import build_model, load_tokenizer
 from foretell.train.adaspec.losses import adaspec_loss, distill_loss, lm_loss
 from foretell.train.adaspec.teacher import TeacherCache
 from foretell.train.common.data import TokenData

@@ -22,8 +22,8 @@ import torch
 
 from foretell.errors import ForetellError
 from foretell.models.config import ModelConfig
-from foretell.models.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
 from foretell.runtime.config import RuntimeConfig
+from foretell.runtime.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
 from foretell.runtime.prepare import prepare
 from foretell.train.common.cache import META, fingerprint_of, read_meta
 from foretell.train.common.data import DataConfig, DataReport, TokenData, build_token_data

@@ -55,7 +55,7 @@ def first_turns(source: str, tokenizer, max_prompt_tokens: int, limit: int,
                 split: str = "train") -> list[tuple[list[dict], list[int]]]:
     """Up to `limit` one-message conversations (the first user turn) that fit max_prompt_tokens, with their ids."""
     from foretell.text import encode_prompt
-    from foretell.train.common.data import conversations
+    from foretell.conversations import conversations
 
     sources = ("gsm8k", "sharegpt") if source == "both" else (source,)
     per_source = [limit - limit // 2, limit // 2] if source == "both" else [limit]
@@ -93,7 +93,7 @@ def make_self_data(cfg: SelfDataConfig, out: Path, why: str = "") -> Path:
     """Write (or finish writing) `out`: one {"messages": [user, assistant]} row per prompt, in prompt order.
     why: how the drafter was chosen, for the log line."""
     from foretell.api import load
-    from foretell.drafters.factory import default_speculative
+    from foretell.build import default_speculative
     from foretell.types import SamplingParams
 
     spec, why = (cfg.speculative, why) if cfg.speculative is not None else default_speculative(cfg.target)

@@ -18,11 +18,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from foretell.models.config import ModelConfig
 from foretell.models.eagle3 import (
     DEFAULT_DRAFT_VOCAB, Eagle3Config, new_eagle3_head, read_eagle3_config, save_eagle3_head,
 )
 from foretell.models.eagle3_format import load_eagle3_head
-from foretell.models.config import ModelConfig
 from foretell.train.common.data import TokenData
 from foretell.train.common.depths import format_depth_table
 from foretell.train.common.distributed import DistContext

@@ -15,11 +15,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from foretell.conversations import BOTH
 from foretell.models.config import ModelConfig
 from foretell.models.parallel_head import (
     ParallelHeadConfig, load_parallel_head, new_parallel_head, read_head_config, save_parallel_head,
 )
-from foretell.train.common.data import BOTH, TokenData
+from foretell.train.common.data import TokenData
 from foretell.train.common.depths import format_depth_table
 from foretell.train.common.distributed import DistContext
 from foretell.train.common.draft_vocab import new_draft_vocabulary

@@ -9,16 +9,16 @@ and nothing else, how much to draft:
     record(outcome)                        after verification: what the pass did
 
 RequestSizer is the implementation; the controllers it is made of are its parts, each optional:
-  - the length policy (drafters/length_policy.py, budget.HardwareAwareLength) sizes a chain drafter's drafts;
+  - the length policy (sizing/chain.py) sizes a chain drafter's drafts;
     the engine's policy is the configuration, and each request decodes with a copy of it;
-  - the adaptive tree scheduler (drafters/tree_scheduler.py) sizes a tree drafter's trees; the drafter grows and
+  - the adaptive tree scheduler (sizing/tree.py) sizes a tree drafter's trees; the drafter grows and
     trims them by a schedule made fresh by its start (Drafter.schedule), which the sizer shares for the branch;
-  - the draft gate (draft_gate.py) decides whether the drafter runs; its token estimates restart with each
+  - the draft gate (sizing/gate.py) decides whether the drafter runs; its token estimates restart with each
     request, its timings carry over;
   - the result cache's branch sizer (result_cache.BranchSizer) trims the cache's branch by the tree schedule's
     cost curve; it measures the cache, which spans requests by design.
 What the text does (acceptance, calibration, probe counts, choices) starts afresh with each request; what the
-machine does (measured timings, cost corrections) carries over. A batch's budget (batch_budget.py) is the room of
+machine does (measured timings, cost corrections) carries over. A batch's budget (sizing/batch.py) is the room of
 a pass: its pre-draft cap is draft_tokens' `limit`, its post-draft cap Decoding.keep.
 
 Sizing only picks which drafts the target verifies, never how it verifies them: output is lossless whatever
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from foretell.draft_gate import DraftGate
+    from foretell.sizing.gate import DraftGate
     from foretell.drafters.base import Drafter
-    from foretell.drafters.length_policy import DraftLengthPolicy
-    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
-    from foretell.result_cache import BranchSizer
+    from foretell.sizing.chain import DraftLengthPolicy
+    from foretell.sizing.tree import AdaptiveTreeScheduler
+    from foretell.sizing.branch import BranchSizer
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Hardware-aware speculation budgets (the Sequoia argument, measured on the machine at hand).
+"""The cost model: what a target pass costs on this machine by verified tokens (the Sequoia argument, measured).
 
 How much a target pass costs as the number of verified tokens grows depends on the hardware
 and dtype: on a CPU in bf16, 8 tokens cost about as much as 1; in fp32 they cost 2x. So the
@@ -7,13 +7,15 @@ best draft length / tree size is not a constant. We measure the forward time cur
 
     rate(n) = expected_tokens(n) / (draft_seconds(n) + verify_seconds(n + 1))
 
-(the one chooser of that, for every sizing policy, is sizing_model.best_prefix).
+(the one chooser of that, for every sizing policy, is sizing/chooser.best_prefix; the policies are the other
+files of sizing/).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import time
@@ -24,7 +26,6 @@ import torch
 
 from foretell.models.transformer import RUNTIME_VERSION, Transformer
 from foretell.runtime.wide_linear import bf16_rows_of, kernel_rows_of, wide_rows_of
-from foretell.sizing_model import best_prefix
 
 DEFAULT_SIZES = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
@@ -48,6 +49,40 @@ class CostCurve:
                 return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
         (x0, y0), (x1, y1) = (xs[-2], ys[-2]), (xs[-1], ys[-1])
         return y1 + (y1 - y0) * (n - x1) / (x1 - x0)
+
+
+@dataclass
+class CorrectedCost:
+    """A measured CostCurve corrected online by the verification times decoding reports: when another process
+    competes for the cores, big passes slow down more than small ones, so the corrected curve steepens and the
+    sizes chosen from it shrink. Each correction is a decayed ratio measured / curve at the curve's size nearest
+    the pass; a size asked for takes the nearest correction. Copies of a policy share one (what the machine costs
+    carries over from request to request)."""
+
+    curve: CostCurve
+    decay: float = 0.9
+    correction: dict[int, float] = field(default_factory=dict)  # curve size -> decayed measured / curve
+    _seconds: dict[int, float] = field(default_factory=dict)  # memo, cleared when a correction moves
+
+    def __call__(self, tokens: int) -> float:
+        if tokens not in self._seconds:
+            if not self.correction:
+                self._seconds[tokens] = self.curve(tokens)
+            else:
+                nearest = min(self.correction, key=lambda size: (abs(math.log(size / tokens)), size))
+                self._seconds[tokens] = self.curve(tokens) * self.correction[nearest]
+        return self._seconds[tokens]
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """One verification pass of `tokens` rows took `seconds`."""
+        size = min(self.curve.sizes, key=lambda s: abs(math.log(s / tokens)))
+        ratio = seconds / self.curve(tokens)
+        old = self.correction.get(size)
+        self.correction[size] = ratio if old is None else self.decay * old + (1 - self.decay) * ratio
+        self._seconds.clear()
+
+    def summary(self) -> dict[int, float]:
+        return {k: round(v, 3) for k, v in sorted(self.correction.items())}
 
 
 def weight_format(model: Transformer) -> str:
@@ -140,7 +175,7 @@ def cost_curve(model: Transformer, model_name: str, cache_dir: Path | None = Non
     now runs STALE_FACTOR faster than the cached curve says."""
     import sys
 
-    from foretell.models.loading import default_cache_dir
+    from foretell.runtime.loading import default_cache_dir
 
     key = machine_key(model, model_name)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -162,70 +197,6 @@ def cost_curve(model: Transformer, model_name: str, cache_dir: Path | None = Non
     tmp.write_text(json.dumps(asdict(curve)))
     tmp.replace(path)
     return curve
-
-
-def expected_chain_tokens(acceptance: list[float], gamma: int) -> float:
-    """1 + sum_k prod_{i<k} a_i: the bonus/recovered token plus each draft reached and accepted.
-
-    acceptance[i] is the chance draft i+1 passes given draft i passed; the last entry repeats.
-    """
-    total = 1.0
-    for reach in chain_reach(acceptance, gamma):
-        total += reach
-    return total
-
-
-def chain_reach(acceptance: list[float], gamma: int) -> list[float]:
-    """prod_{i<k} a_i for k = 1..gamma: the chance draft k is reached and accepted (expected_chain_tokens' terms)."""
-    values, reach = [], 1.0
-    for i in range(gamma):
-        reach *= acceptance[min(i, len(acceptance) - 1)] if acceptance else 0.0
-        values.append(reach)
-    return values
-
-
-def best_chain_length(acceptance: list[float], target: CostCurve, draft_step_seconds: float, max_gamma: int) -> int:
-    """The draft length with the highest expected tokens per second (0 = do not draft; ties: the shorter)."""
-    return best_prefix(chain_reach(acceptance, max_gamma), lambda g: g * draft_step_seconds, target).n
-
-
-def best_tree_size(node_values: list[float], target: CostCurve, draft_seconds: float, min_size: int = 1) -> int:
-    """Given the values (estimated acceptance probabilities) of candidate nodes sorted best first,
-    the number to verify that maximises (1 + sum of kept values) / (draft + verify time): at least min_size
-    (n = 0 is no candidate here)."""
-    if not node_values:
-        return min_size
-    return best_prefix(node_values, draft_seconds, target, min_size=max(min_size, 1)).n
-
-
-@dataclass
-class HardwareAwareLength:
-    """Draft length policy: the measured cost curve plus running per-position acceptance."""
-
-    target: CostCurve
-    draft_step_seconds: float
-    max_gamma: int = 12
-    prior: float = 0.7
-    decay: float = 0.9  # exponential forgetting of old verification outcomes
-    _passed: list[float] = field(default_factory=list)
-    _reached: list[float] = field(default_factory=list)
-
-    def acceptance(self) -> list[float]:
-        # A pseudo-count of 1 at the prior keeps unvisited positions sensible.
-        return [(p + self.prior) / (r + 1.0) for p, r in zip(self._passed, self._reached)] or [self.prior]
-
-    def next_length(self) -> int:
-        return max(1, best_chain_length(self.acceptance(), self.target, self.draft_step_seconds, self.max_gamma))
-
-    def update(self, proposed: int, accepted: int) -> None:
-        while len(self._reached) < proposed:
-            self._reached.append(0.0)
-            self._passed.append(0.0)
-        self._reached = [r * self.decay for r in self._reached]
-        self._passed = [p * self.decay for p in self._passed]
-        for i in range(min(proposed, accepted + 1)):  # drafts after the first rejection were not judged
-            self._reached[i] += 1.0
-            self._passed[i] += 1.0 if i < accepted else 0.0
 
 
 def plot_cost_curve(curves: dict[str, CostCurve], path: Path) -> None:

@@ -1,8 +1,9 @@
-"""From a SpeculativeConfig to a drafter and the engine around it.
+"""The composition root: from a SpeculativeConfig to a drafter, its sizing and the engine around them.
 
-The one place that turns configuration into objects, for the Python API, the CLI, the bench and the
-server. Drafter weights come from a DrafterWeights store, so several configurations over one target
-(the bench's methods) load each draft model, head or hidden-state draft once.
+The one place that turns configuration into objects, for the Python API, the CLI, the bench and the server; it
+sits above the engine and below the api (tests/test_layers.py). Drafter weights come from a DrafterWeights store, so
+several configurations over one target (the bench's methods) load each draft model, head or hidden-state draft
+once; the machine's cost curve is measured here for the sizing policies (build_sizing), not by the drafters.
 """
 
 from __future__ import annotations
@@ -12,21 +13,34 @@ from pathlib import Path
 
 import torch
 
-from foretell.budget import CostCurve, HardwareAwareLength, cost_curve
 from foretell.config import GGUF_DRAFT_QUANTS, HEAD_METHODS, HeadTreeShape, SpeculativeConfig
-from foretell.draft_gate import DraftGate
 from foretell.drafters.base import Drafter
-from foretell.drafters.length_policy import DraftLengthPolicy, make_length_policy
+from foretell.drafters.draft_model import DraftModelDrafter
+from foretell.drafters.draft_tree import DraftTreeDrafter
+from foretell.drafters.eagle_tree import Eagle3Drafter
+from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB, HiddenStateDrafter
+from foretell.drafters.parallel_tree import ParallelHeadDrafter
+from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.engine import Engine
 from foretell.errors import ForetellError
 from foretell.hot_vocab import HotVocab, default_hot_vocab
+from foretell.kernels import cpu_class
 from foretell.models.eagle3 import Eagle3Head
-from foretell.models.parallel_head import ParallelHead
-from foretell.models.loading import LoadedModel, kept_gguf, load_model
+from foretell.models.eagle3_format import load_eagle3_head
+from foretell.models.hidden_draft import installed_hidden_draft, load_hidden_draft
+from foretell.models.parallel_head import ParallelHead, load_parallel_head
+from foretell.models.shipped import (
+    MANIFEST, SHIPPED_DIR, default_shipped, resolve_corpus, resolve_drafter_folder, shipped_manifests, verified_folder,
+)
 from foretell.result_cache import make_result_cache
 from foretell.runtime.config import RuntimeConfig
 from foretell.runtime.gguf_quant import check_replaced, replaced_weights
+from foretell.runtime.loading import LoadedModel, kept_gguf, load_model
 from foretell.runtime.prepare import drafter_runtime, prepare
+from foretell.sizing.chain import DraftLengthPolicy, HardwareAwareLength, make_length_policy
+from foretell.sizing.cost import CostCurve, cost_curve
+from foretell.sizing.gate import DraftGate
+from foretell.sizing.tree import AdaptiveTreeScheduler, LevelBudget
 from foretell.text import stop_token_ids
 
 
@@ -67,8 +81,6 @@ class DrafterWeights:
 
     def draft_model(self, spec: str, quant: str) -> LoadedModel:
         """A draft model: a folder, a preset, or a shipped draft model's name (its checksums and target checked)."""
-        from foretell.models.shipped import MANIFEST, SHIPPED_DIR, verified_folder
-
         def make():
             root = self.shipped_root or SHIPPED_DIR
             shipped = not Path(spec).exists() and (root / spec / MANIFEST).is_file()
@@ -125,8 +137,6 @@ class DrafterWeights:
     def folder(self, model: str, method: str) -> Path:
         """A head's or hidden-state draft's folder: `model` itself, or the shipped drafter of that name (its
         checksums and target checked once)."""
-        from foretell.models.shipped import SHIPPED_DIR, resolve_drafter_folder
-
         root = self.shipped_root or SHIPPED_DIR
         model = model or self.shipped_name(method)
         return self._once(("folder", model, method), lambda: resolve_drafter_folder(model, method, self.target.model, root))
@@ -135,8 +145,6 @@ class DrafterWeights:
         """The shipped drafter of kind `method` for this target (its default first), for a head method given
         without weights. Read once: a server builds an engine for every request, and the manifests are files
         (~5 ms a request)."""
-        from foretell.models.shipped import SHIPPED_DIR, shipped_manifests
-
         def find() -> str:
             mine = [m for m in shipped_manifests(self.shipped_root or SHIPPED_DIR)
                     if m.kind == method and m.target.name == self.target_name]
@@ -152,8 +160,6 @@ class DrafterWeights:
         """A corpus of the target's own answers (a file, or a shipped corpus's name: checked), None for None."""
         if name is None:
             return None
-        from foretell.models.shipped import SHIPPED_DIR, resolve_corpus
-
         root = self.shipped_root or SHIPPED_DIR
         return self._once(("corpus", name), lambda: resolve_corpus(name, self.target.model, root))
 
@@ -162,8 +168,6 @@ class DrafterWeights:
         int8 on a target with 8-bit activations only (with them, a float32 head's layer was most of its draft pass
         on Qwen2.5-Coder-1.5B: 24.8 ms a pass, 11.2 ms as int8, docs/generalisation.md); elsewhere its weights
         stay as saved, or as bf16 numbers (`ready`)."""
-        from foretell.models.parallel_head import load_parallel_head
-
         lean = self.target.model.lean
         if quant == "auto" and not (lean is not None and lean.act_q8):
             quant = "none"
@@ -172,8 +176,6 @@ class DrafterWeights:
             load_parallel_head(folder, self.target.model, self.hot_vocab(hot_vocab)), quant))
 
     def hidden_draft(self, model: str, hot_vocab: int, quant: str):
-        from foretell.models.hidden_draft import load_hidden_draft
-
         folder = self.folder(model, "hidden-state")
         return self._once(("hidden", folder, hot_vocab, quant), lambda: self.ready(
             load_hidden_draft(folder, self.target.model, self.hot_vocab(hot_vocab)), quant))
@@ -181,8 +183,6 @@ class DrafterWeights:
     def eagle3_head(self, model: str, quant: str = "none"):
         """An EAGLE-3 head: foretell's folder, an EAGLE-3 checkpoint in the engines' layout, or a shipped name;
         int8 per `quant` (Eagle3Head.quantize)."""
-        from foretell.models.eagle3_format import load_eagle3_head
-
         folder = self.folder(model, "eagle3")
         return self._once(("eagle3", folder, quant),
                           lambda: self.ready(load_eagle3_head(folder, self.target.model), quant))
@@ -207,47 +207,50 @@ class DrafterWeights:
         return self._once(("cost", spec, quant), lambda: cost_curve(model, spec, self.cache_dir))(1)
 
 
-def build_drafter(spec: SpeculativeConfig, weights: DrafterWeights) -> tuple[Drafter | None, DraftLengthPolicy]:
-    """The drafter a configuration describes, and the engine's length policy for it (chains only)."""
+@dataclass(frozen=True)
+class Sizing:
+    """How a configuration sizes its drafts (sizing/): a chain drafter's length policy; with budget auto, a tree
+    drafter's adaptive schedule or a draft tree's level budget. The target's cost curve is measured (or read from
+    the cache) here, once per DrafterWeights, never by a drafter."""
+
+    length_policy: DraftLengthPolicy
+    scheduler: AdaptiveTreeScheduler | None = None
+    level_budget: LevelBudget | None = None
+
+
+def build_sizing(spec: SpeculativeConfig, weights: DrafterWeights) -> Sizing:
     policy = make_length_policy(spec.length_policy, spec.gamma)
-    auto = spec.budget == "auto"
+    if spec.budget != "auto" or spec.method in ("none", "prompt-lookup"):
+        return Sizing(policy)
+    if spec.method == "draft-model":
+        draft_step = weights.draft_step_seconds(spec.model, spec.draft_quant)  # loads (and checks) the draft first
+        return Sizing(HardwareAwareLength(weights.target_cost(), draft_step, max_gamma=12))
+    if spec.method == "draft-tree":
+        return Sizing(policy, level_budget=LevelBudget(weights.target_cost()))
+    return Sizing(policy, scheduler=AdaptiveTreeScheduler(weights.target_cost()))
+
+
+def build_drafter(spec: SpeculativeConfig, weights: DrafterWeights, sizing: Sizing) -> Drafter | None:
+    """The drafter a configuration describes (None for method none), sized by `sizing` where it sizes itself."""
     vocab_size = weights.target.config.vocab_size
     if spec.method == "none":
-        return None, policy
+        return None
     if spec.method == "prompt-lookup":
-        from foretell.drafters.prompt_lookup import PromptLookupDrafter
-
-        return PromptLookupDrafter(spec.lookup_max, spec.lookup_min, weights.corpus(spec.corpus)), policy
+        return PromptLookupDrafter(spec.lookup_max, spec.lookup_min, weights.corpus(spec.corpus))
     if spec.method in ("draft-model", "draft-tree"):
         draft = weights.draft_model(spec.model, spec.draft_quant)
         hot = weights.hot_vocab(spec.hot_vocab, draft)
         if spec.method == "draft-model":
-            from foretell.drafters.draft_model import DraftModelDrafter
-
-            if auto:
-                policy = HardwareAwareLength(weights.target_cost(), weights.draft_step_seconds(spec.model, spec.draft_quant),
-                                             max_gamma=12)
-            return DraftModelDrafter(draft.model, vocab_size, hot), policy
-        from foretell.drafters.draft_tree import DraftTreeDrafter
-
-        return DraftTreeDrafter(draft.model, vocab_size, spec.tree, weights.target_cost() if auto else None, hot), policy
-    from foretell.drafters.tree_scheduler import AdaptiveTreeScheduler
-
-    scheduler = AdaptiveTreeScheduler(weights.target_cost()) if auto else None
+            return DraftModelDrafter(draft.model, vocab_size, hot)
+        return DraftTreeDrafter(draft.model, vocab_size, spec.tree, sizing.level_budget, hot)
     if spec.method == "parallel-head":
-        from foretell.drafters.parallel_tree import ParallelHeadDrafter
-
         head = weights.parallel_head(spec.model, spec.hot_vocab, spec.draft_quant)
         shape = spec.head_tree or HeadTreeShape(depth=min(HeadTreeShape().depth, head.config.depth))
-        return ParallelHeadDrafter(head, shape, scheduler), policy
+        return ParallelHeadDrafter(head, shape, sizing.scheduler)
     if spec.method == "eagle3":
-        from foretell.drafters.eagle_tree import Eagle3Drafter
-
-        return Eagle3Drafter(weights.eagle3_head(spec.model, spec.draft_quant), spec.eagle_tree, scheduler), policy
-    from foretell.drafters.hidden_tree import HiddenStateDrafter
-
+        return Eagle3Drafter(weights.eagle3_head(spec.model, spec.draft_quant), spec.eagle_tree, sizing.scheduler)
     draft = weights.hidden_draft(spec.model, spec.hot_vocab, spec.draft_quant)
-    return HiddenStateDrafter(draft, spec.hidden, scheduler), policy
+    return HiddenStateDrafter(draft, spec.hidden, sizing.scheduler)
 
 
 def with_shipped_model(spec: SpeculativeConfig, weights: DrafterWeights) -> SpeculativeConfig:
@@ -259,14 +262,17 @@ def with_shipped_model(spec: SpeculativeConfig, weights: DrafterWeights) -> Spec
 
 
 def build_engine(spec: SpeculativeConfig, weights: DrafterWeights) -> Engine:
-    drafter, policy = build_drafter(spec, weights)
+    """The engine a configuration describes: the target, its drafter, the drafts' sizing and the verifier's
+    settings (lossy threshold), the result cache and the draft gate."""
+    sizing = build_sizing(spec, weights)
+    drafter = build_drafter(spec, weights, sizing)
     target = weights.target
     return Engine(
         target=target.model,
         tokenizer=target.tokenizer,
         stop_ids=weights.stop_ids(),
         drafter=drafter,
-        length_policy=policy,
+        length_policy=sizing.length_policy,
         lossy_threshold=spec.lossy_threshold,
         result_cache=make_result_cache(spec.result_cache,
                                       weights.corpus(spec.corpus) if spec.method != "prompt-lookup" else None),
@@ -280,11 +286,6 @@ def default_speculative(target: str | Path, cache_dir: Path | None = None, shipp
     draft (`foretell train hidden-state --install`: the user's own choice), the shipped drafter that is its default
     (the fastest shipped one in the bench on this class of CPU, kernels.cpu_class, where one was measured), else
     prompt lookup."""
-    from foretell.drafters.hidden_tree import DEFAULT_HOT_VOCAB
-    from foretell.kernels import cpu_class
-    from foretell.models.hidden_draft import installed_hidden_draft
-    from foretell.models.shipped import SHIPPED_DIR, default_shipped
-
     folder = installed_hidden_draft(str(target), cache_dir)
     if folder is not None:
         return (SpeculativeConfig(method="hidden-state", model=str(folder), budget="auto", hot_vocab=DEFAULT_HOT_VOCAB,

@@ -5,16 +5,11 @@ import json
 import pytest
 
 from foretell.api import load
-from foretell.budget import (
-    CostCurve,
-    HardwareAwareLength,
-    best_chain_length,
-    best_tree_size,
-    cost_curve,
-    expected_chain_tokens,
-)
-from foretell.drafters.draft_tree import DraftTreeDrafter
 from foretell.config import TreeShape
+from foretell.drafters.draft_tree import DraftTreeDrafter
+from foretell.sizing.chain import HardwareAwareLength, best_chain_length, expected_chain_tokens
+from foretell.sizing.cost import CostCurve, cost_curve
+from foretell.sizing.tree import LevelBudget, best_tree_size
 from foretell.types import SamplingParams
 
 FLAT = CostCurve([1, 8, 64], [0.040, 0.042, 0.080], context=256)  # bf16 CPU-like: 8 tokens ~ 1
@@ -86,7 +81,8 @@ def test_a_cost_curve_measured_under_load_is_measured_again(tiny_pair, tmp_path,
 def test_budgeted_tree_is_exact_and_within_bounds(tiny_pair, curve):
     target, draft = tiny_pair
     plain = load(target, "none")
-    drafter = DraftTreeDrafter(load(draft, "none").target.model, 48, TreeShape(depth=5, top_k=3, total_tokens=16), curve)
+    drafter = DraftTreeDrafter(load(draft, "none").target.model, 48, TreeShape(depth=5, top_k=3, total_tokens=16),
+                               LevelBudget(curve))
     tuned = plain.with_drafter(drafter)
     params = SamplingParams(max_new_tokens=30, ignore_eos=True)
     prompt = [1, 5, 9, 12, 5, 9, 30]

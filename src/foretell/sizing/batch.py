@@ -22,7 +22,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Callable
 
-from foretell.sizing_model import best_prefix
+from foretell.sizing.chooser import best_prefix
 from foretell.types import Proposal
 
 

@@ -4,7 +4,7 @@ Drafting costs time, and on a CPU a bigger tree makes the target's pass slower t
 drafts are rarely accepted (a translation the draft never learned), or when prompt lookup's
 branch already holds what the drafter would add (a GSM8K answer copying its question's
 numbers), a pass without the drafter yields more tokens per second. The scheduler
-(tree_scheduler.py) sizes a tree only after the drafter has paid for it; the gate decides
+(sizing/tree.py) sizes a tree only after the drafter has paid for it; the gate decides
 before, from what passes of each kind have delivered on this machine.
 
 Situations are told apart by the length of the n-gram whose continuation the result cache
@@ -58,7 +58,7 @@ class _Situation:
 
     def rates(self) -> tuple[float, float] | None:
         """(tokens/s with the drafter, without), or None while something is unmeasured. Not the sizing chooser
-        (sizing_model.best_prefix): these are tokens over measured seconds of whole passes, with and without the
+        (sizing/chooser.best_prefix): these are tokens over measured seconds of whole passes, with and without the
         drafter, not node values over a cost curve, and should_draft breaks ties toward drafting (>=)."""
         parts = (self.without.value, self.gain.value, self.seconds_with.value, self.seconds_without.value)
         if any(x is None for x in parts):

@@ -4,7 +4,7 @@ from what this machine costs now and what the drafter has recently been getting 
 Per step the drafter grows the best-first tree up to the scheduler's caps; the scheduler then
 keeps the prefix of n nodes (n = 0: a plain pass) maximising expected tokens per second,
 
-    rate(n) = (1 + sum of the n best node values) / (draft seconds + verify seconds(n + 1))  (sizing_model.best_prefix),
+    rate(n) = (1 + sum of the n best node values) / (draft seconds + verify seconds(n + 1))  (sizing/chooser.best_prefix),
 
 where a drafter that grows its tree a level at a time (EAGLE-3) charges a prefix only the drafting of the levels
 it reaches: deeper trees pay for their own head steps, so where a level costs as much as it brings the chosen
@@ -12,7 +12,7 @@ depth, and with it next step's growth (`growth_limits`), stays shallow;
 
 where a node's value is its cumulative draft probability, calibrated per depth against how
 often nodes of that depth were really accepted, and verify seconds come from the target's
-measured cost curve, corrected online by the verification times the engine reports. The
+measured cost curve, corrected online by the verification times the engine reports (sizing/cost.CorrectedCost). The
 correction is what makes the choice follow load: when another process competes for the cores,
 big verification passes slow down more than small ones on a CPU, the corrected curve steepens
 and the chosen budget shrinks. Sizes far from the current choice are probed now and then (one
@@ -26,9 +26,9 @@ import copy
 import math
 from dataclasses import dataclass, field
 
-from foretell.budget import CostCurve
 from foretell.errors import ForetellError
-from foretell.sizing_model import best_prefix
+from foretell.sizing.chooser import best_prefix, rate
+from foretell.sizing.cost import CorrectedCost, CostCurve
 
 
 @dataclass(frozen=True)
@@ -82,18 +82,21 @@ class AdaptiveTreeScheduler:
     limits: ScheduleLimits = field(default_factory=ScheduleLimits)
     _passed: list[float] = field(default_factory=list)  # per depth: decayed accepted nodes
     _predicted: list[float] = field(default_factory=list)  # per depth: decayed sum of raw node probabilities
-    _correction: dict[int, float] = field(default_factory=dict)  # cost-curve size -> measured / curve
     _steps: int = 0
     history: list[Choice] = field(default_factory=list)  # this schedule's choices (growth_limits reads the latest)
-    _seconds: dict[int, float] = field(default_factory=dict)  # verify_seconds memo, cleared when _correction moves
     _log: list[Choice] | None = field(default=None, repr=False)  # a fresh() copy's: the configured one's history
+    cost: CorrectedCost | None = None  # the curve corrected online (made from `target`; copies share it)
+
+    def __post_init__(self):
+        if self.cost is None:
+            self.cost = CorrectedCost(self.target, self.limits.decay)
 
     def fresh(self) -> AdaptiveTreeScheduler:
         """The schedule of a new request (a drafter's start makes one per generation): the same limits and cost
         curve, and the same cost corrections (the machine's timings carry over; the copy shares them); its own
         calibration, probe count and choices (the text's acceptance starts afresh). Its choices are also logged in
         this scheduler's history, which reports and benchmarks read over all requests."""
-        schedule = copy.copy(self)  # shares _correction and _seconds (and any per-instance setting)
+        schedule = copy.copy(self)  # shares the corrected cost (and any per-instance setting)
         schedule._passed, schedule._predicted, schedule._steps, schedule.history = [], [], 0, []
         schedule._log = self.history if self._log is None else self._log
         return schedule
@@ -112,14 +115,8 @@ class AdaptiveTreeScheduler:
         return (self._passed[i] + 1.0) / (self._predicted[i] + 1.0)
 
     def verify_seconds(self, tokens: int) -> float:
-        """The cost curve at `tokens`, scaled by the correction measured nearest to it."""
-        if tokens not in self._seconds:
-            if not self._correction:
-                self._seconds[tokens] = self.target(tokens)
-            else:
-                nearest = min(self._correction, key=lambda size: (abs(math.log(size / tokens)), size))
-                self._seconds[tokens] = self.target(tokens) * self._correction[nearest]
-        return self._seconds[tokens]
+        """The cost curve at `tokens`, corrected by the verification times seen so far (sizing/cost.CorrectedCost)."""
+        return self.cost(tokens)
 
     def choose(self, scores: list[float], parents: list[int], draft_seconds: float,
                level_seconds: list[float] | None = None) -> int:
@@ -186,12 +183,7 @@ class AdaptiveTreeScheduler:
             self._predicted[depth - 1] += math.exp(score)
         for depth in range(1, min(accepted_depth, deepest) + 1):
             self._passed[depth - 1] += 1.0
-        tokens = (verified_nodes if verified_nodes is not None else len(parents)) + 1
-        size = min(self.target.sizes, key=lambda s: abs(math.log(s / tokens)))
-        ratio = verify_seconds / self.target(tokens)
-        old = self._correction.get(size)
-        self._correction[size] = ratio if old is None else d * old + (1 - d) * ratio
-        self._seconds.clear()
+        self.cost.observe((verified_nodes if verified_nodes is not None else len(parents)) + 1, verify_seconds)
 
     def summary(self) -> dict:
         """Mean choices over the steps so far (for reports)."""
@@ -204,5 +196,37 @@ class AdaptiveTreeScheduler:
             "mean_nodes": mean([c.nodes for c in steps]),
             "mean_depth": mean([c.depth for c in steps]),
             "mean_width": mean([c.width for c in steps]),
-            "cost_correction": {k: round(v, 3) for k, v in sorted(self._correction.items())},
+            "cost_correction": self.cost.summary(),
         }
+
+
+def best_tree_size(node_values: list[float], target: CostCurve, draft_seconds: float, min_size: int = 1) -> int:
+    """Given the values (estimated acceptance probabilities) of candidate nodes sorted best first,
+    the number to verify that maximises (1 + sum of kept values) / (draft + verify time): at least min_size
+    (n = 0 is no candidate here)."""
+    if not node_values:
+        return min_size
+    return best_prefix(node_values, draft_seconds, target, min_size=max(min_size, 1)).n
+
+
+@dataclass(frozen=True)
+class LevelBudget:
+    """A draft-model tree's hardware-aware size (draft-tree, budget auto): of the best-first nodes grown so far,
+    the prefix with the most expected tokens per second by the target's measured cost curve, and whether growing
+    another level can still beat it. Node values: the draft's path probabilities, best first."""
+
+    target: CostCurve
+
+    def best(self, values: list[float], draft_seconds: float) -> tuple[int, float]:
+        """The nodes to verify and their rate."""
+        n = best_tree_size(values, self.target, draft_seconds)
+        # 1 + sum(...) rather than the chooser's running sum, as before: the rate keeps its last bit
+        return n, rate(1.0 + sum(values[:n]), draft_seconds, self.target, n + 1)
+
+    def worth_another_level(self, values: list[float], gain: float, added: int, elapsed: float,
+                            level_seconds: float) -> bool:
+        """Grow deeper only if the next level's best case beats the current best rate: its `added` children can add
+        at most `gain` (their parents' values) and cost about one more level's seconds."""
+        n, best = self.best(values, elapsed)
+        optimistic = rate(1.0 + sum(values[:n]) + gain, elapsed + level_seconds, self.target, n + added + 1)
+        return optimistic > best
