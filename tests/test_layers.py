@@ -9,7 +9,9 @@ import each other.
 
 from __future__ import annotations
 
+import ast
 from collections import defaultdict
+from pathlib import Path
 
 from test_import_cycles import SRC, _write, import_graph
 
@@ -90,3 +92,53 @@ def test_foretells_rooms_import_one_way():
     assert not unplaced and rooms <= set(layer_index(LAYERS)), f"rooms no layer names: {unplaced or rooms}"
     assert not upward, "imports that reach up a layer:\n" + "\n".join(upward)
     assert not both_ways, "rooms that import each other: " + ", ".join(both_ways)
+
+
+def _function_imports(tree: ast.AST):
+    """(import node, inside a try that handles ImportError) for every import inside a function."""
+    def handles_import_error(node: ast.Try) -> bool:
+        names = set()
+        for handler in node.handlers:
+            types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+            names |= {t.id for t in types if isinstance(t, ast.Name)}
+        return bool(names & {"ImportError", "ModuleNotFoundError"})
+
+    def visit(node, in_function: bool, guarded: bool):
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, guarded
+            yield from visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)),
+                             guarded or (isinstance(child, ast.Try) and handles_import_error(child)))
+
+    yield from visit(tree, False, False)
+
+
+def unexplained_function_imports(path: Path) -> list[str]:
+    """Imports inside functions that neither sit in a try handling ImportError (an optional dependency) nor follow a
+    comment naming their reason ("# optional: ..." or "# start-up: ...") above their group of imports."""
+    lines = path.read_text().split("\n")
+    found = []
+    for node, guarded in _function_imports(ast.parse("\n".join(lines))):
+        if guarded:
+            continue
+        above = node.lineno - 2
+        group = ("import ", "from ", "matplotlib.use(")
+        while above >= 0 and (not lines[above].strip() or lines[above].strip().startswith(group)):
+            above -= 1
+        reason = lines[above].strip() if above >= 0 else ""
+        if not reason.startswith(("# optional", "# start-up")):
+            found.append(f"{path}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return found
+
+
+def test_a_function_import_without_its_reason_is_caught(tmp_path):
+    _write(tmp_path, {"m.py": (
+        "def a():\n    # start-up: heavy\n    import json\n    import os\n"
+        "def b():\n    try:\n        import yaml\n    except ImportError:\n        yaml = None\n"
+        "def c():\n    x = 1\n    from pkg import d\n")})
+    assert unexplained_function_imports(tmp_path / "m.py") == [f"{tmp_path / 'm.py'}:12: from pkg import d"]
+
+
+def test_imports_inside_functions_are_for_optional_dependencies_or_start_up_only():
+    found = [line for path in sorted((SRC / "foretell").rglob("*.py")) for line in unexplained_function_imports(path)]
+    assert not found, "imports inside functions without a reason (# optional: / # start-up:):\n" + "\n".join(found)

@@ -13,6 +13,7 @@ from typing import Iterator
 
 import torch
 
+from foretell.batching import BatchEngine
 from foretell.build import DrafterWeights, build_engine, default_speculative, with_shipped_model
 from foretell.config import DEFAULT_PREFILL_CHUNK, SpeculativeConfig, as_speculative
 from foretell.drafters.base import Drafter
@@ -81,8 +82,6 @@ class Pipeline:
         """A continuous-batching engine over this target: every request gets this pipeline's configuration (its own
         drafter state, shared weights). budget: a batch_budget policy, or None (each drafter as configured);
         prefill_chunk: prompt tokens a pass; prefix_cache: a prefix_cache.PrefixCache its requests share, or None."""
-        from foretell.batching import BatchEngine
-
         return BatchEngine(self.target.model, lambda: build_engine(self.speculative, self.weights), budget, max_batch,
                            prefill_chunk, prefix_cache)
 

@@ -76,7 +76,7 @@ def _ignore(_) -> None:
 
 
 def drafter_name(request: Request) -> str:
-    drafter = request.state.engine.drafter if request.state is not None else None
+    drafter = request.state.context.drafter if request.state is not None else None
     return drafter.name if drafter is not None else "none"
 
 
@@ -218,9 +218,9 @@ class BatchEngine:
         cache, state = self.prefix_cache, request.state
         if cache is None or not state.reading_from_cache or not cache.holds(len(state.ids) - 1, state.cache):
             return False  # (a prompt too large to keep: nothing to wait for)
-        layers, ids = set(state.engine.drafter_layers), state.ids
+        layers, ids = set(state.context.drafter_layers), state.ids
         shared = max(cache.min_tokens, len(ids) // 2, state.prefilled + cache.min_tokens)
-        return any(other.state.prefilling and layers <= set(other.state.engine.drafter_layers)
+        return any(other.state.prefilling and layers <= set(other.state.context.drafter_layers)
                    and common_length(tuple(other.state.ids), ids, len(ids) - 1) >= shared for other in earlier)
 
     def _draft_limits(self, ready: list[Request], acceptance: list[list[float]]) -> list[int | None]:
@@ -231,7 +231,7 @@ class BatchEngine:
             return [self.budget.length(len(ready))] * len(ready)
         if not isinstance(self.budget, BatchAwareBudget):
             return [None] * len(ready)
-        depths = [min(r.state.engine.max_draft, PLANNED_DEPTH) if r.state.engine.drafter is not None else 0
+        depths = [min(r.state.context.max_draft, PLANNED_DEPTH) if r.state.context.drafter is not None else 0
                   for r in ready]
         values = [chain_values(rates, depth) for rates, depth in zip(acceptance, depths)]
         return self.budget.caps(values, [self.draft_seconds.get(drafter_name(r)) for r in ready])

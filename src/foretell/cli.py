@@ -6,12 +6,33 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+import time
 
-from foretell.config import QUANT_MODES as DRAFT_QUANT_MODES
+import torch
+
+from foretell.api import load
+from foretell.bench.datasets import DATASETS, load_prompts
+from foretell.bench.lossy_table import write_lossy_table
+from foretell.bench.methods import (
+    METHODS, PEERS, VARIANTS_HELP, MethodOptions, Models, build_methods, default_methods, has_llama_peer, sampling,
+)
+from foretell.bench.report import write_report
+from foretell.bench.runner import RunConfig, run_bench
+from foretell.config import QUANT_MODES as DRAFT_QUANT_MODES, SpeculativeConfig
 from foretell.errors import ForetellError
+from foretell.export import add_export_parser
+from foretell.models.presets import PRESETS, preset_available
+from foretell.models.shipped import shipped_manifests
 from foretell.runtime.config import KV_DTYPES
 from foretell.runtime.quant import TARGET_QUANT_CHOICES, describe_target
-from foretell.spec_args import add_model_args, add_speculative_args
+from foretell.runtime.wide_linear import bf16_rows_of, kernel_rows_of, wide_rows_of
+from foretell.serve.cli import add_serve_parser
+from foretell.sizing.cost import cost_curve, plot_cost_curve
+from foretell.spec_args import add_model_args, add_speculative_args, speculative_from_args
+from foretell.text import encode_prompt
+from foretell.train.cli import add_training_parsers
+from foretell.types import ResponseFormat, SamplingParams
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -68,22 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     cost.add_argument("--plot", default="cost_curve.png", help="PNG to write (default: %(default)s)")
     add_bench_parser(sub)
-    from foretell.serve.cli import add_serve_parser
 
     add_serve_parser(sub)  # sets its own `run`, like the training commands
-    from foretell.train.cli import add_training_parsers
 
     add_training_parsers(sub)  # each sets its own `run` (args -> None)
-    from foretell.export import add_export_parser
 
     add_export_parser(sub)  # the same
     return parser
 
 
 def add_bench_parser(sub) -> None:
-    from foretell.bench.datasets import DATASETS
-    from foretell.bench.methods import METHODS, PEERS, VARIANTS_HELP
-
     methods = "; ".join(f"{name}: {spec.help}" for name, spec in {**METHODS, **PEERS}.items()) + "; " + VARIANTS_HELP
     b = sub.add_parser(
         "bench", help="Spec-Bench style benchmark: methods x prompts, interleaved, resumable; report + plots",
@@ -146,12 +161,6 @@ def add_bench_parser(sub) -> None:
 
 
 def cmd_generate(args) -> None:
-    import torch
-
-    from foretell.api import load
-    from foretell.spec_args import speculative_from_args
-    from foretell.types import SamplingParams
-
     if args.threads:
         torch.set_num_threads(args.threads)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -208,8 +217,6 @@ PATH_NOTES = {
 def path_note(model: str, quant: str, device: str) -> str | None:
     """generate's last line for a model that ships as a GGUF file, run on CPU: what its path changes, and the faster
     one where there is one (docs/speed.md#decoding-paths)."""
-    from foretell.models.presets import PRESETS
-
     ships_gguf = str(model) in PRESETS or str(model).endswith(".gguf")  # every preset is a GGUF file
     if device != "cpu" or quant not in PATH_NOTES or not ships_gguf:
         return None
@@ -218,10 +225,6 @@ def path_note(model: str, quant: str, device: str) -> str | None:
 
 def response_format(json_object: bool, schema_file: str | None):
     """--json-object / --json-schema FILE -> a ResponseFormat (None: free text)."""
-    from pathlib import Path
-
-    from foretell.types import ResponseFormat
-
     if json_object:
         return ResponseFormat("json_object")
     if schema_file is None:
@@ -248,10 +251,6 @@ def logit_bias(entries: list[str]) -> dict[int, float]:
 
 
 def cmd_models(args) -> None:
-    from foretell.models.presets import PRESETS, preset_available
-
-    from foretell.models.shipped import shipped_manifests
-
     for p in PRESETS.values():
         state = "installed" if preset_available(p.name) else f"not installed: {p.install_command}"
         print(f"{p.name:22s} {p.description} [{state}]")
@@ -265,12 +264,6 @@ def cmd_models(args) -> None:
 
 
 def cmd_cost(args) -> None:
-    import torch
-
-    from foretell.api import load
-    from foretell.sizing.cost import cost_curve, plot_cost_curve
-    from foretell.runtime.wide_linear import bf16_rows_of, kernel_rows_of, wide_rows_of
-
     if args.threads:
         torch.set_num_threads(args.threads)
     args.dtype = args.dtype or ("float32" if args.quant.endswith("-q8") else "bfloat16")
@@ -304,8 +297,6 @@ def cmd_cost(args) -> None:
 
 def spec_config_files(entries: list[str]) -> dict:
     """--spec-config NAME=FILE entries -> {NAME: SpeculativeConfig}, each file read and checked."""
-    from foretell.config import SpeculativeConfig
-
     configs = {}
     for entry in entries:
         name, sep, path = entry.partition("=")
@@ -318,18 +309,6 @@ def spec_config_files(entries: list[str]) -> dict:
 
 
 def cmd_bench(args) -> None:
-    import time
-    from pathlib import Path
-
-    import torch
-
-    from foretell.bench.datasets import load_prompts
-    from foretell.bench.methods import (MethodOptions, Models, build_methods, default_methods, has_llama_peer,
-                                        sampling)
-    from foretell.bench.report import write_report
-    from foretell.bench.runner import RunConfig, run_bench
-    from foretell.text import encode_prompt
-
     if args.threads:
         torch.set_num_threads(args.threads)
     names = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
@@ -377,8 +356,6 @@ def cmd_bench(args) -> None:
     report = write_report(out)
     print(report.read_text())
     if any("-lossy-" in m.name for m in methods):
-        from foretell.bench.lossy_table import write_lossy_table
-
         print(write_lossy_table(out, tokenizer).read_text())
     print(f"foretell bench: rows in {out / 'results.jsonl'}, report in {report}", file=sys.stderr)
 

@@ -26,13 +26,38 @@ from foretell.models.transformer import ForwardOutput
 from foretell.prefix_cache import PrefixCache
 from foretell.result_cache import merge_branch
 from foretell.sampling import make_generator
+from foretell.sizing.batch import truncate
 from foretell.sizing.request import PassOutcome
 from foretell.text import TextStream
 from foretell.tree import accepted_slots, attention_mask, slot_positions
 from foretell.types import Chunk, GenerationResult, GenerationStats, Proposal, SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:
-    from foretell.engine import Engine
+    from foretell.drafters.base import Drafter
+    from foretell.logits_process import LogitsProcessor
+    from foretell.models.transformer import Transformer
+    from foretell.result_cache import ResultCache
+    from foretell.sizing.request import SizingPolicies
+    from foretell.verify import Verifier
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What one request's decoding uses of its engine, taken once when it starts (Engine.context): the request never
+    reaches back into the engine. The drafter, the result cache and the policies are the engine's own objects (a
+    drafter's start makes its per-request state; the sizer is made fresh from the policies)."""
+
+    target: Transformer
+    tokenizer: object
+    stop_ids: frozenset[int]
+    drafter: Drafter | None
+    verifier: Verifier
+    processor: LogitsProcessor | None  # this request's logits processing; None: the target's logits as they are
+    sizing: SizingPolicies  # each request's sizer is made fresh from them
+    max_draft: int  # upper bound on draft tokens a policy may ask for
+    max_proposal: int  # the largest proposal the drafter declares (tree nodes); 0 = bounded by max_draft
+    drafter_layers: tuple[int, ...]  # target hidden layers the drafter reads
+    result_cache: ResultCache | None = None
 
 
 @dataclass
@@ -70,49 +95,51 @@ class _Planned:
 
 
 class Decoding:
-    """The state of one generation under an Engine's configuration (its drafter, policies and extras). How much
-    each pass drafts is its own sizer's to say (sizing/request.py, made fresh for it); how drafts are judged, the engine's
-    verifier's (verify.Verifier)."""
+    """The state of one generation under its RequestContext (an engine's drafter, policies and extras, taken once).
+    How much each pass drafts is its own sizer's to say (sizing/request.py, made fresh for it); how drafts are judged,
+    the context's verifier's (verify.Verifier)."""
 
-    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams,
+    def __init__(self, context: RequestContext, prompt_ids: list[int], params: SamplingParams,
                  prefix_cache: PrefixCache | None = None):
         """prefix_cache: prefixes kept from earlier requests (prefix_cache.py): a kept prefix of this prompt is
         copied instead of read; this prompt is kept once read, and with its answer when it finishes."""
-        if len(prompt_ids) >= engine.context_window:
+        window = context.target.config.context_window
+        if len(prompt_ids) >= window:
             raise ForetellError(
-                f"the prompt has {len(prompt_ids)} tokens but the model's context window is {engine.context_window}; "
+                f"the prompt has {len(prompt_ids)} tokens but the model's context window is {window}; "
                 "shorten the prompt"
             )
-        self.engine, self.params = engine, params
+        self.context, self.params = context, params
         self.t0 = time.perf_counter()
         self.ids = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
-        self.stats = GenerationStats(prompt_tokens=self.prompt_len, lossy_threshold=engine.verifier.threshold)
-        self.limit = min(params.max_new_tokens, engine.context_window - self.prompt_len)
-        capacity = self.prompt_len + self.limit + max(engine.max_draft, engine.max_proposal) + 1
-        self.generator = make_generator(params.seed, engine.target.device)
+        self.stats = GenerationStats(prompt_tokens=self.prompt_len, lossy_threshold=context.verifier.threshold)
+        self.limit = min(params.max_new_tokens, window - self.prompt_len)
+        capacity = self.prompt_len + self.limit + max(context.max_draft, context.max_proposal) + 1
+        self.generator = make_generator(params.seed, context.target.device)
         self.noise = None  # the coupled rule's noise (coupled.py); without a seed, fresh for this request
         if params.coupled and not params.greedy:
             seed = params.seed if params.seed is not None else secrets.randbits(64)
-            self.noise = GumbelNoise(seed, self.prompt_len, engine.target.config.vocab_size)
-        self.cache = engine.target.new_cache(capacity)
-        self.text = TextStream(engine.tokenizer, params.stop)
+            self.noise = GumbelNoise(seed, self.prompt_len, context.target.config.vocab_size)
+        self.cache = context.target.new_cache(capacity)
+        self.text = TextStream(context.tokenizer, params.stop)
         self.prefilled = 0  # prompt tokens (all but the last) in the cache
         self.done = False
-        self.processor = engine.logits_processor(prompt_ids, params)  # None: the target's logits as they are
+        self.processor = context.processor  # None: the target's logits as they are
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs else None
         self._planned: _Planned | None = None
         # This request's sequence in the result cache: its commits go there, whatever else runs beside it.
-        self.cache_sequence = engine.result_cache.begin(self.ids) if engine.result_cache is not None else None
-        if engine.drafter is not None:
-            engine.drafter.start(self.ids, capacity, params, self.generator)
-            engine.drafter.couple(self.noise)
+        self.cache_sequence = context.result_cache.begin(self.ids) if context.result_cache is not None else None
+        if context.drafter is not None:
+            context.drafter.start(self.ids, capacity, params, self.generator)
+            context.drafter.couple(self.noise)
         self.prefix_cache = prefix_cache
         self._kept_hidden: list[dict[int, torch.Tensor]] = []  # the hook rows of the cache's rows so far (to keep)
         self._looked_at = -1  # prefix_cache.kept when this request last looked for a prefix
         if prefix_cache is not None:
             self._reuse_prefix(prefix_cache)
-        self.sizer = engine.new_sizer()  # how much this request drafts each pass (sizing/request.py): fresh for it
+        # how much this request drafts each pass (sizing/request.py): fresh for it, made after the drafter's start
+        self.sizer = context.sizing.new_sizer(context.drafter)
         if not self.prefilling:  # a one-token prompt (or one read from the prefix cache): nothing to prefill
             self._prefilled()
 
@@ -124,18 +151,18 @@ class Decoding:
 
     def prefill_pass(self, chunk: int | None = None) -> TargetPass:
         """The next piece of the prompt (all of it but its last token, or `chunk` tokens of it) for the cache."""
-        device = self.engine.target.device
+        device = self.context.target.device
         end = self.prompt_len - 1 if chunk is None else min(self.prompt_len - 1, self.prefilled + chunk)
         return TargetPass(torch.tensor(self.ids[self.prefilled:end], device=device),
                           torch.arange(self.prefilled, end, device=device), self.cache,
-                          hidden_layers=self.engine.drafter_layers, logits_rows=slice(0, 0))
+                          hidden_layers=self.context.drafter_layers, logits_rows=slice(0, 0))
 
     def prefilled_pass(self, step: TargetPass, out: ForwardOutput) -> None:
         n = step.input_ids.numel()
         self.cache.commit_prefix(n)
         self.prefilled += n
         if out.hidden:
-            self.engine.drafter.observe(out.hidden)
+            self.context.drafter.observe(out.hidden)
             self._remember_hidden(out.hidden)
         if not self.prefilling:
             self._prefilled()
@@ -159,14 +186,14 @@ class Decoding:
         """Start from the longest kept prefix of the prompt: its rows copied into the cache, its hook rows to the
         drafter, as if this request had read it."""
         self._looked_at = prefix_cache.kept
-        layers = self.engine.drafter_layers
+        layers = self.context.drafter_layers
         reused = prefix_cache.reuse(self.ids, self.cache, layers)
         if reused is None:
             return
         self.prefilled, hidden = reused  # past what an earlier look took (look_again)
         self.stats.cached_prompt_tokens = self.prefilled
         if layers:
-            self.engine.drafter.observe(hidden)
+            self.context.drafter.observe(hidden)
             self._kept_hidden.append(hidden)
 
     def _remember_hidden(self, hidden: dict[int, torch.Tensor]) -> None:
@@ -177,12 +204,12 @@ class Decoding:
         """Offer the cache's first `length` rows (the ids before them) to the prefix cache."""
         if self.prefix_cache is None or length < self.prefix_cache.min_tokens:
             return
-        hidden = {i: torch.cat([rows[i] for rows in self._kept_hidden])[:length] for i in self.engine.drafter_layers}
+        hidden = {i: torch.cat([rows[i] for rows in self._kept_hidden])[:length] for i in self.context.drafter_layers}
         self.prefix_cache.keep(self.ids[:length], self.cache, hidden)
 
     def _prefilled(self) -> None:
         self._keep_prefix(self.prefilled)  # the prompt, for the requests that come while this one decodes
-        drafter = self.engine.drafter
+        drafter = self.context.drafter
         self.stats.cache_bytes = self.cache.nbytes() + (drafter.cache_bytes() if drafter is not None else 0)
         self.stats.prefill_seconds = time.perf_counter() - self.t0
 
@@ -201,14 +228,14 @@ class Decoding:
     def draft_steps(self, budget: int | None = None):
         """draft() as a generator yielding the drafter's own forwards (DraftPass; propose_steps), so that a batch
         can pack the requests' draft forwards; returns the proposal."""
-        engine, t1 = self.engine, time.perf_counter()
+        context, t1 = self.context, time.perf_counter()
         room = self.limit - (len(self.ids) - self.prompt_len)  # tokens we may still add
         n = self.sizer.draft_tokens(room, budget)
         # a batch's 0 stops the drafter's forwards; the result cache's branch costs none, and the budget weighs its
         # nodes after drafting (branch_steps) like any other
         branch, matched = self._cache_branch(self.sizer.draft_tokens(room) if budget == 0 else n)
         drafted = n > 0 and self.sizer.should_draft(matched)
-        proposal = (yield from engine.drafter.propose_steps(self.ids, n)) if drafted else empty_proposal()
+        proposal = (yield from context.drafter.propose_steps(self.ids, n)) if drafted else empty_proposal()
         if drafted and branch:
             branch = branch[:self.sizer.branch_tokens(len(branch), proposal.size, time.perf_counter() - t1)]
         proposal, cache_nodes = self._extend_proposal(proposal, branch)
@@ -232,31 +259,29 @@ class Decoding:
     def keep(self, nodes: int) -> None:
         """Verify only the first `nodes` draft tokens of the planned proposal (a batch's budget; parents come
         before their children in every proposal, so a prefix is a valid tree)."""
-        from foretell.sizing.batch import truncate
-
         planned = self._planned
         planned.proposal = truncate(planned.proposal, nodes)
         planned.cache_nodes = [i for i in planned.cache_nodes if i < nodes]
 
     def target_pass(self) -> TargetPass:
         """The target pass over [last token, planned drafts...]."""
-        engine, proposal = self.engine, self._planned.proposal
-        device = engine.target.device
+        context, proposal = self.context, self._planned.proposal
+        device = context.target.device
         inputs = torch.tensor([self.ids[-1], *proposal.tokens.tolist()], device=device)
         if proposal.is_chain:
             positions = torch.arange(self.cache.length, self.cache.length + len(inputs), device=device)
-            return TargetPass(inputs, positions, self.cache, hidden_layers=engine.drafter_layers)
+            return TargetPass(inputs, positions, self.cache, hidden_layers=context.drafter_layers)
         positions = slot_positions(proposal.parents, self.cache.length).to(device)
         return TargetPass(inputs, positions, self.cache, tree_mask=attention_mask(proposal.parents),
-                          hidden_layers=engine.drafter_layers)
+                          hidden_layers=context.drafter_layers)
 
     def settle(self, out: ForwardOutput) -> Chunk:
         """Verify the planned proposal against the target pass's output, commit, and hand out the new text."""
-        engine, planned, stats = self.engine, self._planned, self.stats
+        context, planned, stats = self.context, self._planned, self.stats
         proposal = planned.proposal
         logits = out.logits if self.processor is None else self.processor.rows(out.logits, proposal)
         coupling = Coupling(self.noise, len(self.ids)) if self.noise is not None else None  # row 0: the next index
-        verdict = engine.verifier(logits, proposal, self.params, self.generator, coupling)
+        verdict = context.verifier(logits, proposal, self.params, self.generator, coupling)
         if proposal.is_chain:
             self.cache.commit_prefix(1 + verdict.accepted)
             committed = {layer: h[: 1 + verdict.accepted] for layer, h in out.hidden.items()}
@@ -265,9 +290,9 @@ class Decoding:
             self.cache.commit_slots(slots)
             committed = {layer: h[slots.to(h.device)] for layer, h in out.hidden.items()}
         if planned.drafted and proposal.size:  # drafters that learn from timings use it
-            engine.drafter.verified(verdict.accepted, time.perf_counter() - planned.planned, proposal.size)
+            context.drafter.verified(verdict.accepted, time.perf_counter() - planned.planned, proposal.size)
         if committed:
-            engine.drafter.observe(committed)
+            context.drafter.observe(committed)
             self._remember_hidden(committed)
         t3 = time.perf_counter()
         accepted = verdict.path if verdict.path is not None else range(verdict.accepted)
@@ -310,11 +335,11 @@ class Decoding:
         return keep_nodes(proposal, kept), [index[i] for i in cache_nodes if i in index]
 
     def _extend(self, new: list[int], logprobs: list[TokenLogprob] | None = None) -> Chunk:
-        engine, stats = self.engine, self.stats
+        context, stats = self.context, self.stats
         room = self.limit - (len(self.ids) - self.prompt_len)
         finish = ""
         for i, token in enumerate(new):
-            if token in engine.stop_ids and not self.params.ignore_eos:
+            if token in context.stop_ids and not self.params.ignore_eos:
                 new, finish = new[:i], "stop"
                 break
         new = new[:room]
@@ -324,8 +349,8 @@ class Decoding:
         if logprobs is not None:
             logprobs = logprobs[:len(new)]
             self.logprobs.extend(logprobs)
-        if engine.result_cache is not None:
-            engine.result_cache.extend(self.cache_sequence, self.ids)
+        if context.result_cache is not None:
+            context.result_cache.extend(self.cache_sequence, self.ids)
         stats.new_tokens = len(self.ids) - self.prompt_len
         delta = self.text.update(self.ids[self.prompt_len:])
         if self.text.stopped:
@@ -342,10 +367,10 @@ class Decoding:
 
     def _cache_branch(self, n: int) -> tuple[list[int], int]:
         """The opt-in result cache's branch for this pass and its key's length ([], 0 when off or no hit)."""
-        if self.engine.result_cache is None or n <= 0:
+        if self.context.result_cache is None or n <= 0:
             return [], 0
         self.stats.cache_steps += 1
-        branch, matched = self.engine.result_cache.match(self.ids, n)
+        branch, matched = self.context.result_cache.match(self.ids, n)
         self.stats.cache_hits += bool(branch)
         return branch, matched
 
@@ -353,12 +378,12 @@ class Decoding:
         """The opt-in extras around the drafter's proposal: the verifier refuses one it cannot judge (lossy mode
         needs draft probabilities); the result cache's branch is merged in. Returns the proposal and the nodes only
         the cache added."""
-        engine = self.engine
+        context = self.context
         if proposal.size:
-            engine.verifier.check(proposal, engine.drafter.name)
+            context.verifier.check(proposal, context.drafter.name)
         if not branch:
             return proposal, []
-        merged = merge_branch(proposal, branch, engine.max_proposal or engine.max_draft)
+        merged = merge_branch(proposal, branch, context.max_proposal or context.max_draft)
         return merged.proposal, merged.added
 
 

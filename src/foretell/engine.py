@@ -11,16 +11,18 @@ from typing import Iterator
 
 import torch
 
-from foretell.decoding import Decoding
+from foretell.decoding import Decoding, RequestContext
 from foretell.drafters.base import Drafter
 from foretell.errors import ForetellError
+from foretell.grammar import compiler_for
+from foretell.logits_process import LogitsProcessor
 from foretell.lossy import check_lossy_threshold, verifier_for
 from foretell.models.transformer import Transformer, warm_up
 from foretell.prefix_cache import PrefixCache
 from foretell.result_cache import ResultCache
 from foretell.sizing.chain import DraftLengthPolicy, FixedLength
 from foretell.sizing.gate import DraftGate
-from foretell.sizing.request import RequestSizer, new_request_sizer
+from foretell.sizing.request import SizingPolicies
 from foretell.types import Chunk, GenerationResult, SamplingParams
 from foretell.verify import Verifier
 
@@ -31,7 +33,8 @@ class Engine:
     tokenizer: object
     stop_ids: set[int]
     drafter: Drafter | None = None
-    # A chain drafter's draft length; each request sizes with a copy of it (sizing/request.py), so this one never changes.
+    # A chain drafter's draft length; each request sizes with a copy of it (sizing/request.py): this one never
+    # changes.
     length_policy: DraftLengthPolicy = field(default_factory=FixedLength)
     max_draft: int = 16  # upper bound on draft tokens a policy may ask for
     # Opt-in, both off by default: LOSSY verification (lossy.py: a draft path probability above
@@ -75,7 +78,7 @@ class Engine:
         """Decode one request alone: prefill, then plan -> target pass -> settle until it finishes (prefix_cache: a
         prefix_cache.PrefixCache its prompt may start from and is kept in, or None)."""
         with torch.inference_mode():
-            state = Decoding(self, prompt_ids, params, prefix_cache)
+            state = Decoding(self.context(prompt_ids, params), prompt_ids, params, prefix_cache)
             if state.prefilling:
                 step = state.prefill_pass()
                 state.prefilled_pass(step, step.run(self.target))
@@ -86,7 +89,7 @@ class Engine:
               prefix_cache: PrefixCache | None = None) -> Decoding:
         """A request's decoding state under this engine's configuration, for a driver that runs many at once
         (prefix_cache: the driver's prefix_cache.PrefixCache, or None)."""
-        return Decoding(self, prompt_ids, params, prefix_cache)
+        return Decoding(self.context(prompt_ids, params), prompt_ids, params, prefix_cache)
 
     @property
     def drafter_layers(self) -> tuple[int, ...]:
@@ -98,16 +101,22 @@ class Engine:
         """The largest proposal the drafter declares (tree nodes); 0 = bounded by max_draft."""
         return self.drafter.max_nodes if self.drafter is not None else 0
 
-    def new_sizer(self) -> RequestSizer:
-        """A request's draft sizer (sizing/request.py) under this configuration, fresh; made after the drafter's start."""
+    def context(self, prompt_ids: list[int], params: SamplingParams) -> RequestContext:
+        """What a request's decoding uses of this engine, taken once (decoding.RequestContext)."""
+        return RequestContext(
+            target=self.target, tokenizer=self.tokenizer, stop_ids=frozenset(self.stop_ids), drafter=self.drafter,
+            verifier=self.verifier, processor=self.logits_processor(prompt_ids, params),
+            sizing=self.sizing_policies(), max_draft=self.max_draft, max_proposal=self.max_proposal,
+            drafter_layers=self.drafter_layers, result_cache=self.result_cache)
+
+    def sizing_policies(self) -> SizingPolicies:
         branch = self.result_cache.sizer if self.result_cache is not None else None
-        return new_request_sizer(self.drafter, self.length_policy, self.max_draft, self.draft_gate, branch)
+        return SizingPolicies(self.length_policy, self.max_draft, self.draft_gate, branch)
 
     def logits_processor(self, prompt_ids: list[int], params: SamplingParams):
         """The request's logits processing (logits_process.py), or None when it leaves the logits as they are."""
         if not params.processes_logits:
             return None
-        from foretell.logits_process import LogitsProcessor
 
         grammar = None
         if params.response_format is not None:
@@ -116,8 +125,6 @@ class Engine:
 
     def grammar_compiler(self):
         """The tokenizer's response_format compiler (grammar.py), made on first use."""
-        from foretell.grammar import compiler_for
-
         return compiler_for(self.tokenizer, self.target.config.vocab_size, self.stop_ids)
 
     @property

@@ -13,6 +13,9 @@ from pathlib import Path
 
 from foretell.errors import ForetellError
 from foretell.files import readable_as_umask_allows
+from foretell.models.derive import save_model_folder
+from foretell.models.eagle3_format import export_eagle3, load_eagle3_head
+from foretell.runtime.loading import load_model, parse_dtype
 
 DFLASH_REASON = (
     "the parallel head does not map onto DFlash's layout exactly, so it cannot be exported as one: DFlash projects "
@@ -59,9 +62,6 @@ def cmd_export_dflash(args) -> None:
 
 
 def cmd_export_eagle3(args) -> None:
-    from foretell.models.eagle3_format import export_eagle3, load_eagle3_head
-    from foretell.runtime.loading import load_model, parse_dtype
-
     target = load_model(args.target, "float32")
     head = load_eagle3_head(Path(args.head), target.model)
     out = readable_as_umask_allows(export_eagle3(head, args.out, parse_dtype(args.dtype)))
@@ -77,9 +77,6 @@ def cmd_export_eagle3(args) -> None:
 
 def export_draft_model(spec: str, out: str | Path, dtype: str = "float32") -> Path:
     """A draft model foretell loads (folder, preset, .gguf) as a Hugging Face folder with its tokenizer."""
-    from foretell.models.derive import save_model_folder
-    from foretell.runtime.loading import load_model
-
     draft = load_model(spec, dtype)
     return readable_as_umask_allows(save_model_folder(draft.model, draft.tokenizer, out,
                                                       extra={"exported_from": str(spec)}))

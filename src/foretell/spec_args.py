@@ -7,8 +7,10 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from foretell.config import QUANT_MODES as DRAFT_QUANT_MODES, SpeculativeConfig
+from foretell.build import default_speculative
+from foretell.config import METHODS, QUANT_MODES as DRAFT_QUANT_MODES, SpeculativeConfig
 from foretell.errors import ForetellError
+from foretell.models.parallel_head import read_head_config
 from foretell.runtime.config import KV_DTYPES
 from foretell.runtime.quant import TARGET_QUANT_CHOICES
 
@@ -43,8 +45,6 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_speculative_args(p: argparse.ArgumentParser) -> None:
     """Flags that map onto a SpeculativeConfig (config.py): each defaults to None = not given."""
-    from foretell.config import METHODS
-
     g = p.add_argument_group(
         "speculation", "A --spec-config FILE (JSON) and/or these flags, which override its options. With none of "
         "them: the target's installed drafter, else prompt lookup. Without --drafter, --draft picks draft-model, "
@@ -100,8 +100,6 @@ def speculative_from_args(args: argparse.Namespace, target: str | Path,
     then --drafter / --draft / --head / --hidden-draft / --eagle, then every other flag given. Validated as a whole,
     before any model loads; an option that does not apply to the method is an error naming its flag.
     """
-    from foretell.build import default_speculative
-
     weights = {flag: getattr(args, flag) for flag in WEIGHT_FLAGS if getattr(args, flag) is not None}
     given = {k: getattr(args, k) for k in DIRECT if getattr(args, k) is not None}
     trees = {k: getattr(args, k) for k in TREE_FLAGS if getattr(args, k) is not None}
@@ -144,7 +142,5 @@ def _with_tree_flags(spec: SpeculativeConfig, trees: dict) -> SpeculativeConfig:
         return spec
     head_depth = None
     if spec.method == "parallel-head" and spec.head_tree is None and spec.model:
-        from foretell.models.parallel_head import read_head_config
-
         head_depth = read_head_config(Path(spec.model)).depth
     return spec.with_tree(trees.get("tree_depth"), trees.get("tree_width"), trees.get("tree_budget"), head_depth)

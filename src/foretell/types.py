@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from foretell.errors import ForetellError
+from foretell.tree import depths
 
 
 SAMPLING_RULES = ("coupled", "rejection", None)
@@ -166,7 +167,6 @@ class Proposal:
         """Draft tokens on the longest root-to-leaf path (a chain: its length)."""
         if self.is_chain or not self.size:
             return self.size
-        from foretell.tree import depths
 
         return int(depths(self.parents).max())
 

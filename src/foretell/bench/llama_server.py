@@ -28,8 +28,10 @@ import urllib.request
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+import ctypes
 
 from foretell.errors import ForetellError
+from foretell.runtime.loading import kept_gguf
 
 INSTALL_COMMAND = "bash scripts/install_llama_cpp.sh"
 BUILD_INFO = Path(sys.prefix) / "share" / "foretell-llama-cpp.json"
@@ -59,8 +61,6 @@ def build_info() -> dict:
 def peer_gguf(spec: str) -> Path | None:
     """The GGUF file foretell loaded for a model spec, for llama.cpp to run. A chunked preset's file is deleted
     once converted, so it is assembled again from its installed chunks (checksummed) and kept for the next run."""
-    from foretell.runtime.loading import kept_gguf
-
     return kept_gguf(spec)
 
 
@@ -205,8 +205,6 @@ def free_port() -> int:
 
 def _die_with_parent() -> None:
     """In the child before exec (Linux): SIGTERM when the parent dies, so a killed bench leaves no server behind."""
-    import ctypes
-
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 

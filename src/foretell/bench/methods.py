@@ -90,6 +90,7 @@ class Models:
     def hf(self, which: str):
         """The transformers copy of the target or the draft (separate weights: other module classes)."""
         if which not in self._hf:
+            # start-up: transformers takes about a second to import, and only the transformers baseline uses it
             from transformers import AutoModelForCausalLM
 
             spec = self.target if which == "target" else self.draft
@@ -159,6 +160,7 @@ class HFMethod:
         self.seq_len = 0
 
     def _config(self, max_new_tokens: int):
+        # start-up: transformers takes about a second to import, and only the transformers baseline uses it
         from transformers import GenerationConfig
 
         # A fresh config: the model's own generation_config.json may enable sampling or top-k.
@@ -265,6 +267,7 @@ class LlamaCppPythonMethod:
     figures measured before the native binaries."""
 
     def __init__(self, gguf: Path, opts: MethodOptions, stop_ids: set[int]):
+        # optional: llama-cpp-python, the bench's in-process peer (not a dependency)
         from llama_cpp import Llama
 
         self.name = "llama-cpp-python"

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from foretell.bench.best import median_by_config
+from foretell.bench.best import markdown, median_by_config
 from foretell.bench.runner import RESULTS, SUMMARY, read_rows
 from foretell.errors import ForetellError
 
@@ -145,6 +145,7 @@ def markdown_table(summaries: list[MethodSummary]) -> str:
 
 
 def plot_speedup(groups: dict[str, list[MethodSummary]], path: Path) -> None:
+    # start-up: matplotlib takes most of a second to import, and only plots use it
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display
@@ -170,6 +171,7 @@ def plot_speedup(groups: dict[str, list[MethodSummary]], path: Path) -> None:
 
 
 def plot_acceptance(overall: list[MethodSummary], path: Path) -> None:
+    # start-up: matplotlib takes most of a second to import, and only plots use it
     import matplotlib
 
     matplotlib.use("Agg")
@@ -257,8 +259,6 @@ def side_of(method: str) -> str:
 def best_section(rows: list[dict], summary: dict) -> list[str]:
     """With llama-server methods in the run: every method's tokens/s in each run (its total over the run's rows),
     the median over runs, each side's best configuration and foretell best / llama.cpp best."""
-    from foretell.bench.best import markdown
-
     if not any(side_of(r["method"]) == "llama.cpp" for r in rows):
         return []
     per_run: dict[tuple[str, int], list[dict]] = {}

@@ -20,6 +20,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tqdm import tqdm
 from typing import Callable
 
 from foretell.errors import ForetellError
@@ -119,8 +121,6 @@ def order_methods(methods: list) -> list:
 
 def run_bench(prompts: list[dict], methods: list, encode: Callable[[str], list[int]], cfg: RunConfig) -> Path:
     """Run (or finish) the benchmark; return the results file."""
-    from tqdm import tqdm
-
     summary = prepare_out_dir(cfg)
     path = cfg.out_dir / RESULTS
     done = {row_key(r): r for r in read_rows(path)}

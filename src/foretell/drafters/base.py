@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Generator, Protocol
 import torch
 
 from foretell.coupled import GumbelNoise
+from foretell.runtime.lean_step import lean_forward
 from foretell.types import Proposal, SamplingParams
 
 if TYPE_CHECKING:
@@ -100,8 +101,6 @@ class DraftPass:
 
     def run(self):
         """This pass alone (a models.transformer.ForwardOutput)."""
-        from foretell.runtime.lean_step import lean_forward
-
         args = (self.input_ids, self.positions, self.cache, self.tree_mask, self.hidden_layers, self.logits_rows)
         return self.model(*args) if self.step is None else lean_forward(self.step, *args)
 

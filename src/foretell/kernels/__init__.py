@@ -130,6 +130,7 @@ def build(name: str, what: str, fallback: str):
             clear_stale_lock(folder)
             if not any(folder.glob("*.so")):
                 print(f"foretell: building {what} for this CPU (once, about a minute)", file=sys.stderr)
+            # start-up: the extension builder (~0.15 s to import) is needed only when a kernel is built or loaded
             from torch.utils.cpp_extension import load
 
             return load(name=f"foretell_{name}_{key}", sources=[str(source)], build_directory=str(folder),

@@ -177,6 +177,7 @@ def check_supported(raw: dict, model_type: str) -> None:
 
 def _transformers_config(raw: dict, model_type: str):
     """transformers' configuration object for `raw`: its defaults, legacy keys and derived fields."""
+    # start-up: transformers takes about a second to import, and only loading and conversion use it
     from transformers import CONFIG_MAPPING
 
     try:

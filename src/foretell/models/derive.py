@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from foretell.errors import ForetellError
 from foretell.files import readable_as_umask_allows
@@ -139,8 +140,6 @@ def save_model_folder(model: Transformer, tokenizer, path: str | Path, extra: di
     """Write config.json + model.safetensors + tokenizer files, atomically (a folder that exists is whole).
 
     `extra` goes to foretell-model.json (provenance: how the model was made)."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     config = hf_config_dict(model.config, model.dtype)  # refuses unsupported families before writing anything
     tmp = path.with_name(path.name + ".partial")

@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+import shutil
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from safetensors.torch import save_file
 
 from foretell.errors import ForetellError
 from foretell.files import readable_as_umask_allows
@@ -108,10 +112,6 @@ def engine_config(c: Eagle3Config, dtype: torch.dtype = torch.bfloat16) -> dict:
 
 def export_eagle3(head: Eagle3Head, out: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write the head as config.json + model.safetensors in the engines' layout (atomically)."""
-    import shutil
-
-    from safetensors.torch import save_file
-
     out = Path(out)
     config = engine_config(head.config, dtype)  # refuses what the engines cannot load before writing anything
     tmp = out.with_name(out.name + ".partial")
@@ -187,9 +187,6 @@ def import_eagle3(folder: str | Path, target: Transformer) -> Eagle3Head:
     """An EAGLE-3 checkpoint in the engines' layout (exported by foretell or trained elsewhere) as a head on
     `target` (its dtype and device). Without d2t the draft vocabulary is the whole vocabulary (as vLLM reads
     it); an embed_tokens tensor must be the target's own (the head shares the target's embedding)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     try:
         raw = json.loads((folder / "config.json").read_text())

@@ -34,10 +34,11 @@ from foretell.kv_cache import KVCache
 from foretell.models.config import ModelConfig
 from foretell.models.drafter_module import DrafterModule, TargetSizes, check_target_sizes
 from foretell.models.module_folder import (
-    WEIGHTS_FILE, HIDDEN_DRAFT_FORMAT, load_weights, read_config, save_module, saved_folder,
+    HIDDEN_DRAFT_FORMAT, WEIGHTS_FILE, load_weights, read_config, save_module, saved_folder,
 )
 from foretell.models.token_info import TokenInfo
 from foretell.models.transformer import DecoderLayer, RotaryTables, Transformer, make_norm, softcap
+from foretell.paths import default_cache_dir
 
 if TYPE_CHECKING:
     from foretell.runtime.lean_drafters import LayersPass
@@ -321,8 +322,6 @@ INSTALL_DIR = "hidden-drafts"  # under the foretell cache: one installed draft p
 
 
 def installed_hidden_draft_dir(target_name: str, cache_dir: Path | None = None) -> Path:
-    from foretell.paths import default_cache_dir
-
     return Path(cache_dir or default_cache_dir()) / INSTALL_DIR / Path(target_name).name
 
 

@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from safetensors.torch import save_file
 
 from foretell.errors import ForetellError
 from foretell.files import readable_as_umask_allows
@@ -119,8 +122,6 @@ def check_finite(state: dict[str, torch.Tensor], path: Path, what: str) -> None:
 
 
 def save_module(module: torch.nn.Module, config: Any, folder: str | Path, fmt: FolderFormat) -> Path:
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"format": fmt.name, "version": fmt.version, "config": asdict(config)}
@@ -153,9 +154,6 @@ def read_config(folder: Path, config_cls: type, fmt: FolderFormat):
 
 def load_weights(module: torch.nn.Module, folder: Path, fmt: FolderFormat) -> None:
     """Fill `module` from the folder's weights, refusing missing, extra or misshapen tensors."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     weights = folder / WEIGHTS_FILE
     if not weights.is_file():
         raise ForetellError(f"{folder} has no {WEIGHTS_FILE}: the {fmt.what}'s weights are missing")

@@ -17,8 +17,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
+from foretell.config import SpeculativeConfig
+from foretell.corpus import CORPUS_FILE, Corpus
 from foretell.errors import ForetellError
+from foretell.models.module_folder import INT8_ROW_SCALE, int8_rows_packed
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "shipped"
 MANIFEST = "manifest.json"
@@ -76,8 +80,6 @@ class Manifest:
 
     def speculative_config(self):
         """The configuration it ships with, on its own weights (a corpus: drafting from it) by name."""
-        from foretell.config import SpeculativeConfig
-
         mine = {"corpus" if self.kind == "corpus" else "model": self.name}
         return SpeculativeConfig.from_dict({**self.speculative, **mine}, f"{self.name}'s manifest")
 
@@ -136,8 +138,6 @@ def resolve_drafter_folder(model: str, method: str, target_model, root: Path = S
 def resolve_corpus(name: str, target_model, root: Path = SHIPPED_DIR):
     """A corpus (corpus.py) given as a file, a folder holding corpus.npz, or the name of a shipped corpus
     (src/foretell/shipped/NAME, kind corpus: its checksum and target checked)."""
-    from foretell.corpus import CORPUS_FILE, Corpus
-
     path = Path(name)
     if path.is_dir():
         path = path / CORPUS_FILE
@@ -157,8 +157,6 @@ def ship_corpus(source: Path, name: str, target_name: str, target_model, made_by
                 root: Path = SHIPPED_DIR) -> Path:
     """Copy a corpus file (`foretell corpus`) into the package as NAME, with its manifest (kind corpus): it ships
     as prompt lookup drafting from it (a configuration the bench ranks beside the drafters)."""
-    from foretell.corpus import CORPUS_FILE, Corpus
-
     Corpus.load(source).check_vocab(target_model.config.vocab_size, str(source))
     staging = fresh_staging(root, name)
     shutil.copy(source, staging / CORPUS_FILE)
@@ -226,10 +224,6 @@ def ship_drafter(source: Path, name: str, kind: str, target_name: str, target_mo
     """Copy a saved drafter folder into the package as `name`, with its manifest. storage "bf16": weights in bf16;
     "int8": its matrices as int8 rows with a scale each, about half the bytes (a drafter only proposes, so the
     rounding can cost acceptance, never exactness; measure the shipped folder)."""
-    from safetensors.torch import load_file, save_file
-
-    from foretell.models.module_folder import INT8_ROW_SCALE, int8_rows_packed
-
     if storage not in ("bf16", "int8"):
         raise ForetellError(f"shipped weights are stored as bf16 or int8, not {storage!r}")
 

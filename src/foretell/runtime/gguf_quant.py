@@ -24,7 +24,7 @@ from torch import nn
 from foretell.errors import ForetellError
 from foretell.kernels import GGUF_KIND, Q8, lean_module
 from foretell.layer_rows import dense_rows
-from foretell.models.gguf_meta import GGUF_ARCHITECTURES
+from foretell.models.gguf_meta import GGUF_ARCHITECTURES, read_tensor_table
 from foretell.runtime.quant import INT4_GROUP, Int4Linear, fp32_block_gemm, q4_1_blocks
 
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of codes (two per byte)
@@ -155,6 +155,7 @@ class GGUFLinear(nn.Module):
         module = lean_module()
         if module is not None:
             return module.dequantize_gguf(self.raw, self.layout)
+        # start-up: gguf (~60 ms to import) is read only for GGUF files
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
@@ -201,6 +202,7 @@ class GGUFLinear(nn.Module):
 
 def block_shape(kind: int) -> tuple[int, int]:
     """(inputs, bytes) of one block of ggml type `kind`."""
+    # start-up: gguf (~60 ms to import) is read only for GGUF files
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     return GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
@@ -247,8 +249,6 @@ def replaced_weights(gguf_path: str | Path) -> frozenset[str]:
     replace by the file's blocks, so that loading need not read them from the converted float32 folder (for
     Qwen2.5-Coder-1.5B that read was ~5.5 GB and most of a minute). Empty where the native kernels are missing
     (then blocks may not replace every layer) or the file is not one foretell keeps."""
-    from foretell.models.gguf_meta import read_tensor_table
-
     if lean_module() is None:
         return frozenset()
     try:
@@ -277,8 +277,6 @@ def check_replaced(model, skipped: frozenset[str]) -> None:
 def keep_gguf_quantization(model, gguf_path: str | Path) -> list[str]:
     """Replace the model's projections and output layer whose GGUF tensors are blocks by layers holding the file's
     own blocks (the module docstring says which); returns the names of the layers replaced."""
-    from foretell.models.gguf_meta import read_tensor_table
-
     path = Path(gguf_path)
     arch, tensors = read_tensor_table(path)
     if arch not in GGUF_ARCHITECTURES:

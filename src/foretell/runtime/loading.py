@@ -14,8 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from foretell.errors import ForetellError
+from foretell.models import presets
 from foretell.models.config import ModelConfig
 from foretell.models.gguf_meta import correct_config, open_gguf
 from foretell.models.presets import PRESETS, assemble_chunks, locate_single_gguf
@@ -41,8 +44,6 @@ def kept_gguf(spec: str | Path, cache_dir: Path | None = None) -> Path | None:
     """The GGUF file of a model spec on disk, for runtimes that read its blocks (--quant gguf, llama.cpp). A chunked
     preset's file is deleted once converted, so it is assembled again from its installed chunks (checksummed) and
     kept in the cache for the next run."""
-    from foretell.models import presets
-
     path = presets.gguf_file(spec)
     spec = str(spec)
     if path is not None or spec not in PRESETS or not presets.preset_available(spec):
@@ -93,7 +94,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
 
     transformers' reader dequantizes and renames; its configuration is then corrected with the metadata that
     reader drops (gguf_meta.py). Architectures foretell does not run are refused before any conversion."""
-    from safetensors.torch import save_file
+    # start-up: transformers takes about a second to import, and only loading and conversion use it
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     reader = open_gguf(gguf)
@@ -126,8 +127,6 @@ class LazyState:
     model will not use (projections a GGUF file's blocks replace) are never read: `forget` drops one unread."""
 
     def __init__(self, files: list[Path]):
-        from safetensors import safe_open
-
         self._where: dict[str, Path] = {}
         self._open = {}
         for f in files:
@@ -173,6 +172,7 @@ def read_state_dict(folder: Path) -> LazyState:
 
 
 def load_tokenizer(folder: Path):
+    # start-up: transformers takes about a second to import, and only loading and conversion use it
     from transformers import AutoTokenizer
 
     try:

@@ -19,6 +19,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm import tqdm
 
 from foretell.errors import ForetellError
 from foretell.kernels import I8X, Q4, Q8, block_gemm, lean_module
@@ -325,8 +326,6 @@ PROGRESS_PARAMS = 50_000_000  # a model with more weights than this in its linea
 def quantize_linears(model: nn.Module, make, what: str = "quantizing") -> nn.Module:
     """Replace every nn.Linear in `model` (in place) by make(weight, bias); embeddings stay as they are. A large
     model's layers go by under a progress bar (a real-size target takes a while, and must not look hung)."""
-    from tqdm import tqdm
-
     todo = [(parent, name, child) for parent in list(model.modules()) for name, child in list(parent.named_children())
             if isinstance(child, nn.Linear)]
     weights = sum(child.weight.numel() for _, _, child in todo)

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 from torch import nn
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from foretell.errors import ForetellError
 from foretell.runtime.quant import Int4Linear, Int8Linear, q4_blocks
@@ -39,8 +41,6 @@ def kept_quant_file(folder: Path, mode: str, dtype: str, cache_dir: Path) -> Pat
 
 def layer_names(path: Path | None) -> list[str]:
     """The quantized layers a kept file holds (module names); [] where there is no readable file."""
-    from safetensors import safe_open
-
     if path is None or not path.is_file():
         return []
     try:
@@ -59,8 +59,6 @@ def kept_weights(names: list[str]) -> frozenset[str]:
 
 def save_kept(model: nn.Module, path: Path) -> None:
     """Write every Int4Linear / Int8Linear of `model` to `path` (atomically: a file that exists is whole)."""
-    from safetensors.torch import save_file
-
     tensors, layers = {}, []
     for name, layer in model.named_modules():
         if isinstance(layer, Int4Linear) and layer.group == 32:
@@ -90,8 +88,6 @@ def save_kept(model: nn.Module, path: Path) -> None:
 def load_kept(model: nn.Module, path: Path, names: list[str]) -> None:
     """Replace the layers `names` of `model` by the quantized ones kept in `path` (layer_names(path)); their float
     weights may have been left unread (kept_weights)."""
-    from safetensors import safe_open
-
     print(f"foretell: quantized layers from {path} (made once)", file=sys.stderr)
     try:
         with safe_open(str(path), framework="pt", device=str(model.device)) as f:

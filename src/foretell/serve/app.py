@@ -22,13 +22,16 @@ from starlette.requests import ClientDisconnect
 
 from foretell.api import Pipeline
 from foretell.errors import ForetellError
+from foretell.prefix_cache import PrefixCache
 from foretell.serve.choices import Choices
 from foretell.serve.metrics import ServerMetrics
-from foretell.serve.protocol import (APIError, ChatCompletionRequest, CompletionRequest, from_validation_error, invalid,
-                                     token_budget)
+from foretell.serve.protocol import (
+    APIError, ChatCompletionRequest, CompletionRequest, from_validation_error, invalid, token_budget,
+)
 from foretell.serve.responses import SSE_DONE, ChatShape, CompletionShape, TokenText, sse, sse_error
 from foretell.serve.settings import ServeSettings
 from foretell.serve.worker import Cancelled, Channel, Job, QueueFull, ShuttingDown, TimeLimitExceeded, Worker
+from foretell.sizing.batch import BatchAwareBudget, FixedByBatchSize
 
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions; chat: the rest of the window
 
@@ -61,9 +64,6 @@ def create_app(pipeline: Pipeline, model_name: str, settings: ServeSettings, bat
 
 def make_batch(pipeline: Pipeline, settings: ServeSettings):
     """The batching engine the worker drives, with the budget policy the settings name."""
-    from foretell.sizing.batch import BatchAwareBudget, FixedByBatchSize
-    from foretell.prefix_cache import PrefixCache
-
     budget = None
     if settings.batch_budget == "fixed":
         budget = FixedByBatchSize()

@@ -12,7 +12,11 @@ import signal
 import sys
 from pathlib import Path
 
+import torch
+
+from foretell.api import load
 from foretell.errors import ForetellError
+from foretell.runtime.quant import describe_target
 from foretell.serve.settings import ServeSettings
 from foretell.spec_args import add_model_args, add_speculative_args, speculative_from_args
 
@@ -81,9 +85,6 @@ def run_serve(args: argparse.Namespace) -> None:
     # oneDNN keeps a compiled kernel per matrix shape, 1024 by default; a server sees many shapes (every mix of
     # requests), and a small cache measured as fast here with far less memory (docs/serving.md).
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
-    import torch
-
-    from foretell.api import load
 
     settings = ServeSettings(api_key=args.api_key or os.environ.get("FORETELL_API_KEY") or None,
                              **{name: getattr(args, name) for name, _, _ in SETTINGS_OPTIONS})
@@ -94,7 +95,6 @@ def run_serve(args: argparse.Namespace) -> None:
         print(f"[speculative config written to {spec.save(args.save_spec_config)}]", file=sys.stderr)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from foretell.runtime.quant import describe_target
 
     name = args.served_model_name or Path(str(args.model).rstrip("/")).name
 

@@ -21,10 +21,14 @@ import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+import sys
 
 import torch
 
 from foretell.models.transformer import RUNTIME_VERSION, Transformer
+from foretell.runtime.gguf_quant import BlockQ8Linear, GGUFLinear
+from foretell.runtime.loading import default_cache_dir
+from foretell.runtime.quant import Int4Linear, Int8Linear
 from foretell.runtime.wide_linear import bf16_rows_of, kernel_rows_of, wide_rows_of
 
 DEFAULT_SIZES = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -86,9 +90,6 @@ class CorrectedCost:
 
 
 def weight_format(model: Transformer) -> str:
-    from foretell.runtime.gguf_quant import BlockQ8Linear, GGUFLinear
-    from foretell.runtime.quant import Int4Linear, Int8Linear
-
     kinds = {type(m) for m in model.modules()}
     if GGUFLinear in kinds or BlockQ8Linear in kinds:
         return "gguf"  # a GGUF file's own blocks (quant="gguf")
@@ -173,10 +174,6 @@ def _read_curve(path: Path) -> CostCurve | None:
 def cost_curve(model: Transformer, model_name: str, cache_dir: Path | None = None, **measure) -> CostCurve:
     """The cached curve for this model, dtype and machine, measured on first use and again where a one-token pass
     now runs STALE_FACTOR faster than the cached curve says."""
-    import sys
-
-    from foretell.runtime.loading import default_cache_dir
-
     key = machine_key(model, model_name)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = Path(cache_dir or default_cache_dir()) / "costs" / f"{digest}.json"
@@ -200,6 +197,7 @@ def cost_curve(model: Transformer, model_name: str, cache_dir: Path | None = Non
 
 
 def plot_cost_curve(curves: dict[str, CostCurve], path: Path) -> None:
+    # start-up: matplotlib takes most of a second to import, and only plots use it
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,7 +1,7 @@
 """Draft sizing: how many draft tokens each pass of a request verifies, as one object per request.
 
-Each request's decoding (decoding.py) holds one DraftSizer, made fresh for it by Engine.new_sizer, and asks it,
-and nothing else, how much to draft:
+Each request's decoding (decoding.py) holds one DraftSizer, made fresh for it when it starts (SizingPolicies.new_sizer),
+and asks it, and nothing else, how much to draft:
 
     draft_tokens(room, limit) -> n         before drafting: draft tokens (a tree drafter: its depth cap)
     should_draft(matched) -> bool          run the drafter at all, beside the result cache's branch
@@ -133,3 +133,17 @@ def new_request_sizer(drafter: Drafter | None, length_policy: DraftLengthPolicy,
         return RequestSizer(False, max_draft, gate=gate, branch=branch)
     length = None if drafter.sizes_itself else copy.deepcopy(length_policy)
     return RequestSizer(True, max_draft, length, drafter.schedule, gate, branch)
+
+
+@dataclass(frozen=True)
+class SizingPolicies:
+    """An engine's sizing configuration, from which each request's sizer is made fresh (new_sizer)."""
+
+    length_policy: DraftLengthPolicy
+    max_draft: int
+    gate: DraftGate | None = None
+    branch: BranchSizer | None = None
+
+    def new_sizer(self, drafter: Drafter | None) -> RequestSizer:
+        """This request's sizer; call it after the drafter's start."""
+        return new_request_sizer(drafter, self.length_policy, self.max_draft, self.gate, self.branch)

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from importlib import import_module
 
+from foretell.train.adaspec.commands import add_eval_draft_parser, cmd_eval_draft
+from foretell.train.common.self_data import add_self_data_parser, cmd_self_data
+from foretell.train.corpus import add_corpus_parser
+
 KINDS = {"adaspec": "foretell.train.adaspec.commands", "parallel-head": "foretell.train.parallel_head.commands",
          "hidden-state": "foretell.train.hidden_state.commands", "eagle3": "foretell.train.eagle3.commands"}
 
 
 def add_training_parsers(sub) -> None:
-    from foretell.train.adaspec.commands import add_eval_draft_parser, cmd_eval_draft
-    from foretell.train.common.self_data import add_self_data_parser, cmd_self_data
-    from foretell.train.corpus import add_corpus_parser
-
     t = sub.add_parser(
         "train", help=f"train a drafter for a target: {', '.join(KINDS)}",
         description=f"Train a drafter for a target. Kinds: {', '.join(KINDS)}. Every kind takes the same options "

@@ -9,21 +9,23 @@ bench never drafts from an answer to one of its own prompts.
 from __future__ import annotations
 
 from pathlib import Path
+import json
 
 from tqdm import tqdm
 
+from foretell.conversations import conversations
 from foretell.corpus import Corpus, build_corpus
+from foretell.drafters.prompt_lookup import PromptLookupDrafter
 from foretell.errors import ForetellError
+from foretell.runtime.loading import load_model
+from foretell.train.common.data import tokenize_conversation
+from foretell.train.common.heldout import FilterReport, HeldOut, evaluation_prompts, without_heldout
 
 
 def corpus_from_sources(tokenizer, vocab_size: int, sources: list[str], min_count: int = 2,
                         min_share: float = 0.3) -> tuple[Corpus, dict]:
     """The corpus of every conversation in `sources` (gsm8k | sharegpt | .jsonl / .jsonl.gz files; train split)
     that shares no text with an evaluation prompt, and a report of what went in."""
-    from foretell.conversations import conversations
-    from foretell.train.common.data import tokenize_conversation
-    from foretell.train.common.heldout import FilterReport, HeldOut, evaluation_prompts, without_heldout
-
     if min_count < 1 or not 0.0 < min_share <= 1.0:
         raise ForetellError(f"--min-count must be >= 1 and --min-share in (0, 1], got {min_count}, {min_share}")
     prompts, unchecked = evaluation_prompts()
@@ -45,10 +47,6 @@ def replayed_tau(tokenizer, source: str, corpus: Corpus | None, gamma: int = 4) 
     """Tokens a pass of prompt lookup (gamma drafts, greedy) would yield over the recorded answers in `source`
     (the target's own, e.g. to held-out prompts), with the corpus or without: each pass drafts from the context so
     far and keeps the drafts equal to the answer's next tokens, plus the target's own token."""
-    from foretell.drafters.prompt_lookup import PromptLookupDrafter
-    from foretell.conversations import conversations
-    from foretell.train.common.data import tokenize_conversation
-
     drafter, tokens, passes = PromptLookupDrafter(corpus=corpus), 0, 0
     for messages in conversations(source, "test"):
         ids, flags = tokenize_conversation(tokenizer, messages)
@@ -90,10 +88,6 @@ def add_corpus_parser(sub) -> None:
 
 
 def cmd_corpus(args) -> None:
-    import json
-
-    from foretell.runtime.loading import load_model
-
     target = load_model(args.target, "float32")
     sources = [s.strip() for s in args.data.split(",") if s.strip()]
     corpus, report = corpus_from_sources(target.tokenizer, target.config.vocab_size, sources, args.min_count,

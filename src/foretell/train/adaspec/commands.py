@@ -9,7 +9,19 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from foretell.errors import ForetellError
+from foretell.models.module_folder import run_folder_of, saved_kind
+from foretell.train.adaspec.evaluate import EvalOptions, compare_drafts, format_table
+from foretell.train.adaspec.pipeline import DRAFT_INITS, STAGES, DistillConfig, DraftSpec, run_pipeline
+from foretell.train.adaspec.teacher import TeacherConfig
+from foretell.train.common.distributed import from_environment
+from foretell.train.common.options import (
+    add_run_arguments, add_topk_argument, check_data_options, check_positive, check_run_options, data_config,
+    train_config,
+)
+from foretell.train.common.trainer import TrainConfig
 
 
 HELP = "a draft model: AdaSPEC selective distillation (and its baselines)"
@@ -23,11 +35,6 @@ DESCRIPTION = (
 
 def add_arguments(p) -> None:
     """This kind's options, after the shared ones (common/options.py)."""
-    from foretell.train.adaspec.pipeline import DRAFT_INITS, STAGES, DistillConfig, DraftSpec
-    from foretell.train.adaspec.teacher import TeacherConfig
-    from foretell.train.common.options import add_run_arguments, add_topk_argument
-    from foretell.train.common.trainer import TrainConfig
-
     t, draft, teacher = TrainConfig(), DraftSpec(), TeacherConfig()
     add_run_arguments(p, t, DistillConfig.eval_sequences, report="the alpha table in OUT/report.md (stage all)",
                       eval_data=False, both=False, no_resume="redoes the stage asked for (not its prerequisites)")
@@ -56,8 +63,6 @@ def add_arguments(p) -> None:
 
 
 def add_eval_draft_parser(sub) -> None:
-    from foretell.train.adaspec.evaluate import EvalOptions
-
     o = EvalOptions()
     e = sub.add_parser(
         "eval-draft", help="token acceptance rate alpha of draft models on held-out data, and real speculative decoding",
@@ -86,12 +91,6 @@ def add_eval_draft_parser(sub) -> None:
 
 
 def adaspec_config(args):
-    from foretell.train.adaspec.pipeline import DistillConfig, DraftSpec
-    from foretell.train.adaspec.teacher import TeacherConfig
-    from foretell.train.common.options import (check_data_options, check_positive, check_run_options, data_config,
-                                               train_config)
-    from foretell.train.common.trainer import TrainConfig
-
     check_run_options(args)
     check_positive(micro_batch_size=args.micro_batch_size, draft_layers=args.draft_layers, topk_teacher=args.topk_teacher,
                    processes=args.processes, adaspec_batch_size=args.adaspec_batch_size)
@@ -108,13 +107,6 @@ def adaspec_config(args):
 
 
 def run(args) -> None:
-    import torch
-
-    from foretell.train.adaspec.evaluate import EvalOptions, compare_drafts, format_table
-    from foretell.train.adaspec.pipeline import run_pipeline
-
-    from foretell.train.common.distributed import from_environment
-
     cfg = adaspec_config(args)  # checks the options first, --threads included
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -152,8 +144,6 @@ def parse_drafts(specs: list[str]) -> dict[str, Path]:
 def refuse_a_trained_head(path: Path) -> None:
     """eval-draft measures draft models; a head (or hidden-state draft) folder would fail deep in loading a
     tokenizer. Say what the folder is, where its own figures are, and how to decode with it."""
-    from foretell.models.module_folder import run_folder_of, saved_kind
-
     found = saved_kind(path)
     if found is None:
         return
@@ -169,11 +159,6 @@ def refuse_a_trained_head(path: Path) -> None:
 
 
 def cmd_eval_draft(args) -> None:
-    import torch
-
-    from foretell.train.adaspec.evaluate import EvalOptions, compare_drafts, format_table
-    from foretell.train.common.options import check_positive
-
     if args.threads:
         torch.set_num_threads(args.threads)
     check_positive(num_sequences=args.num_sequences, seq_len=args.seq_len, gamma=args.gamma, max_new_tokens=args.max_new_tokens)

@@ -13,9 +13,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from foretell.api import load
+from foretell.bench.datasets import load_prompts
+from foretell.build import check_same_tokenizer
+from foretell.config import SpeculativeConfig
 from foretell.conversations import conversations
 from foretell.models.transformer import Transformer
-from foretell.train.common.data import TokenData
+from foretell.runtime.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
+from foretell.train.common.data import DataConfig, TokenData, build_token_data
 
 
 def acceptance_per_token(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -53,8 +58,6 @@ def eval_prompts(source: str, count: int) -> list[list[dict]]:
     """The first `count` held-out conversations, cut before their first answer; for
     "spec-bench", first turns spread over its categories (ceil(count / 6) per category)."""
     if source == "spec-bench":
-        from foretell.bench.datasets import load_prompts
-
         per_category = -(-count // 6)
         rows = load_prompts(["spec-bench"], per_category)
         return [[{"role": "user", "content": r["prompt"]}] for r in rows][:count]
@@ -112,9 +115,6 @@ def speculative_decoding(target: str | Path, drafts: dict[str, Path], prompts: l
                          max_new_tokens: int, temperature: float, seed: int, dtype: str) -> dict[str, SpeculativeResult]:
     """Decode every prompt plainly, then with each draft (same seed), interleaved so that a change
     in machine load hits every method alike; statistics are summed over the prompts."""
-    from foretell.api import load
-    from foretell.config import SpeculativeConfig
-
     pipe = load(target, "none", dtype=dtype)
     pipes = {name: pipe.with_speculative(SpeculativeConfig(method="draft-model", model=str(path), gamma=gamma,
                                                            draft_quant="none"))
@@ -151,10 +151,6 @@ class EvalOptions:
 
 def compare_drafts(target: str | Path, drafts: dict[str, Path], source: str, opts: EvalOptions) -> list[dict]:
     """One row per draft: alpha on held-out data, then (if opts.prompts) real speculative decoding."""
-    from foretell.build import check_same_tokenizer
-    from foretell.runtime.loading import build_model, load_tokenizer, parse_dtype, resolve_model_dir
-    from foretell.train.common.data import DataConfig, build_token_data
-
     target_dir = resolve_model_dir(target)
     tokenizer = load_tokenizer(target_dir)
     draft_dirs = {name: resolve_model_dir(path) for name, path in drafts.items()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+import hashlib
 from typing import Callable
 
 import numpy as np
@@ -51,8 +52,6 @@ def write_meta(folder: Path, meta: dict) -> None:
 def fingerprint_of(folder: Path) -> dict:
     """Identifies a model by the sha256 of its weights (a copied folder is the same model; a
     fine-tuned one with the same shapes is not). Reading the weights once costs far less than a teacher pass."""
-    import hashlib
-
     digest = hashlib.sha256()
     for f in sorted(Path(folder).glob("*.safetensors")):
         with open(f, "rb") as fh:

@@ -12,12 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+import importlib.util
 
 import torch
-
-from foretell.errors import ForetellError
+from safetensors.torch import load_file
+from safetensors.torch import save_file
 
 from foretell.conversations import BOTH, SHAREGPT_MISSING, conversations, gsm8k_path, missing_file
+from foretell.errors import ForetellError
+from foretell.train.common.heldout import FilterReport, HeldOut, evaluation_prompts, without_heldout
+
 
 
 @dataclass(frozen=True)
@@ -52,16 +56,12 @@ class TokenData:
         return self.input_ids.shape[0]
 
     def save(self, path: Path) -> None:
-        from safetensors.torch import save_file
-
         tmp = path.with_name(path.name + ".partial")
         save_file({"input_ids": self.input_ids.int(), "loss_mask": self.loss_mask.to(torch.uint8)}, str(tmp))
         tmp.replace(path)
 
     @classmethod
     def load(cls, path: Path) -> TokenData:
-        from safetensors.torch import load_file
-
         t = load_file(str(path))
         return cls(t["input_ids"].long(), t["loss_mask"].bool())
 
@@ -69,8 +69,6 @@ class TokenData:
 def check_sources(source: str, flag: str, splits: tuple[str, ...]) -> None:
     """Fail at once when a part of `source` (a --data or --eval-data value) cannot be read in `splits`: a missing
     file, GSM8K's files not found, ShareGPT's package not installed. The data step comes after the target loads."""
-    import importlib.util
-
     for name, _ in parse_sources(source, None):
         if name == "gsm8k":
             for split in splits:
@@ -163,8 +161,6 @@ def parse_sources(source: str, num_sequences: int | None) -> list[tuple[str, int
 def build_token_data(cfg: DataConfig, tokenizer, report: DataReport | None = None) -> TokenData:
     """The sequences of every source in turn. A training split drops conversations that share text with an
     evaluation prompt (counted in `report`)."""
-    from foretell.train.common.heldout import FilterReport, HeldOut, evaluation_prompts, without_heldout
-
     report = report if report is not None else DataReport()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     index = filtered = None

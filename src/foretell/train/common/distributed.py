@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+import torch.multiprocessing as mp
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,6 @@ class DistContext:
     def wrap(self, module: nn.Module) -> nn.Module:
         if not self.active:
             return module
-        from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(module)
 
@@ -141,7 +142,6 @@ def launch(fn: Callable, args: tuple, processes: int, threads: int | None = None
     if processes <= 1:
         fn(from_environment(), *args)
         return
-    import torch.multiprocessing as mp
 
     threads = threads or max(1, torch.get_num_threads() // processes)
     mp.spawn(_worker, args=(processes, free_port(), threads, fn, args), nprocs=processes, join=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+import shutil
 
 import torch
 
@@ -31,7 +32,7 @@ from foretell.train.common.distributed import DistContext
 from foretell.train.common.features import (
     FeatureCache, FeatureConfig, build_feature_cache, cache_settings, open_if_complete,
 )
-from foretell.train.common.run_folder import JOB, differences
+from foretell.train.common.run_folder import DONE, JOB, SettingsJob, differences, open_job_folder
 from foretell.train.common.trainer import TrainConfig
 
 REPORT = "report.json"  # in OUT/data: rows per source and the evaluation-prompt filter's counts
@@ -265,8 +266,6 @@ def prepare_features(cfg, target_dir: Path, target, data: TokenData, fuse_layers
 def remove_stale_cache(folder: Path, want: dict) -> None:
     """A cache made with other settings goes (a link to another run's cache is unlinked, that cache kept), so
     that the pass is made again for this run."""
-    import shutil
-
     meta = read_meta(folder)
     if meta is None or {key: meta.get(key) for key in want} == want:
         return
@@ -303,8 +302,6 @@ def train_or_load(cfg, settings: dict, what: str, load, train_new, save, evaluat
     checkpoints into job_dir; save(module, folder) writes the result; evaluate(module), when given, then evaluates it. When training stopped early on
     purpose (the same command resumes) there is no module yet: nothing is saved or evaluated.
     """
-    from foretell.train.common.run_folder import DONE, SettingsJob, open_job_folder
-
     job = SettingsJob(cfg.out / "train", cfg.resume, json.loads(json.dumps(settings, default=str)))
     folder = cfg.out / what
     if not cfg.resume and (folder / "model.safetensors").is_file() and (ctx is None or ctx.is_main):

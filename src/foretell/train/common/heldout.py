@@ -14,6 +14,9 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from foretell.bench.datasets import DATASETS
+from foretell.errors import ForetellError
+
 SHINGLE_WORDS = 13  # the n-gram length of GPT-3's contamination study
 MIN_PROMPT_WORDS = 4  # a shorter prompt ("Hi") matches too much ordinary text to hold out
 WORD = re.compile(r"\w+")
@@ -25,9 +28,6 @@ def words(text: str) -> list[str]:
 
 def evaluation_prompts() -> tuple[list[str], list[str]]:
     """The prompts of every bench data set that is available here, and the names of those that are not."""
-    from foretell.bench.datasets import DATASETS
-    from foretell.errors import ForetellError
-
     prompts, missing = [], []
     for name, loader in DATASETS.items():
         try:

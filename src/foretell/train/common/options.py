@@ -11,8 +11,16 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 from pathlib import Path
+import os
+import sys
+
+import torch
 
 from foretell.errors import ForetellError
+from foretell.runtime.wide_linear import fp32_wide_rows
+from foretell.train.common.data import DataConfig, check_sources
+from foretell.train.common.distributed import call_with_context, from_environment, launch
+from foretell.train.common.features import FeatureConfig
 
 
 def check_positive(**values) -> None:
@@ -27,8 +35,6 @@ def add_run_arguments(p, train, eval_sequences: int, *, report: str = "OUT/eval.
     """The options every kind shares. `train` (a TrainConfig) and `eval_sequences` are the kind's defaults;
     `report` is where its held-out evaluation goes, `eval_data` whether it takes other held-out data than
     --data's test split, `both` whether --data takes both, `no_resume` what --no-resume does."""
-    from foretell.train.common.data import DataConfig
-
     data = DataConfig()
     g = p.add_argument_group("options of every training kind")
     g.add_argument("--target", default="smollm2-135m", help="target model: preset, .gguf or HF folder (default: %(default)s)")
@@ -74,8 +80,6 @@ def add_topk_argument(g, top_k: int) -> None:
 
 def add_feature_arguments(p) -> None:
     """The target's feature pass (common/features.py) of the kinds that train on cached features."""
-    from foretell.train.common.features import FeatureConfig
-
     feats = FeatureConfig()
     g = p.add_argument_group("the target's feature pass")
     add_topk_argument(g, feats.top_k)
@@ -119,8 +123,6 @@ def add_head_arguments(g, anchors: int) -> None:
 
 def run_feature_kind(fn, cfg, args) -> bool:
     """run_distributed with --threads applied first; True on the main (or launching) process."""
-    import torch
-
     if args.threads:
         torch.set_num_threads(args.threads)
     warn_emulated_bf16(args)
@@ -131,13 +133,8 @@ def warn_emulated_bf16(args) -> None:
     """--bf16 on a CPU whose bf16 matmul is emulated (no AVX512-BF16 / AMX) makes every training step many times
     slower than fp32 (runtime/wide_linear.py): say so at the start. --feature-dtype bfloat16 is fine there: the
     feature pass runs its wide products in fp32 (feature_run.prepare_features) and only stores bf16."""
-    import sys
-
-    import torch
-
     if not getattr(args, "bf16", False) or getattr(args, "device", "cpu") != "cpu":
         return
-    from foretell.runtime.wide_linear import fp32_wide_rows
 
     rows = fp32_wide_rows(torch.get_num_threads())
     if rows is not None:
@@ -149,10 +146,6 @@ def warn_emulated_bf16(args) -> None:
 def run_distributed(fn, cfg, args) -> bool:
     """fn(cfg, ctx=...) on --processes spawned processes, or on this process in the torchrun group the
     environment describes (a single process without one). True on the main (or launching) process."""
-    import os
-
-    from foretell.train.common.distributed import call_with_context, from_environment, launch
-
     check_positive(processes=args.processes)
     if args.processes > 1:
         if args.device != "cpu" or int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -168,8 +161,6 @@ def run_distributed(fn, cfg, args) -> bool:
 
 def data_config(args):
     """The training data the shared options name (a DataConfig)."""
-    from foretell.train.common.data import DataConfig
-
     return DataConfig(args.data, "train", args.num_sequences, args.seq_len, args.pack)
 
 
@@ -195,8 +186,6 @@ def check_data_options(args) -> None:
     """--data and --eval-data name sources that can be read, checked before the target loads or anything is
     written (a missing held-out file would otherwise show only after the data step), and after the options
     themselves: a wrong option is named whether or not the data is on this machine."""
-    from foretell.train.common.data import check_sources
-
     held_out = getattr(args, "eval_data", None)
     evaluated = hasattr(args, "eval_data") and args.eval_sequences > 0
     check_sources(args.data, "--data", ("train", "test") if evaluated and held_out is None else ("train",))
@@ -207,8 +196,6 @@ def check_data_options(args) -> None:
 def run_settings(args, train) -> dict:
     """Check the shared and feature-pass options of a kind trained on cached features; returns the fields
     of its run config they set (common/feature_run.py's FeatureRunConfig; `train`: the kind's defaults)."""
-    from foretell.train.common.features import FeatureConfig
-
     check_run_options(args)
     check_positive(topk_teacher=args.topk_teacher, feature_batch=args.feature_batch)
     if args.seq_len < 3:

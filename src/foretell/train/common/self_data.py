@@ -20,10 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
+import torch
 
+from foretell.api import load
+from foretell.build import default_speculative
 from foretell.config import SpeculativeConfig
+from foretell.conversations import conversations
 from foretell.errors import ForetellError
-from foretell.spec_args import add_speculative_args
+from foretell.spec_args import add_speculative_args, speculative_from_args
+from foretell.text import encode_prompt
+from foretell.types import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -54,9 +60,6 @@ class SelfDataConfig:
 def first_turns(source: str, tokenizer, max_prompt_tokens: int, limit: int,
                 split: str = "train") -> list[tuple[list[dict], list[int]]]:
     """Up to `limit` one-message conversations (the first user turn) that fit max_prompt_tokens, with their ids."""
-    from foretell.text import encode_prompt
-    from foretell.conversations import conversations
-
     sources = ("gsm8k", "sharegpt") if source == "both" else (source,)
     per_source = [limit - limit // 2, limit // 2] if source == "both" else [limit]
     chosen: list[tuple[list[dict], list[int]]] = []
@@ -92,10 +95,6 @@ def done_count(out: Path) -> int:
 def make_self_data(cfg: SelfDataConfig, out: Path, why: str = "") -> Path:
     """Write (or finish writing) `out`: one {"messages": [user, assistant]} row per prompt, in prompt order.
     why: how the drafter was chosen, for the log line."""
-    from foretell.api import load
-    from foretell.build import default_speculative
-    from foretell.types import SamplingParams
-
     spec, why = (cfg.speculative, why) if cfg.speculative is not None else default_speculative(cfg.target)
     pipe = load(cfg.target, spec, dtype=cfg.dtype)
     print(f"[drafter: {spec.describe()}{': ' + why if why else ''}; lossless, so the answers are the target's own]",
@@ -163,10 +162,6 @@ def add_self_data_parser(sub) -> None:
 
 
 def cmd_self_data(args) -> None:
-    import torch
-
-    from foretell.spec_args import speculative_from_args
-
     if args.threads is not None:
         if args.threads < 1:
             raise ForetellError(f"--threads must be >= 1, got {args.threads}")

@@ -136,6 +136,7 @@ def truncate_log(path: Path, after_step: int) -> None:
 
 
 def plot_losses(log_path: Path, png: Path, title: str) -> None:
+    # start-up: matplotlib takes most of a second to import, and only plots use it
     import matplotlib
 
     matplotlib.use("Agg")

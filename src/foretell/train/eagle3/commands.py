@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from foretell.train.common.feature_run import feature_schedule
+from foretell.train.common.options import (
+    add_feature_kind_arguments, add_head_arguments, add_option_table, check_positive, run_feature_kind, run_settings,
+)
+from foretell.train.eagle3.loss import Eagle3LossConfig
+from foretell.train.eagle3.pipeline import Eagle3Shape, Eagle3TrainConfig, run_eagle3
+from foretell.train.parallel_head.commands import parse_layers
+
 HELP = "an EAGLE-3 head: one layer over fused target hidden states, autoregressive, with a draft vocabulary"
 DESCRIPTION = """
 Builds chat-templated training sequences, runs the target once over them to cache the hidden states of the aux
@@ -18,11 +26,6 @@ data-parallel.
 
 
 def add_arguments(p) -> None:
-    from foretell.train.common.feature_run import feature_schedule
-    from foretell.train.common.options import add_feature_kind_arguments, add_head_arguments, add_option_table
-    from foretell.train.eagle3.loss import Eagle3LossConfig
-    from foretell.train.eagle3.pipeline import Eagle3Shape, Eagle3TrainConfig
-
     shape, loss = Eagle3Shape(), Eagle3LossConfig()
     g = add_feature_kind_arguments(p, feature_schedule(), Eagle3TrainConfig.eval_sequences, "eagle3 options")
     g.add_argument("--aux-layers", help="comma list of 3 target layers fused by fc, in foretell's indexing (0 = "
@@ -38,12 +41,6 @@ def add_arguments(p) -> None:
 
 
 def eagle3_config(args):
-    from foretell.train.common.feature_run import feature_schedule
-    from foretell.train.common.options import check_positive, run_settings
-    from foretell.train.eagle3.loss import Eagle3LossConfig
-    from foretell.train.eagle3.pipeline import Eagle3Shape, Eagle3TrainConfig
-    from foretell.train.parallel_head.commands import parse_layers
-
     check_positive(draft_vocab=args.draft_vocab, ttt_steps=args.ttt_steps, anchors=args.anchors,
                    eval_depth=args.eval_depth)
     settings = run_settings(args, feature_schedule())
@@ -56,9 +53,6 @@ def eagle3_config(args):
 
 
 def run(args) -> None:
-    from foretell.train.common.options import run_feature_kind
-    from foretell.train.eagle3.pipeline import run_eagle3
-
     cfg = eagle3_config(args)
     if run_feature_kind(run_eagle3, cfg, args):
         print(f"head: {cfg.out / 'head'}")

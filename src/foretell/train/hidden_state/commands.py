@@ -5,6 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from foretell.errors import ForetellError
+from foretell.models.hidden_draft import CONFIG_FILE, install_hidden_draft
+from foretell.train.common.options import add_feature_kind_arguments, add_option_table, run_feature_kind, run_settings
+from foretell.train.hidden_state.loss import HiddenLossConfig
+from foretell.train.hidden_state.pipeline import (
+    INIT_CHOICES, HiddenShape, HiddenStateTrainConfig, default_hidden_train, run_hidden_state,
+)
 
 
 HELP = "a hidden-state draft (Make Every Draft Count): one layer autoregressing on the target's hidden states"
@@ -21,10 +27,6 @@ resumes.
 
 
 def add_arguments(p) -> None:
-    from foretell.train.common.options import add_feature_kind_arguments, add_option_table
-    from foretell.train.hidden_state.loss import HiddenLossConfig
-    from foretell.train.hidden_state.pipeline import INIT_CHOICES, HiddenShape, HiddenStateTrainConfig, default_hidden_train
-
     cfg, shape, loss = HiddenStateTrainConfig, HiddenShape(), HiddenLossConfig()
     g = add_feature_kind_arguments(p, default_hidden_train(), cfg.eval_sequences, "hidden-state options")
     add_option_table(g, [
@@ -64,10 +66,6 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 
 def hidden_state_config(args):
-    from foretell.train.common.options import run_settings
-    from foretell.train.hidden_state.loss import HiddenLossConfig
-    from foretell.train.hidden_state.pipeline import HiddenShape, HiddenStateTrainConfig, default_hidden_train
-
     shape = HiddenShape(args.depth, args.token_info_rank, args.init_layer, args.draft_vocab)
     loss = HiddenLossConfig(args.mse_weight, args.kl_weight, args.noise, args.logit_clamp, args.anchors, args.curriculum,
                             args.deep_rows)
@@ -78,17 +76,12 @@ def hidden_state_config(args):
 
 
 def run(args) -> None:
-    from foretell.train.common.options import run_feature_kind
-    from foretell.train.hidden_state.pipeline import run_hidden_state
-
     cfg = hidden_state_config(args)
     if not run_feature_kind(run_hidden_state, cfg, args):
         return
     draft_dir = cfg.out / "draft"
     print(f"draft: {draft_dir}")
     if args.install:
-        from foretell.models.hidden_draft import CONFIG_FILE, install_hidden_draft
-
         if not (draft_dir / CONFIG_FILE).is_file():
             raise ForetellError(f"--install: {draft_dir} is not trained yet; rerun the command to finish training")
         print(f"installed as the default drafter of {args.target}: {install_hidden_draft(draft_dir, args.target)}")

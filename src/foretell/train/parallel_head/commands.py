@@ -5,6 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from foretell.errors import ForetellError
+from foretell.train.common.feature_run import feature_schedule
+from foretell.train.common.options import (
+    add_feature_kind_arguments, add_head_arguments, add_option_table, check_positive, run_feature_kind, run_settings,
+)
+from foretell.train.parallel_head.pipeline import HeadShape, ParallelHeadTrainConfig, run_parallel_head
+from foretell.train.parallel_head.train import HeadLossConfig
 
 
 HELP = "a parallel draft head: D tokens per forward from the target's hidden states"
@@ -18,11 +24,6 @@ data to OUT/eval.json. Rerunning the same command resumes.
 
 
 def add_arguments(p) -> None:
-    from foretell.train.common.feature_run import feature_schedule
-    from foretell.train.common.options import add_feature_kind_arguments, add_head_arguments, add_option_table
-    from foretell.train.parallel_head.pipeline import HeadShape, ParallelHeadTrainConfig
-    from foretell.train.parallel_head.train import HeadLossConfig
-
     shape, loss = HeadShape(), HeadLossConfig()
     g = add_feature_kind_arguments(p, feature_schedule(), ParallelHeadTrainConfig.eval_sequences, "parallel-head options")
     g.add_argument("--fuse-layers", help="comma list of target layers fused into the head's input, 0 = embeddings, "
@@ -48,11 +49,6 @@ def parse_layers(text: str | None, flag: str = "--fuse-layers") -> tuple[int, ..
 
 
 def parallel_head_config(args):
-    from foretell.train.common.feature_run import feature_schedule
-    from foretell.train.common.options import check_positive, run_settings
-    from foretell.train.parallel_head.pipeline import HeadShape, ParallelHeadTrainConfig
-    from foretell.train.parallel_head.train import HeadLossConfig
-
     check_positive(depth=args.depth, head_layers=args.head_layers, anchors=args.anchors)
     if args.draft_vocab < 0:
         raise ForetellError(f"--draft-vocab must be >= 0 (0 = the whole vocabulary), got {args.draft_vocab}")
@@ -64,9 +60,6 @@ def parallel_head_config(args):
 
 
 def run(args) -> None:
-    from foretell.train.common.options import run_feature_kind
-    from foretell.train.parallel_head.pipeline import run_parallel_head
-
     cfg = parallel_head_config(args)
     if run_feature_kind(run_parallel_head, cfg, args):
         print(f"head: {cfg.out / 'head'}")
