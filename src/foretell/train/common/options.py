@@ -17,7 +17,7 @@ import sys
 import torch
 
 from foretell.errors import ForetellError
-from foretell.runtime.wide_linear import fp32_wide_rows
+from foretell.runtime import wide_linear
 from foretell.train.common.data import DataConfig, check_sources
 from foretell.train.common.distributed import call_with_context, from_environment, launch
 from foretell.train.common.features import FeatureConfig
@@ -136,7 +136,7 @@ def warn_emulated_bf16(args) -> None:
     if not getattr(args, "bf16", False) or getattr(args, "device", "cpu") != "cpu":
         return
 
-    rows = fp32_wide_rows(torch.get_num_threads())
+    rows = wide_linear.fp32_wide_rows(torch.get_num_threads())  # read at call time (tests stand in for the CPU)
     if rows is not None:
         print(f"foretell train: warning: this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native bf16 "
               f"matrix multiply: products of {rows} rows or more run faster in fp32 here, and --bf16 can make every "
