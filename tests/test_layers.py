@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
 
 
 def room_of(module: str, package: str) -> str:
-    """foretell.models.loading -> models; foretell.engine -> engine; foretell -> ''."""
+    """foretell.models.config -> models; foretell.engine -> engine; foretell -> ''."""
     return module.removeprefix(package).lstrip(".").split(".")[0]
 
 

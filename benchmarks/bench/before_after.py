@@ -69,7 +69,7 @@ def main() -> None:
     rounds: dict[str, list[list[dict]]] = {"before": [], "after": []}
     for i in range(args.rounds):
         for label, checkout in (("before", args.before), ("after", args.after)):
-            rounds[label].append(run_round(checkout.resolve(), bench_args, args.out / f"{label}_{i}"))
+            rounds[label].append(run_round(checkout.resolve(), bench_args, args.out.resolve() / f"{label}_{i}"))
     summary = compare(rounds)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"greedy tokens identical over {summary['prompts_x_methods']} prompt x method rows and "
