@@ -48,11 +48,12 @@ class DrafterModule(nn.Module):
     placed_by: str  # the submodule whose weight has the module's dtype and device
     cache_layers = 1  # decoder layers in its KV cache
     rotary = None  # its RotaryTables (models/transformer.py), set by the subclass
-    lean = None  # the subclass's use_lean_step() sets it: its passes in native calls (runtime/lean_drafters.py)
+    lean = None  # runtime/drafter_modules.use_lean_step sets it: its passes in native calls
 
     def native(self, rows: int | None = None) -> bool:
-        """Whether an inference pass runs natively: use_lean_step() took, autograd is off (training keeps PyTorch's
-        path), and the pass has at most the lean step's rows (longer ones, a prompt's, run faster in PyTorch)."""
+        """Whether an inference pass runs natively: runtime/drafter_modules.use_lean_step took, autograd is off
+        (training keeps PyTorch's path), and the pass has at most the lean step's rows (longer ones, a prompt's, run
+        faster in PyTorch)."""
         return self.lean is not None and not torch.is_grad_enabled() and (rows is None or rows <= self.lean.max_rows)
 
     @property

@@ -250,7 +250,7 @@ class Eagle3Head(DrafterModule):
                         tree_mask: torch.Tensor | None = None, last_only: bool = False
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """step(), then the draft logits of its rows (only the last row's with last_only, where that saves time):
-        in one native call where use_lean_step() took."""
+        in one native call where runtime/drafter_modules.use_lean_step took."""
         if self.native(tokens.shape[0]):
             cache.check_room(tokens.shape[0])
             return self.lean(self.embed(tokens), hidden, positions, cache, tree_mask, last_only)
